@@ -1,0 +1,137 @@
+"""Turn what the recorder captured (numpy arrays) into Arrow tables of the run format.
+
+Runs on the writer thread, so the training thread only pays for detaching and copying tensors.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from . import schema
+
+# Per-token float columns the recorder fills from tensors, in schema order.
+TOKEN_VALUE_COLUMNS = ("logprob", "old_logprob", "ref_logprob", "prob", "entropy", "sum_p2", "logit_grad_unit",
+                       "advantage", "weight", "coef", "ratio", "logit_grad_norm", "head_grad_norm")
+
+
+@dataclass
+class CapturedBatch:
+    """One tracked backward pass, on the CPU as numpy: [N, T] arrays unless noted."""
+    pass_id: int
+    update_id: int
+    token_ids: np.ndarray
+    mask: np.ndarray                      # bool, recorded tokens
+    in_loss: np.ndarray                   # bool
+    sample_ids: np.ndarray                # [N]
+    group_ids: np.ndarray                 # [N]
+    values: dict[str, np.ndarray]         # TOKEN_VALUE_COLUMNS (missing -> null)
+    clipped: np.ndarray | None = None     # bool
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+class TokenDecoder:
+    """token id -> text piece, each id decoded once (cache shared across steps)."""
+
+    def __init__(self, tokenizer=None):
+        self.tokenizer = tokenizer
+        self.cache: dict[int, str] = {}
+
+    def __call__(self, ids: np.ndarray) -> pa.Array:
+        if self.tokenizer is None:
+            return pa.nulls(len(ids), pa.string())
+        uniq, inverse = np.unique(ids, return_inverse=True)
+        for i in uniq.tolist():
+            if i not in self.cache:
+                self.cache[i] = self.tokenizer.decode([i])
+        return pc.take(pa.array([self.cache[i] for i in uniq.tolist()], pa.string()), pa.array(inverse))
+
+
+def tokens_table(step: int, rank: int, batches: list[CapturedBatch], decode: TokenDecoder) -> pa.Table | None:
+    parts = [_batch_table(step, rank, b, decode) for b in batches]
+    parts = [p for p in parts if p is not None and p.num_rows]
+    if not parts:
+        return None
+    return pa.concat_tables(parts, promote_options="permissive")
+
+
+def _batch_table(step: int, rank: int, b: CapturedBatch, decode: TokenDecoder) -> pa.Table | None:
+    rows, pos = np.nonzero(b.mask)                                      # flat selection of recorded tokens
+    n = len(rows)
+    if n == 0:
+        return None
+    cols: dict[str, pa.Array] = {
+        "step": pa.array(np.full(n, step, np.int32)),
+        "rank": pa.array(np.full(n, rank, np.int16)),
+        "update_id": pa.array(np.full(n, b.update_id, np.int16)),
+        "pass_id": pa.array(np.full(n, b.pass_id, np.int16)),
+        "sample_id": pa.array(b.sample_ids[rows].astype(np.int64)),
+        "group_id": pa.array(b.group_ids[rows].astype(np.int64)),
+        "position": pa.array(pos.astype(np.int32)),
+        "token_id": pa.array(b.token_ids[rows, pos].astype(np.int32)),
+    }
+    cols["token"] = decode(b.token_ids[rows, pos])
+    cols["in_loss"] = pa.array(b.in_loss[rows, pos])
+    for name in TOKEN_VALUE_COLUMNS:
+        v = b.values.get(name)
+        cols[name] = pa.nulls(n, pa.float32()) if v is None else pa.array(v[rows, pos].astype(np.float32))
+    cols["clipped"] = pa.nulls(n, pa.bool_()) if b.clipped is None else pa.array(b.clipped[rows, pos])
+    fixed = pa.table({c: cols[c] for c in schema.column_names("tokens")}, schema=schema.arrow_schema("tokens"))
+    for name, v in b.extra.items():
+        fixed = fixed.append_column(name, pa.array(v[rows, pos]))
+    return fixed
+
+
+def step_derived(batches: list[CapturedBatch]) -> dict[str, float]:
+    """Step statistics that follow from the token rows (used when the caller did not log them)."""
+    if not batches:
+        return {"n_tokens": 0, "n_nonfinite": 0}
+    sel = [(b, b.in_loss & b.mask) for b in batches]
+    def cat(name):
+        arrs = [b.values[name][m] for b, m in sel if b.values.get(name) is not None]
+        return np.concatenate(arrs) if arrs else np.empty(0)
+    ent, w = cat("entropy"), cat("weight")
+    clipped = [b.clipped[m] for b, m in sel if b.clipped is not None]
+    distinct = set()
+    for b, m in sel:
+        r, p = np.nonzero(m)
+        distinct.update(zip(b.sample_ids[r].tolist(), p.tolist()))
+    out = {"n_tokens": len(distinct), "n_nonfinite": int(sum(_nonfinite(b) for b in batches))}
+    out["entropy_mean"] = _nanmean(ent)
+    if w.size:
+        out.update(weight_mean=_nanmean(w), weight_min=float(np.nanmin(w)), weight_max=float(np.nanmax(w)))
+    if clipped:
+        out["clip_frac"] = float(np.concatenate(clipped).mean()) if sum(c.size for c in clipped) else math.nan
+    return out
+
+
+def _nonfinite(b: CapturedBatch) -> int:
+    return sum(int((~np.isfinite(v[b.mask])).sum()) for v in b.values.values() if v is not None)
+
+
+def _nanmean(x: np.ndarray) -> float:
+    x = x[np.isfinite(x)]
+    return float(x.mean()) if x.size else math.nan
+
+
+def scalar_table(table: str, rows: list[dict]) -> pa.Table | None:
+    """Rows of a small table: fixed schema columns (missing -> null) plus any extra scalar columns."""
+    if not rows:
+        return None
+    fixed = schema.arrow_schema(table)
+    data = {f.name: pa.array([r.get(f.name) for r in rows], f.type) for f in fixed}
+    out = pa.table(data, schema=fixed)
+    extras = sorted({k for r in rows for k in r} - set(fixed.names))
+    if extras and table not in schema.EXTENSIBLE:
+        raise ValueError(f"table {table!r} takes no extra columns, got {extras}")
+    for k in extras:
+        out = out.append_column(k, pa.array([_plain(r.get(k)) for r in rows]))
+    return out
+
+
+def _plain(v):
+    return v.item() if hasattr(v, "item") else v

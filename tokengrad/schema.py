@@ -1,0 +1,195 @@
+"""The tokengrad run format: the one place that names tables, columns, dtypes and the layout.
+
+A run is a directory::
+
+    RUN/meta.json                                  # see META_KEYS; written by rank 0
+    RUN/ranks/rank{r:03d}.json                     # per-rank status: rows_dropped, last_step, finished
+    RUN/{table}/rank{r:03d}/s{first:08d}-{last:08d}.parquet
+
+Every table file holds the rows of the steps first..last of one rank. The writer commits one small file
+per step (atomically: temp file + rename) and later compacts runs of small files into one larger file
+with the covering step range; a reader keeps, for each rank, only files whose range is not contained in
+another file's range, so a reader racing a compaction never double counts.
+
+Imported by the writer, the reader, the CLI, the TRL integration and the dashboard: change a column
+here and bump SCHEMA_VERSION.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+
+META_FILE = "meta.json"
+RANKS_DIR = "ranks"
+FILE_RE = re.compile(r"^s(\d{8})-(\d{8})\.parquet$")
+
+# Default probability buckets: AR-Lopti Fig. 1 (arXiv 2505.12929) uses [0, .25, .5, .75, 1].
+DEFAULT_BUCKET_EDGES = (0.0, 0.25, 0.5, 0.75, 1.0)
+DECILE_BUCKET_EDGES = tuple(round(i / 10, 1) for i in range(11))
+RESIDUAL_BUCKET = "residual"  # bucket label of the gradient part not built on log pi (e.g. entropy bonus)
+TOTAL_LAYER = "total"  # layer name of the whole-model gradient norm in the layers table
+
+META_KEYS = (
+    "schema_version", "tokengrad_version", "run_name", "created", "config", "weighting",
+    "model", "tokenizer", "world_size", "rows_dropped", "finished",
+)
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: pa.DataType
+    doc: str
+    nullable: bool = True
+
+
+def _c(name: str, typ: pa.DataType, doc: str, nullable: bool = True) -> Column:
+    return Column(name, typ, doc, nullable)
+
+
+_KEY = [
+    _c("step", pa.int32(), "training step (one rollout batch; may hold several optimizer updates)", False),
+    _c("rank", pa.int16(), "process rank that recorded the row", False),
+]
+_UPDATE = _c("update_id", pa.int16(), "optimizer update within the step (mu > 1 passes, Lopti phases)", False)
+
+TOKENS = [
+    *_KEY,
+    _UPDATE,
+    _c("pass_id", pa.int16(), "backward pass within the step (micro-batch, update pass, Lopti phase)", False),
+    _c("sample_id", pa.int64(), "completion id, unique within the step", False),
+    _c("group_id", pa.int64(), "prompt group the completion belongs to", False),
+    _c("position", pa.int32(), "token index within the completion", False),
+    _c("token_id", pa.int32(), "vocabulary id", False),
+    _c("token", pa.string(), "decoded text of the token (empty without a tokenizer)"),
+    _c("in_loss", pa.bool_(), "token is in the loss mask (False for e.g. tool output tokens)", False),
+    _c("logprob", pa.float32(), "log pi_theta(token) that the loss is built from"),
+    _c("old_logprob", pa.float32(), "log pi_old(token) of the rollout policy"),
+    _c("ref_logprob", pa.float32(), "log pi_ref(token) of the reference policy, if any"),
+    _c("prob", pa.float32(), "softmax probability of the token (from logits, fp32)"),
+    _c("entropy", pa.float32(), "entropy of the next-token distribution, nats"),
+    _c("sum_p2", pa.float32(), "sum_j p_j^2 (collision probability)"),
+    _c("logit_grad_unit", pa.float32(), "sqrt(1 - 2 prob + sum_p2) = |d(-log p)/dlogits| (arXiv 2505.12929 Prop 4.2)"),
+    _c("advantage", pa.float32(), "advantage used for the token"),
+    _c("weight", pa.float32(), "token weight of the weighting rule (1 = unweighted)"),
+    _c("coef", pa.float32(), "dL/dlog pi for the token, exact (autograd hook)"),
+    _c("ratio", pa.float32(), "exp(logprob - old_logprob)"),
+    _c("clipped", pa.bool_(), "the PPO clip removed the token's policy gradient"),
+    _c("logit_grad_norm", pa.float32(), "|coef| * logit_grad_unit: exact norm of the token's gradient at its logits"),
+    _c("head_grad_norm", pa.float32(), "logit_grad_norm * |h_t|: norm of the token's LM-head weight gradient"),
+]
+
+STEPS = [
+    *_KEY,
+    _c("loss", pa.float64(), "training loss (mean over the step's passes)"),
+    _c("grad_norm", pa.float64(), "total gradient norm before clipping (max over the step's updates)"),
+    _c("n_updates", pa.int16(), "optimizer updates in the step"),
+    _c("reward_mean", pa.float64(), "mean reward of the step's completions"),
+    _c("reward_std", pa.float64(), "std of the step's rewards"),
+    _c("entropy_mean", pa.float64(), "mean token entropy (loss tokens)"),
+    _c("kl", pa.float64(), "mean KL to the reference policy"),
+    _c("clip_frac", pa.float64(), "share of loss tokens whose gradient the clip removed"),
+    _c("weight_mean", pa.float64(), "mean token weight"),
+    _c("weight_min", pa.float64(), "min token weight"),
+    _c("weight_max", pa.float64(), "max token weight"),
+    _c("lr", pa.float64(), "learning rate"),
+    _c("n_tokens", pa.int64(), "loss tokens recorded in the step"),
+    _c("n_nonfinite", pa.int64(), "NaN/inf values met in the recorded token tensors"),
+    _c("time_step", pa.float64(), "wall seconds of the step"),
+    _c("time_record", pa.float64(), "seconds the training thread spent in the recorder"),
+]
+
+LAYERS = [
+    *_KEY,
+    _UPDATE,
+    _c("layer", pa.string(), "top-level block name (named_modules dotted name) or 'total'", False),
+    _c("grad_norm", pa.float64(), "gradient norm of the block's parameters before clipping"),
+]
+
+BUCKETS = [
+    *_KEY,
+    _UPDATE,
+    _c("bucket", pa.string(), "label '[lo,hi)' or 'residual'", False),
+    _c("lo", pa.float32(), "lower probability edge (inclusive)"),
+    _c("hi", pa.float32(), "upper probability edge (exclusive; 1 is inclusive)"),
+    _c("n_tokens", pa.int64(), "loss tokens in the bucket"),
+    _c("token_share", pa.float64(), "n_tokens / all loss tokens"),
+    _c("grad_norm", pa.float64(), "|g_B|, norm of the bucket's gradient over all parameters"),
+    _c("update_share", pa.float64(), "<g_B, g> / |g|^2; sums to 1 over buckets and residual"),
+    _c("cos_to_total", pa.float64(), "cosine(g_B, g)"),
+    _c("dprob_mean", pa.float64(), "mean change of probability after the optimizer step"),
+    _c("correct_ratio", pa.float64(), "share of positive-advantage tokens whose probability rose"),
+]
+
+SAMPLES = [
+    *_KEY,
+    _c("sample_id", pa.int64(), "completion id, as in tokens", False),
+    _c("group_id", pa.int64(), "prompt group", False),
+    _c("prompt", pa.string(), "prompt text"),
+    _c("completion", pa.string(), "completion text"),
+    _c("reward", pa.float64(), "scalar reward"),
+    _c("advantage", pa.float64(), "sequence advantage"),
+    _c("length", pa.int32(), "completion length in tokens"),
+    _c("task", pa.string(), "task name"),
+    _c("difficulty", pa.string(), "task difficulty label"),
+]
+
+EVALS = [
+    *_KEY,
+    _c("task", pa.string(), "task name", False),
+    _c("difficulty", pa.string(), "difficulty label (e.g. K&K number of people)", False),
+    _c("accuracy", pa.float64(), "share of eval problems solved"),
+    _c("n", pa.int64(), "problems evaluated"),
+]
+
+TABLES: dict[str, list[Column]] = {
+    "tokens": TOKENS, "steps": STEPS, "layers": LAYERS, "buckets": BUCKETS, "samples": SAMPLES, "evals": EVALS,
+}
+# Tables that accept extra caller-defined columns (float/int/str), merged by name when read.
+EXTENSIBLE = frozenset({"tokens", "steps", "samples"})
+
+
+def arrow_schema(table: str) -> pa.Schema:
+    """The pyarrow schema of a table's fixed columns."""
+    return pa.schema([pa.field(c.name, c.type, c.nullable) for c in _columns(table)])
+
+
+def column_names(table: str) -> list[str]:
+    return [c.name for c in _columns(table)]
+
+
+def _columns(table: str) -> list[Column]:
+    if table not in TABLES:
+        raise ValueError(f"unknown table {table!r}; known tables: {sorted(TABLES)}")
+    return TABLES[table]
+
+
+def file_name(first: int, last: int) -> str:
+    return f"s{first:08d}-{last:08d}.parquet"
+
+
+def rank_dir(table: str, rank: int) -> str:
+    return f"{table}/rank{rank:03d}"
+
+
+def parse_file_name(name: str) -> tuple[int, int] | None:
+    m = FILE_RE.match(name)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def bucket_label(lo: float, hi: float) -> str:
+    return f"[{lo:.2f},{hi:.2f})"
+
+
+def describe() -> str:
+    """Markdown description of every table (used by `tokengrad inspect --schema` and the docs)."""
+    out = [f"# tokengrad run format, schema version {SCHEMA_VERSION}\n"]
+    for table, cols in TABLES.items():
+        out.append(f"\n## {table}\n\n| column | type | meaning |\n|---|---|---|")
+        out += [f"| {c.name} | {c.type} | {c.doc} |" for c in cols]
+    return "\n".join(out) + "\n"

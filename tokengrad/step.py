@@ -1,0 +1,325 @@
+"""One step of a recording: tracked passes, the coef hook, grad norms, buckets, scalars and samples.
+
+A step may hold several backward passes (gradient-accumulation micro-batches, mu > 1 update passes,
+Lopti's two phases). Each `track()` call is one pass (pass_id 0, 1, ...) and names the optimizer update it
+feeds (update_id); grad norms and bucket figures are recorded per update_id and describe the gradient
+accumulated by all passes of that update.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from . import buckets as bk
+from . import schema
+from .gradnorms import grad_norms, trainable_params
+from .rows import CapturedBatch, scalar_table, step_derived, tokens_table
+from .stats import TokenStats, token_stats
+from .validate import check_track_inputs
+
+
+@dataclass
+class _Pass:
+    """A tracked pass while the step is open (tensors stay on their device until the step ends)."""
+    pass_id: int
+    update_id: int
+    logprobs: torch.Tensor                  # [N, T] with graph (dropped after the backward)
+    tensors: dict[str, torch.Tensor]        # [N, T] detached values
+    token_ids: torch.Tensor
+    mask: torch.Tensor                      # [N, T] bool
+    in_loss: torch.Tensor                   # [N, T] bool
+    sample_ids: torch.Tensor                # [N]
+    group_ids: torch.Tensor                 # [N]
+    scale: torch.Tensor | None
+    clipped: torch.Tensor | None
+    extra: dict[str, torch.Tensor]
+    coef: torch.Tensor | None = None        # [N, T] filled by the hook
+    handle: object = None
+    bucketed: bool = False
+
+
+@dataclass
+class _BucketState:
+    grads: list                             # per bucket: per-parameter grads
+    n_tokens: list[int] = field(default_factory=list)
+
+
+class StepRecorder:
+    def __init__(self, recorder, step: int, bucket_step: bool):
+        self.rec = recorder
+        self.step = step
+        self.is_bucket_step = bucket_step and recorder.model is not None
+        self._passes: list[_Pass] = []
+        self._scalars: dict = {}
+        self._samples: list[dict] = []
+        self._layer_rows: list[dict] = []
+        self._bucket_rows: list[dict] = []
+        self._bucket_state: dict[int, _BucketState] = {}
+        self._update_norms: dict[int, float] = {}
+        self._t0 = time.perf_counter()
+        self._t_record = 0.0
+        self._in_bucket_backward = False
+
+    def __enter__(self) -> "StepRecorder":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self.rec.current_step is self:
+            self.rec.end_step()
+
+    # ---- passes ------------------------------------------------------------------------------------
+    def track(self, logprobs: torch.Tensor, *, token_ids: torch.Tensor, mask: torch.Tensor | None = None,
+              loss_mask: torch.Tensor | None = None, old_logprobs: torch.Tensor | None = None,
+              ref_logprobs: torch.Tensor | None = None, advantages: torch.Tensor | None = None,
+              weights: torch.Tensor | None = None, scale_grad: torch.Tensor | None = None,
+              sample_ids: torch.Tensor | None = None, group_ids: torch.Tensor | None = None,
+              logits: torch.Tensor | None = None, stats: TokenStats | None = None,
+              hidden: torch.Tensor | None = None, clipped: torch.Tensor | None = None,
+              update_id: int = 0, extra: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """Track one backward pass's per-token log-probs ([N, T]); see the module docs for each argument.
+
+        Returns `logprobs` itself (so `lp = st.track(lp, ...)` reads naturally).
+        """
+        t = time.perf_counter()
+        N, T = check_track_inputs(logprobs, token_ids=token_ids, mask=mask, loss_mask=loss_mask,
+                                  old_logprobs=old_logprobs, ref_logprobs=ref_logprobs, advantages=advantages,
+                                  weights=weights, scale_grad=scale_grad, sample_ids=sample_ids,
+                                  group_ids=group_ids, logits=logits, hidden=hidden, clipped=clipped,
+                                  extra=extra)
+        dev = logprobs.device
+        mask_b = torch.ones(N, T, dtype=torch.bool, device=dev) if mask is None else mask.to(torch.bool)
+        in_loss = mask_b if loss_mask is None else (loss_mask.to(torch.bool) & mask_b)
+        tensors = self._values(logprobs, token_ids, mask_b, old_logprobs, ref_logprobs, advantages, weights,
+                               logits, stats, hidden)
+        p = _Pass(len(self._passes), int(update_id), logprobs, tensors, token_ids.detach(), mask_b, in_loss,
+                  _ids(sample_ids, N, dev), _ids(group_ids, N, dev),
+                  None if scale_grad is None else scale_grad.detach().to(logprobs.dtype),
+                  None if clipped is None else clipped.detach().to(torch.bool),
+                  {k: v.detach() for k, v in (extra or {}).items()})
+        if logprobs.requires_grad:
+            p.handle = logprobs.register_hook(self._make_hook(p))
+        else:
+            warnings.warn("tokengrad: tracked logprobs do not require grad; coef will be missing",
+                          RuntimeWarning, stacklevel=2)
+        self._passes.append(p)
+        self._t_record += time.perf_counter() - t
+        return logprobs
+
+    @torch.no_grad()
+    def _values(self, logprobs, token_ids, mask, old, ref, adv, weights, logits, stats, hidden) -> dict:
+        lp = logprobs.detach().float()                                   # [N, T]
+        if stats is None and logits is not None:
+            stats = token_stats(logits.detach(), token_ids, mask)
+        out = {"logprob": lp}
+        if stats is not None:
+            out.update(prob=stats.prob, entropy=stats.entropy, sum_p2=stats.sum_p2,
+                       logit_grad_unit=stats.logit_grad_unit)
+        else:  # without logits the probability still follows from log pi; the rest stays null
+            out["prob"] = lp.exp()
+        if old is not None:
+            out["old_logprob"] = old.detach().float()
+            out["ratio"] = (lp - out["old_logprob"]).exp()                # [N, T]
+        if ref is not None:
+            out["ref_logprob"] = ref.detach().float()
+        if adv is not None:
+            adv = adv.detach().float()
+            out["advantage"] = adv.unsqueeze(1).expand_as(lp) if adv.dim() == 1 else adv
+        out["weight"] = torch.ones_like(lp) if weights is None else weights.detach().float()
+        if hidden is not None:
+            out["_hidden_norm"] = hidden.detach().float().norm(dim=-1)     # [N, T] |h_t|
+        return out
+
+    def _make_hook(self, p: _Pass):
+        def hook(grad: torch.Tensor):
+            if self._in_bucket_backward:       # bucket passes feed coef back in: leave them alone
+                return None
+            g = grad if p.scale is None else grad * p.scale               # [N, T]
+            c = g.detach()
+            p.coef = c.clone() if p.coef is None else p.coef + c
+            return None if p.scale is None else g
+        return hook
+
+    # ---- backward and gradients --------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, **kwargs) -> None:
+        """loss.backward(); on bucket steps keeps the graph for the bucket passes, then frees it."""
+        if not self.is_bucket_step:
+            loss.backward(**kwargs)
+            return
+        loss.backward(retain_graph=True, **kwargs)
+        self.analyze_buckets()
+
+    def analyze_buckets(self) -> None:
+        """Bucket gradients of the passes tracked since the last call (their graphs must still exist)."""
+        t = time.perf_counter()
+        params = [p for _, p in trainable_params(self.rec.model)]
+        edges = self.rec.bucket_edges
+        nb = len(edges) - 1
+        for p in [p for p in self._passes if not p.bucketed]:
+            p.bucketed = True
+            if p.coef is None or p.logprobs.grad_fn is None:
+                continue
+            idx = bk.bucket_index(p.tensors["prob"], edges)               # [N, T]
+            self._in_bucket_backward = True
+            try:
+                grads = bk.bucket_gradients(p.logprobs, p.coef, p.in_loss, idx, nb, params)
+            finally:
+                self._in_bucket_backward = False
+            state = self._bucket_state.setdefault(p.update_id, _BucketState([None] * nb, [0] * nb))
+            bk.accumulate(state.grads, grads)
+            for b in range(nb):
+                state.n_tokens[b] += int(((idx == b) & p.in_loss).sum())
+        self._t_record += time.perf_counter() - t
+
+    def record_grad_norms(self, update_id: int = 0) -> float:
+        """Total and per-block gradient norms of the update, read before clipping; returns the total."""
+        if self.rec.model is None:
+            raise ValueError("record_grad_norms needs Recorder(model=...)")
+        t = time.perf_counter()
+        named = trainable_params(self.rec.model)
+        total, blocks = grad_norms(named, self.rec.layers)
+        self._update_norms[update_id] = total
+        rows = [{"layer": schema.TOTAL_LAYER, "grad_norm": total}]
+        rows += [{"layer": b, "grad_norm": v} for b, v in blocks.items()]
+        self._layer_rows += [dict(r, step=self.step, rank=self.rec.rank, update_id=update_id) for r in rows]
+        if update_id in self._bucket_state:
+            self._finish_buckets(update_id, [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in named])
+        self._t_record += time.perf_counter() - t
+        return total
+
+    def _finish_buckets(self, update_id: int, total: list[torch.Tensor]) -> None:
+        state = self._bucket_state.pop(update_id)
+        _all_reduce_mean(state, total)
+        res = bk.bucket_shares(state.grads, total)
+        edges, n_all = self.rec.bucket_edges, max(sum(state.n_tokens), 1)
+        for b, (lo, hi) in enumerate(zip(edges, edges[1:])):
+            self._bucket_rows.append(dict(
+                step=self.step, rank=self.rec.rank, update_id=update_id, bucket=schema.bucket_label(lo, hi),
+                lo=lo, hi=hi, n_tokens=state.n_tokens[b], token_share=state.n_tokens[b] / n_all,
+                grad_norm=res["grad_norm"][b], update_share=res["update_share"][b],
+                cos_to_total=res["cos_to_total"][b]))
+        self._bucket_rows.append(dict(step=self.step, rank=self.rec.rank, update_id=update_id,
+                                      bucket=schema.RESIDUAL_BUCKET, grad_norm=res["residual_grad_norm"],
+                                      update_share=res["residual_share"]))
+
+    def record_prob_change(self, new_logprobs: torch.Tensor, pass_id: int = 0) -> None:
+        """After the update: mean change of probability and correct ratio per bucket, from the log-probs of
+        pass `pass_id`'s tokens under the updated policy ([N, T], one extra forward by the caller)."""
+        p = self._passes[pass_id]
+        if tuple(new_logprobs.shape) != tuple(p.logprobs.shape):
+            raise ValueError(f"new_logprobs shape {tuple(new_logprobs.shape)} != tracked logprobs "
+                             f"{tuple(p.logprobs.shape)} of pass {pass_id}")
+        edges = self.rec.bucket_edges
+        idx = bk.bucket_index(p.tensors["prob"], edges)
+        adv = p.tensors.get("advantage", torch.zeros_like(p.tensors["prob"]))
+        dmean, correct = bk.prob_change(p.tensors["prob"], new_logprobs.detach(), adv, p.in_loss, idx, len(edges) - 1)
+        last = max([r["update_id"] for r in self._bucket_rows], default=p.update_id)
+        rows = [r for r in self._bucket_rows if r["update_id"] == last and r["bucket"] != schema.RESIDUAL_BUCKET]
+        if not rows:  # no gradient analysis this step: rows with counts and the change only
+            n = [int(((idx == b) & p.in_loss).sum()) for b in range(len(edges) - 1)]
+            rows = [dict(step=self.step, rank=self.rec.rank, update_id=last, bucket=schema.bucket_label(lo, hi),
+                         lo=lo, hi=hi, n_tokens=n[b], token_share=n[b] / max(sum(n), 1))
+                    for b, (lo, hi) in enumerate(zip(edges, edges[1:]))]
+            self._bucket_rows += rows
+        for r, d, c in zip(rows, dmean, correct):
+            r["dprob_mean"], r["correct_ratio"] = d, c
+
+    # ---- scalars and samples -----------------------------------------------------------------------
+    def log(self, **scalars) -> None:
+        """Per-step scalars (loss, reward_mean, kl, lr, time_*, or any new name -> an extra column)."""
+        for k, v in scalars.items():
+            self._scalars[k] = float(v) if isinstance(v, (int, float, np.floating, np.integer)) or torch.is_tensor(v) else v
+
+    def samples(self, *, sample_ids, group_ids, prompts=None, completions=None, rewards=None, advantages=None,
+                lengths=None, task=None, difficulty=None, **extra) -> None:
+        """One row per completion into the samples table; list-like arguments of equal length."""
+        n = len(sample_ids)
+        cols = dict(sample_id=sample_ids, group_id=group_ids, prompt=prompts, completion=completions,
+                    reward=rewards, advantage=advantages, length=lengths, task=task, difficulty=difficulty, **extra)
+        for k, v in cols.items():
+            if v is not None and not isinstance(v, str) and len(v) != n:
+                raise ValueError(f"samples(): {k} has {len(v)} entries, sample_ids has {n}")
+        for i in range(n):
+            row = {k: (v if isinstance(v, str) or v is None else _py(v[i])) for k, v in cols.items()}
+            self._samples.append(dict(row, step=self.step, rank=self.rec.rank))
+
+    # ---- end of step -------------------------------------------------------------------------------
+    def finish(self) -> dict:
+        """Remove hooks, move captured tensors to numpy; row building is deferred to the writer thread."""
+        t = time.perf_counter()
+        for p in self._passes:
+            if p.handle is not None:
+                p.handle.remove()
+            p.logprobs = None
+        self._bucket_state.clear()
+        captured = [_capture(p) for p in self._passes]
+        self._t_record += time.perf_counter() - t
+        scalars = dict(self._scalars)
+        scalars.setdefault("time_step", time.perf_counter() - self._t0)
+        scalars.setdefault("time_record", self._t_record)
+        if self._update_norms:
+            scalars.setdefault("grad_norm", max(self._update_norms.values()))
+        scalars.setdefault("n_updates", len({p.update_id for p in self._passes}) or None)
+        step, rank, decode = self.step, self.rec.rank, self.rec.decode
+        layer_rows, bucket_rows, sample_rows = self._layer_rows, self._bucket_rows, self._samples
+        return {
+            "tokens": lambda: tokens_table(step, rank, captured, decode),
+            "steps": lambda: scalar_table("steps", [_steps_row(step, rank, scalars, captured)]),
+            "layers": lambda: scalar_table("layers", layer_rows),
+            "buckets": lambda: scalar_table("buckets", bucket_rows),
+            "samples": lambda: scalar_table("samples", sample_rows),
+        }
+
+
+def _steps_row(step: int, rank: int, scalars: dict, captured: list[CapturedBatch]) -> dict:
+    derived = step_derived(captured)
+    if derived.get("n_nonfinite"):
+        warnings.warn(f"tokengrad: step {step}: {derived['n_nonfinite']} NaN/inf token values recorded as they are",
+                      RuntimeWarning, stacklevel=2)
+    return {**derived, **scalars, "step": step, "rank": rank}
+
+
+def _capture(p: _Pass) -> CapturedBatch:
+    v = {k: t.cpu().numpy() for k, t in p.tensors.items() if not k.startswith("_")}
+    if p.coef is not None:
+        coef = p.coef.float().cpu().numpy()
+        v["coef"] = coef
+        if "logit_grad_unit" in v:
+            v["logit_grad_norm"] = np.abs(coef) * v["logit_grad_unit"]
+            if "_hidden_norm" in p.tensors:  # LM-head weight grad of one token is rank one: (coef (p - e_y)) h_t^T
+                v["head_grad_norm"] = v["logit_grad_norm"] * p.tensors["_hidden_norm"].cpu().numpy()
+    return CapturedBatch(p.pass_id, p.update_id, p.token_ids.cpu().numpy(), p.mask.cpu().numpy(),
+                         p.in_loss.cpu().numpy(), p.sample_ids.cpu().numpy(), p.group_ids.cpu().numpy(), v,
+                         None if p.clipped is None else p.clipped.cpu().numpy(),
+                         {k: t.cpu().numpy() for k, t in p.extra.items()})
+
+
+def _ids(ids: torch.Tensor | None, n: int, dev) -> torch.Tensor:
+    return torch.arange(n, device=dev) if ids is None else torch.as_tensor(ids, device=dev).long()
+
+
+def _py(v):
+    return v.item() if hasattr(v, "item") else v
+
+
+def _all_reduce_mean(state: _BucketState, like: list[torch.Tensor]) -> None:
+    """Match DDP's gradient averaging so bucket gradients compare with the global gradient; token counts
+    are summed. Every rank takes part for every bucket (an empty one with zeros) so the collectives match."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    ws = dist.get_world_size()
+    for b, g in enumerate(state.grads):
+        if g is None:
+            g = state.grads[b] = [torch.zeros_like(t) for t in like]
+        for t in g:
+            dist.all_reduce(t)
+            t.div_(ws)
+    counts = torch.tensor(state.n_tokens, dtype=torch.long, device=like[0].device if like else "cpu")
+    dist.all_reduce(counts)
+    state.n_tokens = counts.tolist()

@@ -1,0 +1,181 @@
+"""Background Parquet writer of one rank: durable per-step commits, compaction, no silent drops.
+
+The training thread hands over a *bundle* (table name -> pyarrow Table, or a zero-argument callable that
+builds one, so that row building also happens off the training thread). The writer thread commits each
+table of the bundle as one file named by a per-rank commit sequence number, atomically (temp file, then
+os.replace), so a process killed at any moment leaves only whole files. Every `compact_every` commits the
+small files of a table are merged into one file covering their sequence range; the reader drops files whose
+range is contained in another, so compaction needs no lock.
+
+A failure while writing (unwritable directory, disk full) never stops training by default: the rows are
+counted as dropped, a warning names the error, and the count goes to the rank's status file and meta.json.
+With on_error="raise" the error is re-raised in the training thread at the next submit/flush/close.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+import warnings
+from pathlib import Path
+from typing import Callable, Union
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from . import schema
+
+Payload = Union[pa.Table, Callable[[], "pa.Table | None"]]
+_STOP = object()
+COMPRESSION = "zstd"
+
+
+def atomic_write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+class RunWriter:
+    """Commits bundles of tables for one rank of a run directory on a background thread.
+
+    Args:
+        run_dir: the run directory (created if missing).
+        rank: process rank; files go to RUN/{table}/rank{rank:03d}/.
+        on_error: "count" (default: drop and count rows, warn) or "raise".
+        compact_every: merge a table's small files once this many have accumulated.
+        max_queue: bundles waiting before submit() blocks (back-pressure instead of unbounded memory).
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, rank: int = 0, on_error: str = "count",
+                 compact_every: int = 64, max_queue: int = 8):
+        if on_error not in ("count", "raise"):
+            raise ValueError(f"on_error must be 'count' or 'raise', got {on_error!r}")
+        self.run_dir = Path(run_dir)
+        self.rank = rank
+        self.on_error = on_error
+        self.compact_every = compact_every
+        self.rows_dropped: dict[str, int] = {}
+        self.rows_written: dict[str, int] = {}
+        self.last_committed: int = -1          # last bundle sequence number fully handled
+        self._error: BaseException | None = None
+        self._seq = self._next_sequence()
+        self._small: dict[str, list[tuple[int, Path]]] = {t: self._existing_small(t) for t in schema.TABLES}
+        self._queue: queue.Queue = queue.Queue(maxsize=max_queue)
+        self._thread = threading.Thread(target=self._loop, name=f"tokengrad-writer-{rank}", daemon=True)
+        self._thread.start()
+
+    # ---- training-thread side -------------------------------------------------------------------
+    def submit(self, bundle: dict[str, Payload]) -> int:
+        """Queue a bundle for commit; returns its sequence number. Never drops it silently."""
+        self._raise_pending()
+        seq = self._seq
+        self._seq += 1
+        self._queue.put((seq, bundle))
+        return seq
+
+    def flush(self) -> None:
+        """Block until every submitted bundle has been committed (or counted as dropped)."""
+        self._queue.join()
+        self._raise_pending()
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put((None, _STOP))
+            self._thread.join()
+        self._compact_all()
+        self._raise_pending()
+
+    # ---- writer-thread side ---------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            seq, bundle = self._queue.get()
+            try:
+                if bundle is _STOP:
+                    return
+                self._commit(seq, bundle)
+                self.last_committed = seq
+            finally:
+                self._queue.task_done()
+
+    def _commit(self, seq: int, bundle: dict[str, Payload]) -> None:
+        for table, payload in bundle.items():
+            data = None
+            try:
+                data = payload() if callable(payload) else payload
+                if data is None or data.num_rows == 0:
+                    continue
+                self._write_file(table, seq, seq, data)
+                self.rows_written[table] = self.rows_written.get(table, 0) + data.num_rows
+            except Exception as err:  # never lose the training run to a writer failure
+                self._record_failure(table, data, err)
+        for table, files in self._small.items():
+            if len(files) >= self.compact_every:
+                self._compact(table)
+
+    def _write_file(self, table: str, first: int, last: int, data: pa.Table) -> Path:
+        folder = self.run_dir / schema.rank_dir(table, self.rank)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / schema.file_name(first, last)
+        tmp = folder / f".{path.name}.tmp"
+        pq.write_table(data, tmp, compression=COMPRESSION)
+        os.replace(tmp, path)
+        if first == last:
+            self._small[table].append((first, path))
+        return path
+
+    def _record_failure(self, table: str, data: pa.Table | None, err: BaseException) -> None:
+        n = -1 if data is None else data.num_rows
+        self.rows_dropped[table] = self.rows_dropped.get(table, 0) + max(n, 0)
+        if self.on_error == "raise":
+            self._error = self._error or err
+        warnings.warn(f"tokengrad writer: could not write {table} ({n} rows) to {self.run_dir}: "
+                      f"{type(err).__name__}: {err}; rows counted as dropped", RuntimeWarning, stacklevel=2)
+
+    def _compact(self, table: str) -> None:
+        files = sorted(self._small[table])
+        if len(files) < 2:
+            return
+        try:
+            merged = pa.concat_tables([pq.read_table(p) for _, p in files], promote_options="permissive")
+            self._small[table] = []
+            self._write_file(table, files[0][0], files[-1][0], merged)
+        except Exception as err:  # the small files stay valid; try again at the next threshold
+            self._small[table] = files
+            warnings.warn(f"tokengrad writer: compaction of {table} failed ({err}); small files kept",
+                          RuntimeWarning, stacklevel=2)
+            return
+        for _, p in files:  # the merged file now covers them; readers ignore contained ranges
+            p.unlink(missing_ok=True)
+
+    def _compact_all(self) -> None:
+        for table in self._small:
+            self._compact(table)
+
+    def _raise_pending(self) -> None:
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise RuntimeError(f"tokengrad writer failed: {err}") from err
+
+    # ---- resume support --------------------------------------------------------------------------
+    def _next_sequence(self) -> int:
+        """Continue after the highest sequence number already on disk for this rank (resumed runs)."""
+        last = -1
+        for table in schema.TABLES:
+            folder = self.run_dir / schema.rank_dir(table, self.rank)
+            for p in folder.glob("s*.parquet") if folder.exists() else ():
+                rng = schema.parse_file_name(p.name)
+                if rng:
+                    last = max(last, rng[1])
+        return last + 1
+
+    def _existing_small(self, table: str) -> list[tuple[int, Path]]:
+        folder = self.run_dir / schema.rank_dir(table, self.rank)
+        out = []
+        for p in folder.glob("s*.parquet") if folder.exists() else ():
+            rng = schema.parse_file_name(p.name)
+            if rng and rng[0] == rng[1]:
+                out.append((rng[0], p))
+        return out
