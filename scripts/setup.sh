@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Idempotent set-up of a fresh machine for tokengrad: a virtual environment in .venv, torch 2.13.0 (CPU wheel,
+# installed first and explicitly so that no resolver pulls a CUDA build), the package with its dev and trl
+# extras, and Debian's chromium for static figure export and browser tests (only when root; otherwise it says so).
+# Usage: source-free; `bash scripts/setup.sh` — safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating virtual environment .venv"
+  "$PY" -m venv .venv
+fi
+. .venv/bin/activate
+
+if ! python -c "import torch" 2>/dev/null; then
+  echo "[setup] installing torch==2.13.0 first (CPU wheel)"
+  pip install -q torch==2.13.0
+else
+  echo "[setup] torch $(python -c 'import torch; print(torch.__version__)') already installed"
+fi
+
+STAMP=.venv/.tokengrad-installed
+if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
+  echo "[setup] installing tokengrad with extras [dev,trl]"
+  pip install -q -e ".[dev,trl]" 2>&1 | grep -v "^WARNING: Location" || true
+  python -c "import tokengrad, streamlit, duckdb, trl" && touch "$STAMP"
+else
+  echo "[setup] tokengrad already installed"
+fi
+
+if command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ]; then
+  echo "[setup] chromium present: $(command -v chromium || echo /usr/bin/chromium)"
+elif [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+  echo "[setup] installing Debian chromium (static figure export, browser tests)"
+  apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
+    || echo "[setup] SKIPPED: chromium install failed; static PNG/SVG/PDF export and browser tests will be skipped"
+else
+  echo "[setup] SKIPPED: chromium is missing and this is not root; install it with 'sudo apt-get install -y chromium'"
+  echo "        (without it, export writes HTML and the browser tests are skipped)"
+fi

@@ -1,0 +1,84 @@
+"""`tokengrad` command line: train, dashboard, export, inspect.
+
+    tokengrad train configs/tiny_kk.toml steps=20 weighting=tr_grpo
+    tokengrad dashboard sample_runs --port 8501
+    tokengrad export sample_runs/* --out figures --format pdf
+    tokengrad inspect sample_runs/grpo            # summary of a run;  --schema prints the run format
+
+Each subcommand's own options: `tokengrad SUBCOMMAND --help`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> (module, function taking argv and returning an exit code, one-line help)
+SUBCOMMANDS = {
+    "train": ("tokengrad.trainer", "cli_train", "run the built-in GRPO / TR-GRPO trainer from a config file"),
+    "dashboard": ("tokengrad.dashboard", "cli_dashboard", "serve the Streamlit dashboard on a folder of runs"),
+    "export": ("tokengrad.export", "cli_export", "write the paper figure set of runs as PNG/SVG/PDF"),
+    "inspect": ("tokengrad.cli", "cli_inspect", "print a run's summary, or the run-format schema"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="tokengrad", description="Per-token gradient accounting for GRPO-style RL.")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, _, help_) in SUBCOMMANDS.items():
+        sub.add_parser(name, help=help_, add_help=False)
+    if not argv or argv[0] in ("-h", "--help"):
+        parser.print_help()
+        return 0
+    if argv[0] == "--version":
+        from . import __version__
+        print(__version__)
+        return 0
+    if argv[0] not in SUBCOMMANDS:
+        parser.error(f"unknown command {argv[0]!r}; choose from {', '.join(SUBCOMMANDS)}")
+    module, func, _ = SUBCOMMANDS[argv[0]]
+    return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)
+
+
+def cli_inspect(argv: list[str]) -> int:
+    from . import schema
+    from .runs import load_run
+
+    p = argparse.ArgumentParser(prog="tokengrad inspect", description="Summarise a run directory.")
+    p.add_argument("run", nargs="?", help="run directory")
+    p.add_argument("--schema", action="store_true", help="print the run-format schema (markdown) and exit")
+    args = p.parse_args(argv)
+    if args.schema or not args.run:
+        print(schema.describe())
+        return 0
+    run = load_run(args.run)
+    print(summarize(run))
+    return 0
+
+
+def summarize(run) -> str:
+    """A plain-text summary of a run (also used in tests)."""
+    m = run.meta
+    steps = run.steps
+    lines = [f"run        {run.name}  ({run.path})",
+             f"schema     v{m.get('schema_version')}  tokengrad {m.get('tokengrad_version')}  created {m.get('created')}",
+             f"model      {m.get('model')}  tokenizer {m.get('tokenizer')}  world_size {m.get('world_size')}",
+             f"weighting  {m.get('weighting', {}).get('name')} {m.get('weighting', {}).get('params', {})}",
+             f"finished   {m.get('finished')}  rows dropped {run.rows_dropped}"]
+    if len(steps):
+        last = steps.iloc[-1]
+        lines.append(f"steps      {steps['step'].nunique()} (last {int(last['step'])})  "
+                     f"grad_norm mean {steps['grad_norm'].mean():.4g}  reward_mean last {last['reward_mean']:.4g}")
+    n_tok = run.sql("SELECT count(*) AS n FROM tokens")["n"].iloc[0]
+    lines.append(f"tokens     {n_tok} rows in {len(run.files('tokens'))} files")
+    for table in ("layers", "buckets", "samples", "evals"):
+        lines.append(f"{table:<10} {len(run.table(table))} rows")
+    lines += [f"warning    {w}" for w in run.warnings]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

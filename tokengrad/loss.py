@@ -1,0 +1,180 @@
+"""The GRPO policy loss: PPO-clip surrogate, token weights, k3 KL, and a named aggregation.
+
+    from tokengrad.loss import policy_loss, phase_masks
+    weights = get_weighting("lopti")(TokenBatch(logprobs, old, adv, mask))
+    for phase in phase_masks(weights, mask):                      # one update per phase
+        out = policy_loss(logprobs, old, adv, phase, weights, norm_mask=mask, aggregation="dapo")
+        out.loss.backward()
+
+Three separate steps, each loggable per token: the weighting rule (``tokengrad.weighting``), the
+surrogate (``policy_loss``) and the aggregation (``AGGREGATIONS``: name -> fn(per_token_loss [N, T],
+mask [N, T], max_len) -> scalar).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import torch
+from torch import Tensor
+
+from tokengrad.weighting import TokenWeights, broadcast_tokens, check_finite, check_token_tensors
+
+AGGREGATIONS: dict[str, Callable[[Tensor, Tensor, int | None], Tensor]] = {}
+
+
+def register_aggregation(name: str) -> Callable:
+    """Decorator: ``AGGREGATIONS[name] = fn``."""
+
+    def deco(fn: Callable[[Tensor, Tensor, int | None], Tensor]) -> Callable:
+        AGGREGATIONS[name] = fn
+        return fn
+
+    return deco
+
+
+def get_aggregation(name: str) -> Callable[[Tensor, Tensor, int | None], Tensor]:
+    if name not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {name!r}; known aggregations: {sorted(AGGREGATIONS)}")
+    return AGGREGATIONS[name]
+
+
+@register_aggregation("grpo")
+def _seq_mean_token_mean(per_token_loss: Tensor, mask: Tensor, max_len: int | None) -> Tensor:
+    """Mean over sequences of each sequence's token mean (GRPO, arXiv:2402.03300; 1/|o_i| per
+    sequence). Every one of the N rows counts in the outer mean, as in TRL and verl."""
+    seq = (per_token_loss * mask).sum(-1) / mask.sum(-1).clamp_min(1.0)  # [N]
+    return seq.mean()
+
+
+@register_aggregation("dapo")
+def _token_mean(per_token_loss: Tensor, mask: Tensor, max_len: int | None) -> Tensor:
+    """Token mean over the whole batch (DAPO, arXiv:2503.14476; verl "token-mean")."""
+    return (per_token_loss * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+@register_aggregation("dr_grpo")
+def _sum_over_constant(per_token_loss: Tensor, mask: Tensor, max_len: int | None) -> Tensor:
+    """Token sum / (N * max_len), a length-independent constant (Dr. GRPO, arXiv:2503.20783; TRL
+    divides by B * max_completion_length). ``max_len`` defaults to T."""
+    n, t = mask.shape
+    return (per_token_loss * mask).sum() / (n * (max_len or t))
+
+
+class LossOutput(NamedTuple):
+    loss: Tensor  # scalar, to minimise
+    per_token_loss: Tensor  # [N, T], 0 outside the mask
+    ratio: Tensor  # [N, T] pi_theta / pi_old (unweighted; 1 off the mask)
+    clipped: Tensor  # [N, T] bool, the clip removed the token's policy gradient
+    kl: Tensor | None  # [N, T] k3 KL to the reference, None without ref_logprobs
+    metrics: dict[str, float]  # clip_frac, clip_frac_low, clip_frac_high, ratio_mean, approx_kl, kl_mean, ...
+
+
+def k3_kl(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """Per-token k3 estimator of KL(pi_theta || pi_ref): exp(d) - d - 1, d = log pi_ref - log pi_theta
+    (Schulman's unbiased, non-negative estimator; GRPO arXiv:2402.03300 Eq. 4). [N, T] -> [N, T]."""
+    d = ref_logprobs - logprobs  # [N, T]
+    return d.exp() - d - 1.0
+
+
+def phase_masks(weights: TokenWeights, mask: Tensor) -> list[Tensor]:
+    """The loss masks of a step's updates, in order: ``[mask]``, or ``mask * phase`` per phase
+    (Lopti). Pass each as ``mask`` and the full mask as ``norm_mask`` to ``policy_loss``."""
+    if weights.phases is None:
+        return [mask]
+    return [mask * phase for phase in weights.phases]  # each [N, T]
+
+
+def _one(w: Tensor | None) -> Tensor | float:
+    return 1.0 if w is None else w.detach()
+
+
+def _check_inputs(logprobs, old_logprobs, advantages, mask, norm_mask, ref_logprobs, weights, beta) -> None:
+    check_token_tensors(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask,
+                        norm_mask=norm_mask, ref_logprobs=ref_logprobs, loss_weight=weights.loss_weight,
+                        ratio_weight=weights.ratio_weight, advantage_weight=weights.advantage_weight,
+                        kl_cov_coef=weights.kl_cov_coef)
+    if beta != 0.0 and ref_logprobs is None:
+        raise ValueError(f"beta={beta} needs ref_logprobs (the frozen reference's log-probs)")
+    check_finite(mask, logprobs=logprobs.detach(), old_logprobs=old_logprobs, advantages=advantages,
+                 ref_logprobs=ref_logprobs)
+
+
+def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+                weights: TokenWeights | None = None, eps_low: float = 0.2, eps_high: float = 0.2,
+                beta: float = 0.0, ref_logprobs: Tensor | None = None, aggregation: str = "grpo",
+                max_len: int | None = None, norm_mask: Tensor | None = None) -> LossOutput:
+    """PPO-clip GRPO loss with token weights (arXiv:2402.03300; asymmetric clip, arXiv:2503.14476).
+
+    Per token, with r = exp(logprobs - old_logprobs), A' = A * advantage_weight, u = r * ratio_weight:
+        loss_t = -min(u A', clip(u, 1 - eps_low, 1 + eps_high) A') * loss_weight
+                 + kl_cov_coef * |log r| + beta * k3(logprobs, ref_logprobs)
+    then aggregated by ``AGGREGATIONS[aggregation]``. Weights are detached; ``loss_weight`` scales the
+    policy-gradient term only (the reference KL is left unweighted).
+
+    Args:
+        logprobs: [N, T] log pi_theta of the sampled tokens (carries the gradient).
+        old_logprobs: [N, T] log pi_old (rollout policy); detached.
+        advantages: [N] or [N, T]; detached.
+        mask: [N, T] 1 = token in this loss (for Lopti: ``mask * phase``).
+        weights: the weighting rule's ``TokenWeights`` (default: none).
+        eps_low, eps_high: clip range [1 - eps_low, 1 + eps_high].
+        beta, ref_logprobs: k3 KL to a frozen reference ([N, T]); kl is reported whenever
+            ref_logprobs is given.
+        aggregation: "grpo" | "dapo" | "dr_grpo" (see ``AGGREGATIONS``).
+        max_len: the constant of "dr_grpo" (default T).
+        norm_mask: [N, T] tokens counted in the aggregation's denominator (default ``mask``). Lopti
+            passes the full mask so that each phase is normalised like the single GRPO update, as the
+            AR-Lopti code (arXiv:2505.12929) zeroes advantages but keeps the response mask.
+    """
+    agg = get_aggregation(aggregation)
+    weights = weights if weights is not None else TokenWeights()
+    norm_mask = mask if norm_mask is None else norm_mask
+    advantages = broadcast_tokens(advantages.detach(), logprobs, "advantages")  # [N, T]
+    _check_inputs(logprobs, old_logprobs, advantages, mask, norm_mask, ref_logprobs, weights, beta)
+    valid = mask > 0  # [N, T]
+    # Off-mask values may be -inf/NaN (padding); zero them before any op so no NaN reaches the grad.
+    lp = torch.where(valid, logprobs, 0.0)  # [N, T]
+    log_ratio = lp - torch.where(valid, old_logprobs.detach(), 0.0)  # [N, T]
+    ratio = log_ratio.exp()  # [N, T]
+    adv = torch.where(valid, advantages, 0.0) * _one(weights.advantage_weight)  # [N, T]
+    u = ratio * _one(weights.ratio_weight)  # [N, T]
+    surr = u * adv  # [N, T]
+    surr_clipped = u.clamp(1.0 - eps_low, 1.0 + eps_high) * adv  # [N, T]
+    clipped = (surr_clipped < surr) & valid  # [N, T] the min picks the constant branch
+    pg = -torch.minimum(surr, surr_clipped) * _one(weights.loss_weight)  # [N, T]
+    per_token = pg
+    if weights.kl_cov_coef is not None:
+        per_token = per_token + weights.kl_cov_coef.detach() * log_ratio.abs()  # [N, T]
+    kl = None
+    if ref_logprobs is not None:
+        kl = torch.where(valid, k3_kl(lp, torch.where(valid, ref_logprobs.detach(), 0.0)), 0.0)  # [N, T]
+        per_token = per_token + beta * kl
+    per_token = torch.where(valid, per_token, 0.0)  # [N, T]
+    norm = norm_mask.to(per_token.dtype)  # [N, T]
+    loss = agg(per_token, norm, max_len)
+    pg_loss = agg(torch.where(valid, pg, 0.0), norm, max_len)
+    metrics = _metrics(ratio, log_ratio, adv, clipped, kl, mask, weights, pg_loss)
+    return LossOutput(loss, per_token, ratio, clipped, kl, metrics)
+
+
+@torch.no_grad()
+def _metrics(ratio, log_ratio, adv, clipped, kl, mask, weights: TokenWeights, pg_loss) -> dict[str, float]:
+    """Scalar summaries over the loss tokens (one host sync)."""
+    m = (mask > 0).to(ratio.dtype)  # [N, T]
+    n = m.sum().clamp_min(1.0)
+    mean = lambda x: (torch.where(m > 0, x.to(m.dtype), 0.0)).sum() / n  # noqa: E731
+    weight = weights.effective(m)  # [N, T]
+    values = {
+        "clip_frac": mean(clipped),
+        "clip_frac_low": mean(clipped & (adv < 0)),  # ratio pushed below 1 - eps_low
+        "clip_frac_high": mean(clipped & (adv > 0)),  # ratio pushed above 1 + eps_high
+        "ratio_mean": mean(ratio),
+        "approx_kl": mean(-log_ratio),  # E_old[log pi_old - log pi_theta]
+        "kl_mean": mean(kl) if kl is not None else torch.zeros((), device=m.device),
+        "weight_mean": mean(weight.expand_as(m)),
+        "pg_loss": pg_loss.detach(),
+        "n_tokens": m.sum(),
+    }
+    flat = torch.stack([v.to(torch.float64).reshape(()) for v in values.values()]).cpu().tolist()
+    return dict(zip(values, flat))

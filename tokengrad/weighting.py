@@ -1,0 +1,330 @@
+"""Token-weighting rules: which tokens of a GRPO batch count, and how much.
+
+Every rule is a pure function ``rule(batch: TokenBatch, **params) -> TokenWeights`` registered by name
+in ``WEIGHTINGS``. A rule never sees the model or the trainer, only the batch's detached per-token
+tensors; ``tokengrad.loss.policy_loss`` applies what it returns.
+
+    from tokengrad.weighting import TokenBatch, get_weighting
+    batch = TokenBatch(logprobs, old_logprobs, advantages, mask)       # [N, T] each
+    weights = get_weighting("tr_grpo")(batch, alpha=2.0)                # TokenWeights
+
+How to add a rule: write one function in this file (or in your own module, imported before use),
+decorate it, cite the paper in its docstring, and return a ``TokenWeights`` whose unused fields stay
+``None``::
+
+    @register_weighting("my_rule", pointwise=True)   # pointwise: weight is a function of p alone
+    def my_rule(batch: TokenBatch, gamma: float = 1.0) -> TokenWeights:
+        \"\"\"One-line idea. Introduced by arXiv:XXXX.XXXXX.\"\"\"
+        p = batch.logprobs.exp()                      # [N, T]
+        return TokenWeights(loss_weight=p**gamma)     # [N, T]
+
+Its parameters and their defaults are read from the signature (``rule_params``), so keyword
+defaults are the documented defaults; nothing else needs registering.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+WEIGHTINGS: dict[str, Callable[..., "TokenWeights"]] = {}
+
+
+def check_token_tensors(**named: Tensor | None) -> None:
+    """Raise ValueError unless every given tensor (None is skipped) has the same 2-D shape [N, T]."""
+    shapes = {k: tuple(v.shape) for k, v in named.items() if v is not None}
+    if not shapes:
+        return
+    first = next(iter(shapes.values()))
+    if len(first) != 2 or any(s != first for s in shapes.values()):
+        listing = ", ".join(f"{k}={list(s)}" for k, s in shapes.items())
+        raise ValueError(f"expected tensors of one shape [N, T]; got {listing}")
+
+
+def check_finite(mask: Tensor, **named: Tensor | None) -> None:
+    """Raise ValueError if a tensor is NaN/inf at a position where ``mask`` is set."""
+    valid = mask > 0  # [N, T]
+    for name, x in named.items():
+        if x is not None and not bool(torch.isfinite(x[valid]).all()):
+            raise ValueError(f"{name} has NaN or inf at tokens inside the mask")
+
+
+def broadcast_tokens(x: Tensor, like: Tensor, name: str) -> Tensor:
+    """[N] (one value per sequence) or [N, T] -> [N, T]; anything else is a ValueError."""
+    if x.dim() == 1 and like.dim() == 2 and x.shape[0] == like.shape[0]:
+        return x[:, None].expand_as(like)  # [N, T]
+    check_token_tensors(**{name: x, "logprobs": like})
+    return x
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    """What every rule sees. Tensors are detached and promoted to at least float32 on construction;
+    ``advantages`` may be given per sequence [N] and is broadcast to [N, T]."""
+
+    logprobs: Tensor  # [N, T] current log pi_theta (at the time of the loss pass)
+    old_logprobs: Tensor  # [N, T] log pi_old (rollout policy)
+    advantages: Tensor  # [N, T] advantage broadcast to tokens
+    mask: Tensor  # [N, T] float, 1 = token in the loss
+
+    def __post_init__(self) -> None:
+        dtype = torch.promote_types(self.logprobs.dtype, torch.float32)
+        lp = self.logprobs.detach().to(dtype)  # [N, T]
+        adv = broadcast_tokens(self.advantages.detach().to(dtype), lp, "advantages")  # [N, T]
+        fields = dict(logprobs=lp, old_logprobs=self.old_logprobs.detach().to(dtype),
+                      advantages=adv, mask=self.mask.detach().to(dtype))
+        check_token_tensors(**fields)
+        check_finite(fields["mask"], logprobs=lp, old_logprobs=fields["old_logprobs"], advantages=adv)
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)  # frozen dataclass: normalise once, here
+
+
+@dataclass(frozen=True)
+class TokenWeights:
+    """What a rule returns; every field defaults to "no effect"."""
+
+    loss_weight: Tensor | None = None  # [N, T] multiplies the per-token policy-gradient loss
+    ratio_weight: Tensor | None = None  # [N, T] multiplies the ratio inside min/clip
+    advantage_weight: Tensor | None = None  # [N, T] multiplies the advantage
+    kl_cov_coef: Tensor | None = None  # [N, T] coefficient of the KL-Cov penalty |log r| (0 elsewhere)
+    phases: tuple[Tensor, ...] | None = None  # ordered [N, T] masks, one update each
+
+    def effective(self, like: Tensor | None = None) -> Tensor:
+        """[N, T] product of the multiplicative weights (the recorded ``weight`` column).
+
+        When no multiplicative weight is set the result is ``ones_like(like)``, or a scalar 1 if
+        ``like`` is not given (broadcasts against any [N, T])."""
+        parts = [w for w in (self.loss_weight, self.ratio_weight, self.advantage_weight) if w is not None]
+        if not parts:
+            return torch.ones_like(like) if like is not None else torch.tensor(1.0)
+        out = parts[0]
+        for w in parts[1:]:
+            out = out * w  # [N, T]
+        return out
+
+
+def register_weighting(name: str, *, pointwise: bool = False) -> Callable:
+    """Decorator: ``WEIGHTINGS[name] = fn``. ``pointwise`` marks rules whose effective weight is a
+    function of the token probability alone, so ``weight_curve`` can draw it."""
+
+    def deco(fn: Callable[..., TokenWeights]) -> Callable[..., TokenWeights]:
+        if name in WEIGHTINGS:
+            raise ValueError(f"weighting rule {name!r} is already registered")
+        fn.pointwise = pointwise
+        WEIGHTINGS[name] = fn
+        return fn
+
+    return deco
+
+
+def get_weighting(name: str) -> Callable[..., TokenWeights]:
+    """The rule registered as ``name``; unknown names raise ValueError listing the known ones."""
+    if name not in WEIGHTINGS:
+        raise ValueError(f"unknown weighting rule {name!r}; known rules: {sorted(WEIGHTINGS)}")
+    return WEIGHTINGS[name]
+
+
+def rule_params(name: str) -> dict:
+    """Defaults of a rule's keyword parameters, read from its signature (for meta.json/config)."""
+    sig = inspect.signature(get_weighting(name))
+    return {k: p.default for k, p in list(sig.parameters.items())[1:]}
+
+
+def validate_params(name: str, params: dict) -> None:
+    """Raise ValueError if ``params`` has keys the rule does not take."""
+    unknown = sorted(set(params) - set(rule_params(name)))
+    if unknown:
+        raise ValueError(f"weighting rule {name!r} has no parameters {unknown}; it takes {sorted(rule_params(name))}")
+
+
+def weight_curve(name: str, params: dict | None = None, n: int = 101) -> dict | None:
+    """w(p) on ``n`` grid points of p in [0, 1] for pointwise rules, else None.
+
+    The rule is evaluated on a synthetic batch with pi_theta = pi_old = p and advantage 1."""
+    rule = get_weighting(name)
+    if not getattr(rule, "pointwise", False):
+        return None
+    params = dict(params or {})
+    validate_params(name, params)
+    p = torch.linspace(0.0, 1.0, n, dtype=torch.float64)  # [n]
+    lp = p.clamp_min(1e-30).log()[None, :]  # [1, n]; log 0 would be -inf
+    ones = torch.ones_like(lp)
+    w = rule(TokenBatch(lp, lp, ones, ones), **params).effective(ones)  # [1, n]
+    return {"p": p.tolist(), "w": w[0].tolist()}
+
+
+def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
+    """Scalar mean of x over mask > 0 (0 for an empty mask)."""
+    return torch.where(mask > 0, x, 0.0).sum() / mask.sum().clamp_min(1.0)
+
+
+def _token_covariance(batch: TokenBatch) -> Tensor:
+    """Per-token covariance term (log pi - mean log pi)(A - mean A), means over the batch's loss
+    tokens, as in arXiv 2505.22617 (Clip-Cov/KL-Cov) and arXiv 2605.11538 (CW-GRPO). 0 off-mask."""
+    lp, adv, m = batch.logprobs, batch.advantages, batch.mask  # [N, T]
+    cov = (lp - _masked_mean(lp, m)) * (adv - _masked_mean(adv, m))  # [N, T]
+    return torch.where(m > 0, cov, 0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rules
+# ---------------------------------------------------------------------------------------------
+
+
+@register_weighting("grpo", pointwise=True)
+def grpo(batch: TokenBatch) -> TokenWeights:
+    """No weighting: plain GRPO (DeepSeekMath, arXiv:2402.03300)."""
+    return TokenWeights()
+
+
+def _tr_shape(p: Tensor, alpha: float, k: float, mu: float, lower: float, upper: float) -> Tensor:
+    """clip(alpha * (sigmoid(k * p) - mu), lower, upper), elementwise."""
+    return (alpha * (torch.sigmoid(k * p) - mu)).clamp(lower, upper)
+
+
+_TR_PLACEMENTS = {"loss": "loss_weight", "ratio": "ratio_weight"}
+
+
+def _tr_weights(w: Tensor, placement: str) -> TokenWeights:
+    if placement not in _TR_PLACEMENTS:
+        raise ValueError(f"unknown placement {placement!r}; known placements: {sorted(_TR_PLACEMENTS)}")
+    return TokenWeights(**{_TR_PLACEMENTS[placement]: w})
+
+
+@register_weighting("tr_grpo", pointwise=True)
+def tr_grpo(batch: TokenBatch, alpha: float = 2.0, k: float = 9.0, mu: float = 0.25,
+            lower: float = 1.0, upper: float = 1.4, placement: str = "loss") -> TokenWeights:
+    """TR-GRPO token regulation (arXiv:2511.00066): up-weight high-probability tokens.
+
+    w = clip(alpha * (sigmoid(k * p) - mu), lower, upper), p = pi_theta(token) of the current policy,
+    detached. The paper describes "a monotone probability shaping function" (a sigmoid followed by a
+    clip, per the ICLR 2026 reviews, OpenReview rhV6QTMqq1) but its exact formula and defaults are not
+    published in a verifiable form and there is no official code. The defaults here (alpha 2, k 9,
+    mu 0.25, L 1, U 1.4) are a community re-implementation's preset, i.e. a reading, not the paper's
+    values. That preset writes sigmoid(p / tau) with tau = 9, which is constant 1 after the clip
+    (sigmoid(p/9) is in [0.5, 0.528], so alpha*(sigma - mu) <= 0.556 < L); we therefore use
+    sigmoid(k * p) (tau = 1/k), which rises from w = 1 at p <= ln(3)/9 ~ 0.122 to w = 1.4 at
+    p >= ln(19)/9 ~ 0.327.
+
+    placement: "loss" (default) multiplies the per-token policy-gradient loss by w, scaling each
+    token's gradient by w; "ratio" puts w on the ratio inside min and clip,
+    min(w r A, clip(w r, 1-eps_low, 1+eps_high) A), the reviewers' reading of the paper's Eq. 9
+    (with w >= 1 this also clips more tokens).
+    """
+    return _tr_weights(_tr_shape(batch.logprobs.exp(), alpha, k, mu, lower, upper), placement)
+
+
+@register_weighting("tr_grpo_reverse", pointwise=True)
+def tr_grpo_reverse(batch: TokenBatch, alpha: float = 2.0, k: float = 9.0, mu: float = 0.25,
+                    lower: float = 1.0, upper: float = 1.4, placement: str = "loss") -> TokenWeights:
+    """The "Reverse" ablation of TR-GRPO (arXiv:2511.00066): the TR-GRPO shaping function evaluated
+    at 1 - p, so low-probability tokens get the larger weights. The paper's definition of Reverse is
+    not published in a verifiable form; this mirror image is our reading. Parameters as ``tr_grpo``.
+    """
+    return _tr_weights(_tr_shape(1.0 - batch.logprobs.exp(), alpha, k, mu, lower, upper), placement)
+
+
+def _ar_weight(batch: TokenBatch, alpha: float) -> Tensor:
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"ar alpha must be in [0, 1], got {alpha}")
+    return alpha * batch.old_logprobs.exp() + (1.0 - alpha)  # [N, T]
+
+
+def _lopti_phases(batch: TokenBatch, eta: float, low_first: bool) -> tuple[Tensor, ...]:
+    low = (batch.old_logprobs.exp() < eta).to(batch.mask.dtype) * batch.mask  # [N, T]
+    high = batch.mask - low  # [N, T]
+    return (low, high) if low_first else (high, low)
+
+
+@register_weighting("ar", pointwise=True)
+def ar(batch: TokenBatch, alpha: float = 0.3) -> TokenWeights:
+    """Advantage Reweighting (AR-Lopti, arXiv:2505.12929): A <- (alpha * p_old + 1 - alpha) * A.
+
+    p_old = pi_old(token), so the weight is constant across the step's updates (as in the authors'
+    code); alpha = 0 is GRPO. Weights are not renormalised. The authors' K&K scripts use alpha 0.2
+    (AR alone) and 0.3 (AR + Lopti); a secondary note reports alpha 0.1 for math."""
+    return TokenWeights(advantage_weight=_ar_weight(batch, alpha))
+
+
+@register_weighting("lopti", pointwise=True)
+def lopti(batch: TokenBatch, eta: float = 0.5, low_first: bool = True) -> TokenWeights:
+    """Low-Probability Token Isolation (AR-Lopti, arXiv:2505.12929): two updates per step, first on
+    tokens with p_old < eta (strict, as the authors' code), then on the rest. The KL term is masked
+    per phase along with the policy loss. ``low_first=False`` is the paper's reversed-order
+    ablation (reported to train worse than GRPO)."""
+    return TokenWeights(phases=_lopti_phases(batch, eta, low_first))
+
+
+@register_weighting("ar_lopti", pointwise=True)
+def ar_lopti(batch: TokenBatch, alpha: float = 0.3, eta: float = 0.5, low_first: bool = True) -> TokenWeights:
+    """AR and Lopti together (arXiv:2505.12929), the paper's best K&K setting (alpha 0.3, eta 0.5)."""
+    return TokenWeights(advantage_weight=_ar_weight(batch, alpha), phases=_lopti_phases(batch, eta, low_first))
+
+
+@register_weighting("cw_grpo")
+def cw_grpo(batch: TokenBatch) -> TokenWeights:
+    """CW-GRPO Gaussian-kernel advantage reweighting (arXiv:2605.11538), hyperparameter-free.
+
+    c = (log p - mean log p)(A - mean A) over the batch's loss tokens; w = exp(-c^2 / (2 sigma^2)) with
+    sigma the (population) std of c over those tokens; w is renormalised to mean 1 over the loss
+    tokens and multiplies the advantage. Centring over the batch passed in and detaching w are our
+    reading (unstated in the sources). If sigma = 0 every token gets weight 1."""
+    m = batch.mask  # [N, T]
+    c = _token_covariance(batch)  # [N, T]
+    var = _masked_mean((c - _masked_mean(c, m)) ** 2, m)  # scalar sigma^2
+    w = torch.where(var > 0, torch.exp(-(c**2) / (2 * var.clamp_min(1e-30))), 1.0)  # [N, T]
+    w = w * m.sum() / torch.where(m > 0, w, 0.0).sum().clamp_min(1e-30)  # mean 1 over loss tokens
+    return TokenWeights(advantage_weight=torch.where(m > 0, w, 1.0))
+
+
+def _generator(seed: int | None, generator: torch.Generator | None) -> torch.Generator | None:
+    return generator if generator is not None or seed is None else torch.Generator().manual_seed(seed)
+
+
+@register_weighting("clip_cov")
+def clip_cov(batch: TokenBatch, fraction: float = 2e-4, cov_low: float = 1.0, cov_high: float = 5.0,
+             eps_low: float = 0.2, eps_high: float = 0.2, seed: int | None = None,
+             generator: torch.Generator | None = None) -> TokenWeights:
+    """Clip-Cov (arXiv:2505.22617): zero the gradient of a random subset of high-covariance tokens.
+
+    Candidates are loss tokens with cov_low < Cov < cov_high (Cov as in ``_token_covariance``) that
+    the PPO clip has not already removed (eps_low/eps_high must match the loss; the authors' scripts
+    use 1.0/1.0 there). max(floor(fraction * n_tokens), 1) of them, or all if fewer, are drawn
+    uniformly and get loss weight 0. Defaults r = 2e-4, omega_low = 1, omega_high = 5 are the
+    published ones. ``generator`` (or ``seed``) makes the draw reproducible; vary the seed per step."""
+    m = batch.mask  # [N, T]
+    ratio = (batch.logprobs - batch.old_logprobs).exp()  # [N, T]
+    adv = batch.advantages  # [N, T]
+    already_clipped = ratio.clamp(1 - eps_low, 1 + eps_high) * adv < ratio * adv  # [N, T]
+    cov = _token_covariance(batch)  # [N, T]
+    cand = (m > 0) & ~already_clipped & (cov > cov_low) & (cov < cov_high)  # [N, T]
+    idx = cand.flatten().nonzero().squeeze(1)  # [C]
+    n_pick = min(max(int(fraction * float(m.sum())), 1), idx.numel())
+    perm = torch.randperm(idx.numel(), generator=_generator(seed, generator))[:n_pick]
+    weight = torch.ones_like(m)  # [N, T]
+    weight.view(-1)[idx[perm.to(idx.device)]] = 0.0
+    return TokenWeights(loss_weight=weight)
+
+
+@register_weighting("kl_cov")
+def kl_cov(batch: TokenBatch, fraction: float = 2e-3, beta: float = 1.0) -> TokenWeights:
+    """KL-Cov (arXiv:2505.22617): add beta * |log r| to the loss of the top-k tokens by Cov.
+
+    k = max(floor(fraction * n_tokens), 1). Defaults: beta 1 (the authors' ppo_kl_coef) and
+    fraction 2e-3, the authors' 7B script (k_percent 0.2, i.e. 0.2%); their 32B script uses 2e-4 and
+    verl's default is 2e-4 with coefficient 0.1. The paper's KL-Cov loss has no PPO clip; with
+    ``policy_loss`` the clip still applies unless eps is set large."""
+    m = batch.mask  # [N, T]
+    n_tokens = int(m.sum())
+    coef = torch.zeros_like(m)  # [N, T]
+    if n_tokens == 0:
+        return TokenWeights(kl_cov_coef=coef)
+    cov = torch.where(m > 0, _token_covariance(batch), -math.inf)  # [N, T]
+    top = cov.flatten().topk(min(max(int(fraction * n_tokens), 1), n_tokens)).indices  # [k]
+    coef.view(-1)[top] = beta
+    return TokenWeights(kl_cov_coef=coef)
