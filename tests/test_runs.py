@@ -156,8 +156,7 @@ CHILD = textwrap.dedent("""
                 st.track(lp, token_ids=tgt, advantages=torch.ones(2), logits=logits)
                 st.backward(-lp.mean())
                 st.log(loss=1.0)
-            rec.flush()
-            print(step, flush=True)
+            print(step, flush=True)  # step ended: no flush, the writer commits in the background
 """)
 
 
@@ -175,7 +174,9 @@ def test_sigkill_mid_run_leaves_completed_steps_readable(tmp_path):
     proc.wait()
     run = load_run(run_dir)
     steps = sorted(run.steps["step"])
-    assert steps[: done + 1] == list(range(done + 1))           # every step reported durable is there
+    # every ended step but the last one (which may still be in the writer's hands) is on disk, and whole
+    assert steps[:done] == list(range(done))
     assert run.meta["finished"] is False
     n = run.sql("SELECT count(DISTINCT step) AS n FROM tokens")["n"][0]
-    assert n >= done + 1
+    assert n >= done
+    assert run.warnings == []                                      # no truncated file: commits are atomic

@@ -78,6 +78,7 @@ class Recorder:
         self._on_error, self._compact_every = on_error, compact_every
         self._step: StepRecorder | None = None
         self.last_step: int | None = None
+        self._last_seq: int | None = None
 
     # ---- lifecycle --------------------------------------------------------------------------------
     def __enter__(self) -> "Recorder":
@@ -135,7 +136,13 @@ class Recorder:
         if st is None:
             raise RuntimeError("no step is open")
         bundle = st.finish()
-        self._require_open().submit(bundle)
+        writer = self._require_open()
+        # At most one finished step is ever waiting for the writer: before handing over step k, step k-1
+        # must be on disk (normally long done), so a crash loses at most the step in flight and the one
+        # being written, while writing still overlaps with the next step's compute.
+        if self._last_seq is not None:
+            writer.wait_for(self._last_seq)
+        self._last_seq = writer.submit(bundle)
         self.last_step = st.step
 
     @property

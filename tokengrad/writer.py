@@ -60,6 +60,7 @@ class RunWriter:
         self.rows_dropped: dict[str, int] = {}
         self.rows_written: dict[str, int] = {}
         self.last_committed: int = -1          # last bundle sequence number fully handled
+        self._committed = threading.Condition()
         self._error: BaseException | None = None
         self._seq = self._next_sequence()
         self._small: dict[str, list[tuple[int, Path]]] = {t: self._existing_small(t) for t in schema.TABLES}
@@ -75,6 +76,12 @@ class RunWriter:
         self._seq += 1
         self._queue.put((seq, bundle))
         return seq
+
+    def wait_for(self, seq: int) -> None:
+        """Block until bundle `seq` (and every earlier one) has been handled."""
+        with self._committed:
+            self._committed.wait_for(lambda: self.last_committed >= seq or not self._thread.is_alive())
+        self._raise_pending()
 
     def flush(self) -> None:
         """Block until every submitted bundle has been committed (or counted as dropped)."""
@@ -96,7 +103,9 @@ class RunWriter:
                 if bundle is _STOP:
                     return
                 self._commit(seq, bundle)
-                self.last_committed = seq
+                with self._committed:
+                    self.last_committed = seq
+                    self._committed.notify_all()
             finally:
                 self._queue.task_done()
 
