@@ -1,0 +1,303 @@
+"""Pure figure builders: figure contents against hand-computed inputs (no streamlit, no browser)."""
+
+import base64
+import io
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+from plotly.colors import sample_colorscale
+
+from tokengrad.figures import (bucket_shares, debiased_ema, find_spikes, make_accuracy_by_difficulty_figure,
+                               make_accuracy_over_steps_figure, make_bucket_dprob_figure, make_bucket_share_figure,
+                               make_bucket_steps_figure, make_grad_norm_figure, make_grad_vs_prob_figure,
+                               make_layer_heatmap_figure, make_metric_figure, make_overview_figure,
+                               make_prob_histogram_figure, make_summary_table, make_token_figure,
+                               make_weight_curve_figure, paper_style, reference_curves, run_color, token_html)
+from tokengrad.figures.style import RUN_PALETTE
+from tokengrad.wordclouds import (clean_token, find_font, make_high_low_wordcloud_figure, prepare_frequencies,
+                                  wordcloud_png)
+
+
+def _steps(values, ranks=1, column="reward_mean"):
+    """A steps table: `values` per step; rank r holds value + r - (ranks-1)/2 so the rank mean is `values`."""
+    return pd.DataFrame([{"step": s, "rank": r, column: v + r - (ranks - 1) / 2}
+                         for s, v in enumerate(values) for r in range(ranks)])
+
+
+# ---- smoothing and spikes ------------------------------------------------------------------------------
+
+def test_debiased_ema_matches_tensorboard_by_hand():
+    # w = 0.5: last = .5*0 + .5*1 = .5 -> .5/(1-.5) = 1;  last = .25 + 1 = 1.25 -> 1.25/.75 = 5/3;
+    # last = .625 + 2 = 2.625 -> 2.625/.875 = 3
+    np.testing.assert_allclose(debiased_ema([1.0, 2.0, 4.0], 0.5), [1.0, 5 / 3, 3.0])
+    # NaN/inf are skipped (TensorBoard): the third point averages 1 and 4 with weights .5, 1 -> 4.5/1.5 = 3
+    out = debiased_ema([1.0, np.nan, 4.0], 0.5)
+    assert np.isnan(out[1]) and out[2] == pytest.approx(3.0)
+    assert np.isnan(debiased_ema([1.0, np.inf, 4.0], 0.5)[1])
+    np.testing.assert_array_equal(debiased_ema([3.0, 1.0], 0.0), [3.0, 1.0])
+    with pytest.raises(ValueError, match="smoothing"):
+        debiased_ema([1.0], 1.0)
+
+
+def test_debiased_ema_equals_tensorboard_loop_on_random_series():
+    x = np.random.default_rng(0).lognormal(size=50)
+    w, last, ref = 0.8, 0.0, []
+    for n, v in enumerate(x, start=1):
+        last = last * w + (1 - w) * v
+        ref.append(last / (1 - w ** n))
+    np.testing.assert_allclose(debiased_ema(x, w), ref, rtol=1e-12)
+
+
+def test_find_spikes_modified_z_score():
+    # median 1.0; |x - median| = 0 .1 .1 0 9 .05 .05 -> MAD .05; sigma = 1.4826*.05 = .07413;
+    # threshold 1 + 3.5*.07413 = 1.2595 -> only the 10
+    assert find_spikes([1, 1.1, 0.9, 1.0, 10, 1.05, 0.95]).tolist() == [4]
+    # MAD = 0: sigma = 1.2533 * mean|x - 1| = 1.2533 * 0.4 = .5013 -> threshold 2.755 -> the 3
+    assert find_spikes([1, 1, 1, 1, 3]).tolist() == [4]
+    assert find_spikes([2.0, 2.0, 2.0]).tolist() == []
+    assert find_spikes([1.0, np.inf, 1.0, np.nan]).tolist() == [1]  # inf is a spike, NaN is missing
+    assert find_spikes([1, 1.1, 0.9, 1.0, 10, 1.05, 0.95], k=200).tolist() == []  # (10-1)/.07413 = 121 < 200
+
+
+# ---- colours, style ------------------------------------------------------------------------------------
+
+def test_run_color_is_stable_across_calls_and_processes():
+    names = ["grpo", "tr_grpo", "ar_lopti", "run 4"]
+    here = [run_color(n) for n in names]
+    assert here == [run_color(n) for n in names] and set(here) <= set(RUN_PALETTE)
+    code = f"from tokengrad.figures.style import run_color; print(','.join(run_color(n) for n in {names!r}))"
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert out.stdout.strip().split(",") == here
+
+
+def test_paper_style_sizes_and_strips_title():
+    fig = make_metric_figure({"a": _steps([1.0, 2.0])}, "reward_mean", title="dashboard title")
+    col = paper_style(fig)
+    assert (col.layout.width, col.layout.height) == (336, round(3.5 * 0.68 * 96))  # 3.5 in at 96 px/in
+    assert col.layout.title.text is None and col.layout.template.layout.font.size == 10
+    assert paper_style(fig, "page").layout.width == 672
+    assert fig.layout.title.text == "dashboard title"  # the input is not modified
+    with pytest.raises(ValueError, match="column"):
+        paper_style(fig, "poster")
+
+
+# ---- overview ------------------------------------------------------------------------------------------
+
+def test_metric_figure_overlays_runs_with_raw_and_smoothed_traces():
+    fig = make_metric_figure({"a": _steps([1.0, 2.0, 4.0], ranks=2), "b": _steps([0.0, 1.0])}, "reward_mean",
+                             smoothing=0.5)
+    assert [t.name for t in fig.data] == ["a raw", "a", "b raw", "b"]
+    a_raw, a_smooth = fig.data[0], fig.data[1]
+    np.testing.assert_allclose(a_raw.y, [1.0, 2.0, 4.0])  # mean over the two ranks (v - .5, v + .5)
+    np.testing.assert_allclose(a_smooth.y, [1.0, 5 / 3, 3.0])  # debiased EMA by hand, see above
+    assert list(a_raw.x) == [0, 1, 2]
+    assert a_smooth.line.color == a_raw.line.color == run_color("a") and fig.data[3].line.color == run_color("b")
+    assert not a_raw.showlegend and a_smooth.showlegend and a_raw.legendgroup == "a"
+    assert make_metric_figure({"a": _steps([1.0])}, "reward_mean", log_y=True).layout.yaxis.type == "log"
+    assert len(make_metric_figure({"a": _steps([1.0])}, "kl").data) == 0  # no such values: empty figure
+
+
+def test_grad_norm_figure_takes_max_over_updates_and_marks_spikes():
+    rows = [{"step": s, "rank": 0, "update_id": u, "layer": layer, "grad_norm": v * (u + 1) * m}
+            for s, v in enumerate([1, 1.1, 0.9, 1.0, 10, 1.05, 0.95]) for u in (0, 1)
+            for layer, m in (("total", 1.0), ("model.layers.0", 0.1))]
+    fig = make_grad_norm_figure({"r": pd.DataFrame(rows)}, smoothing=0.0)
+    assert [t.name for t in fig.data] == ["r", "r spikes"]
+    np.testing.assert_allclose(fig.data[0].y, 2 * np.array([1, 1.1, 0.9, 1.0, 10, 1.05, 0.95]))  # update 1 = 2x
+    assert list(fig.data[1].x) == [4] and list(fig.data[1].y) == [20.0]
+    assert fig.layout.yaxis.type == "log"
+    heat = make_layer_heatmap_figure(pd.DataFrame(rows))
+    assert list(heat.data[0].y) == ["model.layers.0"]
+    np.testing.assert_allclose(heat.data[0].customdata[0], 0.2 * np.array([1, 1.1, 0.9, 1.0, 10, 1.05, 0.95]))
+
+
+def test_overview_figure_skips_unrecorded_metrics():
+    df = _steps([1.0, 2.0]).assign(loss=[0.5, 0.25])
+    fig = make_overview_figure({"a": df}, metrics=("reward_mean", "loss", "kl"), smoothing=0.0)
+    assert [a.text for a in fig.layout.annotations] == ["reward", "loss"]
+    assert [t.name for t in fig.data] == ["a", "a"] and [t.showlegend for t in fig.data] == [True, False]
+    np.testing.assert_allclose(fig.data[1].y, [0.5, 0.25])
+
+
+def test_summary_table_by_hand():
+    class R:
+        name = "r"
+        meta = {"weighting": {"name": "tr_grpo", "params": {"alpha": 0.5, "tau": 1}}}
+        steps = pd.DataFrame({"step": range(20), "rank": 0, "reward_mean": np.arange(20) / 10.0,
+                              "grad_norm": [1.0, 2.0, 3.0] * 6 + [1.0, 50.0]})
+        layers = pd.DataFrame()
+        evals = pd.DataFrame({"step": [5, 19, 19], "rank": 0, "task": "kk", "difficulty": ["3", "3", "5"],
+                              "accuracy": [0.1, 0.5, 0.2], "n": [10, 30, 10]})
+
+    row = make_summary_table([R()]).iloc[0]
+    assert (row["run"], row["rule"], row["params"], row["steps"]) == ("r", "tr_grpo", "alpha=0.5, tau=1", 20)
+    assert row["final_reward"] == pytest.approx((1.8 + 1.9) / 2)  # last 10% of 20 steps = 2 steps
+    assert row["eval_accuracy"] == pytest.approx((0.5 * 30 + 0.2 * 10) / 40)  # last eval step, n-weighted
+    g = np.array([1.0, 2.0, 3.0] * 6 + [1.0, 50.0])
+    assert row["grad_norm_cv"] == pytest.approx(g.std() / g.mean())
+    assert (row["spikes"], row["spike_steps"]) == (1, "19")
+
+
+# ---- buckets -------------------------------------------------------------------------------------------
+
+def _buckets():
+    rows = []
+    for step, (n_lo, n_hi, u_lo, u_hi) in enumerate([(1, 3, 0.6, 0.5), (3, 3, 0.8, 0.3)]):
+        rows += [{"step": step, "rank": 0, "update_id": 0, "bucket": "[0.50,1.00)", "lo": 0.5, "hi": 1.0,
+                  "n_tokens": n_hi, "grad_norm": 1.0, "update_share": u_hi, "dprob_mean": 0.02, "correct_ratio": 0.4},
+                 {"step": step, "rank": 0, "update_id": 0, "bucket": "[0.00,0.50)", "lo": 0.0, "hi": 0.5,
+                  "n_tokens": n_lo, "grad_norm": 3.0, "update_share": u_lo, "dprob_mean": 0.1, "correct_ratio": 0.6},
+                 {"step": step, "rank": 0, "update_id": 0, "bucket": "residual", "n_tokens": 0,
+                  "update_share": 1 - u_lo - u_hi}]
+    return pd.DataFrame(rows)
+
+
+def test_bucket_shares_by_hand():
+    s = bucket_shares(_buckets())
+    assert list(s["bucket"]) == ["[0.00,0.50)", "[0.50,1.00)", "residual"]  # by lower edge, residual last
+    # tokens: low 1 + 3 = 4, high 3 + 3 = 6 -> shares .4, .6; update shares: mean(.6, .8) = .7, mean(.5, .3) = .4
+    np.testing.assert_allclose(s["token_share"], [0.4, 0.6, 0.0])
+    np.testing.assert_allclose(s["update_share"], [0.7, 0.4, -0.1])
+    np.testing.assert_allclose(bucket_shares(_buckets(), step_range=(1, 1))["token_share"], [0.5, 0.5, 0.0])
+    fig = make_bucket_share_figure(_buckets())
+    assert [t.name for t in fig.data] == ["token share", "update share"]
+    np.testing.assert_allclose(fig.data[1].y, [0.7, 0.4, -0.1])
+
+
+def test_bucket_steps_figure_stacks_shares_per_step():
+    fig = make_bucket_steps_figure(_buckets())
+    assert [t.name for t in fig.data] == ["[0.00,0.50)", "[0.50,1.00)", "residual"]
+    np.testing.assert_allclose(fig.data[0].y, [0.6, 0.8])
+    np.testing.assert_allclose(fig.data[2].y, [-0.1, -0.1])
+    assert fig.layout.barmode == "relative" and fig.data[2].marker.color == "#9E9E9E"
+    lines = make_bucket_steps_figure(_buckets(), "grad_norm")
+    assert lines.data[0].type == "scatter" and list(lines.data[0].y) == [3.0, 3.0]
+    with pytest.raises(ValueError, match="known"):
+        make_bucket_steps_figure(_buckets(), "nope")
+
+
+def test_bucket_dprob_and_correct_ratio():
+    fig = make_bucket_dprob_figure(_buckets())
+    assert list(fig.data[0].x) == ["[0.00,0.50)", "[0.50,1.00)"]
+    np.testing.assert_allclose(fig.data[0].y, [0.1, 0.02])
+    np.testing.assert_allclose(fig.data[1].y, [0.6, 0.4])
+
+
+def test_reference_curves_and_grad_vs_prob_figure():
+    ref = reference_curves([0.0, 0.5, 1.0])
+    np.testing.assert_allclose(ref["(1 − p)"], [1.0, 0.5, 0.0])
+    np.testing.assert_allclose(ref["√2 (1 − p)"], [1.41421356, 0.70710678, 0.0])
+    binned = pd.DataFrame({"lo": [0.0, 0.5], "hi": [0.5, 1.0], "count": [3, 0], "prob": [0.2, np.nan],
+                           "logit_grad_unit": [0.9, np.nan]})
+    fig = make_grad_vs_prob_figure(binned, ref_scale=2.0)
+    assert [t.name for t in fig.data] == ["(1 − p)", "√2 (1 − p)", "mean logit_grad_unit"]
+    assert fig.data[0].y[50] == pytest.approx(2 * 0.5) and fig.data[1].y[0] == pytest.approx(2 * np.sqrt(2))
+    assert list(fig.data[2].x) == [0.2] and list(fig.data[2].y) == [0.9]  # the empty bin is dropped
+    with pytest.raises(ValueError, match="no column"):
+        make_grad_vs_prob_figure(binned, "head_grad_norm")
+
+
+def test_prob_histogram_figure_normalises():
+    hist = pd.DataFrame({"lo": [0.0, 0.5], "hi": [0.5, 1.0], "count": [1, 3]})
+    fig = make_prob_histogram_figure(hist)
+    np.testing.assert_allclose(fig.data[0].y, [0.25, 0.75])
+    np.testing.assert_allclose(fig.data[0].x, [0.25, 0.75])
+
+
+def test_weight_curve_from_meta():
+    metas = {"tr": {"weighting": {"name": "tr_grpo", "curve": {"p": [0, 0.5, 1], "w": [0.5, 1.0, 1.5]}}},
+             "grpo": {"weighting": {"name": "grpo"}}}
+    fig = make_weight_curve_figure(metas)
+    assert [t.name for t in fig.data] == ["tr"] and list(fig.data[0].y) == [0.5, 1.0, 1.5]
+    assert fig.data[0].line.color == run_color("tr")
+    with pytest.raises(ValueError, match="equal-length"):
+        make_weight_curve_figure({"x": {"weighting": {"curve": {"p": [0, 1], "w": [1]}}}})
+
+
+# ---- evals ---------------------------------------------------------------------------------------------
+
+def _evals():
+    return pd.DataFrame({"step": [0, 0, 10, 10, 10, 10], "rank": [0, 0, 0, 1, 0, 0], "task": "kk",
+                         "difficulty": ["3", "10", "3", "3", "10", "2"],
+                         "accuracy": [0.1, 0.0, 0.5, 1.0, 0.2, 0.9], "n": [10, 10, 10, 30, 10, 10]})
+
+
+def test_accuracy_by_difficulty_uses_last_step_weighted_by_n():
+    fig = make_accuracy_by_difficulty_figure({"a": _evals()})
+    assert list(fig.data[0].x) == ["2", "3", "10"]  # numeric order
+    # difficulty 3 at step 10: ranks 0 and 1 -> (0.5*10 + 1.0*30) / 40 = 0.875
+    np.testing.assert_allclose(fig.data[0].y, [0.9, 0.875, 0.2])
+    assert list(fig.data[0].customdata) == [10, 40, 10]
+    over = make_accuracy_over_steps_figure({"a": _evals()})
+    # step 0: (0.1*10 + 0*10)/20 = .05; step 10: (5 + 30 + 2 + 9)/60 = 46/60
+    np.testing.assert_allclose(over.data[0].y, [0.05, 46 / 60])
+    facets = make_accuracy_over_steps_figure({"a": _evals()}, by_difficulty=True)
+    assert [a.text for a in facets.layout.annotations] == ["difficulty 2", "difficulty 3", "difficulty 10"]
+
+
+# ---- token inspector -----------------------------------------------------------------------------------
+
+def _completion():
+    return pd.DataFrame({"position": [1, 0, 2], "token": ["<b>", "Hi", "\n"], "prob": [0.25, 1.0, 0.5],
+                         "coef": [-2.0, 0.0, 1.0], "in_loss": [True, True, False]})
+
+
+def test_token_html_colours_escapes_and_hovers():
+    html = token_html(_completion(), "prob")
+    spans = html.split('<span class="tg-tok"')[1:]
+    assert len(spans) == 3
+    assert f"background:{sample_colorscale('RdYlGn', [1.0])[0]}" in spans[0] and ">Hi</span>" in spans[0]
+    assert f"background:{sample_colorscale('RdYlGn', [0.25])[0]}" in spans[1]
+    assert "&lt;b&gt;" in spans[1] and "<b>" not in spans[1]
+    assert "prob 0.25" in spans[1] and "coef -2" in spans[1]  # hover lists every recorded value
+    assert "↵<br>" in spans[2] and "opacity:0.45" in spans[2]  # newline shown, not-in-loss faded
+    # signed values: symmetric scale [-2, 2], so coef 0 sits at the middle of RdBu
+    signed = token_html(_completion(), "coef")
+    assert f"background:{sample_colorscale('RdBu', [0.5])[0]}" in signed.split('<span class="tg-tok"')[1]
+    with pytest.raises(ValueError, match="cannot colour"):
+        token_html(_completion(), "weight")
+
+
+def test_token_figure_grid():
+    fig = make_token_figure(_completion(), "prob", per_row=2)
+    z = np.array(fig.data[0].z, dtype=object)
+    assert z.shape == (2, 2) and list(z[0]) == [1.0, 0.25] and z[1][0] == 0.5 and z[1][1] is None
+    assert fig.data[0].text[0][1] == "<b>" and fig.data[0].text[1][0] == "↵"
+    assert (fig.data[0].zmin, fig.data[0].zmax) == (0.0, 1.0)
+
+
+# ---- word clouds ---------------------------------------------------------------------------------------
+
+def test_clean_token_and_frequencies():
+    assert clean_token("Ġthe") == "the" and clean_token("▁cat") == "cat" and clean_token(" dog ") == "dog"
+    assert clean_token("Ċ") == "↵" and clean_token("  ") == "␣␣" and clean_token("\t") == "⇥"
+    assert clean_token("Ġ", show_whitespace=False) is None and clean_token("") is None
+    freqs = pd.DataFrame({"token": ["Ġthe", "the", "<|im_end|>", "Ċ", "∇", "and"], "count": [3, 2, 9, 1, 4, 5]})
+    assert prepare_frequencies(freqs) == {"the": 5.0, "and": 5.0, "∇": 4.0, "↵": 1.0}
+    assert prepare_frequencies(freqs, show_whitespace=False, stop_tokens={"and"}, max_words=2) == {"the": 5.0,
+                                                                                                    "∇": 4.0}
+    with pytest.raises(ValueError, match="missing"):
+        prepare_frequencies(pd.DataFrame({"word": ["a"]}))
+
+
+def test_wordcloud_figure_two_png_panels():
+    from PIL import Image
+
+    assert find_font().endswith(".ttf") and os.path.exists(find_font())
+    high = pd.DataFrame({"token": ["Ġthe", "∇", "π"], "count": [10, 5, 3]})
+    fig = make_high_low_wordcloud_figure(high, high.iloc[:0], width=200, height=100)
+    assert [t.type for t in fig.data] == ["image", "image"]
+    assert [a.text for a in fig.layout.annotations][:2] == ["high-probability tokens", "low-probability tokens"]
+    assert "no tokens" in [a.text for a in fig.layout.annotations]
+    png = base64.b64decode(fig.data[0].source.split(",", 1)[1])
+    img = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+    assert img.shape == (100, 200, 3) and (img < 200).any()  # words were drawn
+    blank = np.asarray(Image.open(io.BytesIO(base64.b64decode(fig.data[1].source.split(",", 1)[1]))))
+    assert (blank == 255).all()
+    assert wordcloud_png({"a": 1.0}, width=50, height=40)[:8] == b"\x89PNG\r\n\x1a\n"

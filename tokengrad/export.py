@@ -1,0 +1,230 @@
+"""Static, publication-ready figures: `tokengrad export RUN [RUN ...] --out DIR --format png|svg|pdf`.
+
+    tokengrad export runs/grpo runs/tr_grpo --out figs --format pdf
+
+writes the papers' figure set (reward and gradient-norm trajectories, accuracy by difficulty, per-bucket
+update shares, gradient norm vs probability, high/low-probability word clouds, weight curves) in one style
+(figures.style.paper_style: 3.5 in columns / 7 in pages, paper fonts, no dashboard chrome).
+
+Static images come from kaleido >= 1, which drives a separately installed Chrome/Chromium (Debian:
+`apt-get install -y chromium`); one browser renders the whole set. Without a browser the command says how
+to install one and writes interactive HTML instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import plotly.graph_objects as go
+
+from .figures import (make_accuracy_by_difficulty_figure, make_bucket_steps_figure, make_grad_norm_figure,
+                      make_grad_vs_prob_figure, make_metric_figure, make_weight_curve_figure)
+from .figures.buckets import make_bucket_share_figure
+from .figures.columns import BUCKET, STEP
+from .figures.style import PNG_SCALE, paper_style
+
+STATIC_FORMATS = ("png", "svg", "pdf")
+BROWSER_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
+BROWSER_PATHS = ("/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome",
+                 "/snap/bin/chromium", "/Applications/Google Chrome.app/Contents/MacOS/Google Chrome")
+INSTALL_HINT = ("Static image export (kaleido >= 1) needs Chrome or Chromium. Install it with\n"
+                "    apt-get install -y chromium        # Debian/Ubuntu (as root)\n"
+                "or point BROWSER_PATH at an existing Chrome/Chromium binary.")
+_KOPTS = {"mathjax": False}  # no LaTeX in our figures; MathJax would be fetched from a CDN
+
+
+class BrowserNotFoundError(RuntimeError):
+    """No Chrome/Chromium for kaleido; the message says how to install one."""
+
+
+class FigureSpec(NamedTuple):
+    name: str  # file stem
+    figure: go.Figure
+    width: str = "column"  # figures.style.PAPER_WIDTHS key
+    height_in: float | None = None
+
+
+def find_browser() -> str | None:
+    """Chrome/Chromium executable: $BROWSER_PATH, then PATH names, then usual install locations."""
+    env = os.environ.get("BROWSER_PATH")
+    if env and os.access(env, os.X_OK):
+        return env
+    for name in BROWSER_NAMES:
+        found = shutil.which(name)
+        if found:
+            return found
+    return next((p for p in BROWSER_PATHS if os.access(p, os.X_OK)), None)
+
+
+def _browser() -> str:
+    path = find_browser()
+    if path is None:
+        raise BrowserNotFoundError(INSTALL_HINT)
+    return path
+
+
+def _opts(fig: go.Figure, fmt: str, width: int | None, height: int | None, scale: float | None) -> dict:
+    if fmt not in STATIC_FORMATS:
+        raise ValueError(f"unknown image format {fmt!r}; known: {sorted(STATIC_FORMATS + ('html',))}")
+    return {"format": fmt, "width": width or fig.layout.width or 700, "height": height or fig.layout.height or 450,
+            "scale": scale if scale is not None else (PNG_SCALE if fmt == "png" else 1)}
+
+
+def figure_to_bytes(fig: go.Figure, fmt: str = "png", *, width: int | None = None, height: int | None = None,
+                    scale: float | None = None) -> bytes:
+    """The figure as PNG (300 dpi by default), SVG, PDF or self-contained HTML bytes (for download buttons).
+
+    Static formats start one headless browser per call (~1-2 s); call paper_style(fig) first for the
+    publication look. Raises BrowserNotFoundError (with the install command) when no browser exists.
+    """
+    if fmt == "html":
+        return fig.to_html(full_html=True, include_plotlyjs=True).encode("utf-8")
+    opts = _opts(fig, fmt, width, height, scale)
+    import kaleido
+
+    return kaleido.calc_fig_sync(fig, opts=opts, kopts={"path": _browser(), **_KOPTS})
+
+
+def write_static(specs: Sequence[FigureSpec], out_dir: Path, formats: str | Sequence[str] = "png") -> list[Path]:
+    """Write paper-styled figures in one or more formats with one browser for all; returns the paths."""
+    import kaleido
+
+    formats = [formats] if isinstance(formats, str) else list(formats)
+    jobs, paths = [], []
+    for spec in specs:
+        fig = paper_style(spec.figure, spec.width, spec.height_in)
+        for fmt in formats:
+            path = out_dir / f"{spec.name}.{fmt}"
+            jobs.append({"fig": fig, "path": str(path), "opts": _opts(fig, fmt, None, None, None)})
+            paths.append(path)
+    errors = kaleido.write_fig_from_object_sync(jobs, kopts={"path": _browser(), **_KOPTS})
+    if errors:
+        raise RuntimeError(f"kaleido failed on {len(errors)} figure(s): {errors[0]!r}")
+    return paths
+
+
+def write_html(specs: Sequence[FigureSpec], out_dir: Path) -> list[Path]:
+    """Paper-styled interactive HTML files sharing one plotly.min.js in out_dir (works offline)."""
+    paths = []
+    for spec in specs:
+        path = out_dir / f"{spec.name}.html"
+        paper_style(spec.figure, spec.width, spec.height_in).write_html(path, include_plotlyjs="directory")
+        paths.append(path)
+    return paths
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "run"
+
+
+def unique_names(runs: Sequence) -> dict[str, object]:
+    """run name -> run, names made unique with #2, #3 ... in order."""
+    out: dict[str, object] = {}
+    for run in runs:
+        name, i = run.name, 1
+        while name in out:
+            i += 1
+            name = f"{run.name}#{i}"
+        out[name] = run
+    return out
+
+
+def build_figure_set(runs: Mapping[str, object], *, smoothing: float = 0.6, low: tuple[float, float] = (0.0, 0.25),
+                     high: tuple[float, float] = (0.75, 1.0), step_range: tuple[int, int] | None = None,
+                     max_words: int = 150) -> tuple[list[FigureSpec], list[str]]:
+    """The papers' figures for runs keyed by name; returns (specs, notes on figures left out for lack of data)."""
+    from .queries import grad_norm_by_prob, token_frequencies
+    from .wordclouds import make_high_low_wordcloud_figure
+
+    steps = {n: r.steps for n, r in runs.items()}
+    specs = [
+        FigureSpec("reward", make_metric_figure(steps, STEP.reward_mean, smoothing=smoothing)),
+        FigureSpec("grad_norm", make_grad_norm_figure({n: r.layers for n, r in runs.items()}, smoothing=smoothing)),
+        FigureSpec("accuracy_by_difficulty", make_accuracy_by_difficulty_figure({n: r.evals for n, r in runs.items()})),
+        FigureSpec("weight_curves", make_weight_curve_figure({n: r.meta for n, r in runs.items()})),
+    ]
+    for name, run in runs.items():
+        slug = _slug(name)
+        specs += [
+            FigureSpec(f"bucket_shares_{slug}", make_bucket_share_figure(run.buckets, step_range)),
+            FigureSpec(f"bucket_update_share_{slug}", make_bucket_steps_figure(run.buckets, BUCKET.update_share),
+                       "page"),
+            FigureSpec(f"grad_vs_prob_{slug}", make_grad_vs_prob_figure(grad_norm_by_prob(run, step_range=step_range))),
+            FigureSpec(f"wordcloud_{slug}", make_high_low_wordcloud_figure(
+                token_frequencies(run, *high, step_range=step_range, limit=4 * max_words),
+                token_frequencies(run, *low, step_range=step_range, limit=4 * max_words),
+                titles=(f"p ≥ {high[0]:g}", f"p < {low[1]:g}"), width=1200, height=600, max_words=max_words),
+                "page", 2.6),
+        ]
+    kept = [s for s in specs if s.figure.data]
+    notes = [f"{s.name}: {_why_empty(s.figure)}" for s in specs if not s.figure.data]
+    return kept, notes
+
+
+def _why_empty(fig: go.Figure) -> str:
+    return fig.layout.annotations[0].text if fig.layout.annotations else "no data"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tokengrad export", description=__doc__.split("\n\n")[0])
+    p.add_argument("runs", nargs="+", help="run directories")
+    p.add_argument("--out", required=True, help="output directory (created)")
+    p.add_argument("--format", nargs="+", default=["png"], choices=STATIC_FORMATS,
+                   help="image format(s) (default png, 300 dpi); several, e.g. --format pdf png, share one browser")
+    p.add_argument("--smoothing", type=float, default=0.6, help="debiased-EMA weight in [0, 1) (default 0.6)")
+    p.add_argument("--low", type=float, nargs=2, default=(0.0, 0.25), metavar=("LO", "HI"),
+                   help="probability range of the low-probability word cloud (default 0 0.25)")
+    p.add_argument("--high", type=float, nargs=2, default=(0.75, 1.0), metavar=("LO", "HI"),
+                   help="probability range of the high-probability word cloud (default 0.75 1)")
+    p.add_argument("--steps", type=int, nargs=2, default=None, metavar=("FIRST", "LAST"),
+                   help="steps (inclusive) for the token-level figures (default all)")
+    p.add_argument("--words", type=int, default=150, help="words per cloud (default 150)")
+    return p
+
+
+def cli_export(argv: list[str]) -> int:
+    """Entry point of `tokengrad export`. Returns 0 on success, 1 when only HTML could be written (no
+    browser for static export), 2 on bad arguments or unreadable runs."""
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    from .runs import load_run
+
+    try:
+        runs = unique_names([load_run(p) for p in args.runs])
+        specs, notes = build_figure_set(runs, smoothing=args.smoothing, low=tuple(args.low), high=tuple(args.high),
+                                        step_range=tuple(args.steps) if args.steps else None, max_words=args.words)
+    except (OSError, ValueError) as err:
+        print(f"tokengrad export: error: {err}", file=sys.stderr)
+        return 2
+    for note in notes:
+        print(f"skipped {note}", file=sys.stderr)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    code = 0
+    try:
+        paths = write_static(specs, out, args.format)
+    except (RuntimeError, OSError) as err:  # no browser, or it failed to start/render: fall back to HTML
+        reason = str(err) if isinstance(err, BrowserNotFoundError) else f"{type(err).__name__}: {err}\n{INSTALL_HINT}"
+        print(f"tokengrad export: cannot write {'/'.join(args.format).upper()}: {reason}\nWriting HTML instead.",
+              file=sys.stderr)
+        paths, code = write_html(specs, out), 1
+    for path in paths:
+        print(path)
+    return code
+
+
+def main() -> None:  # pragma: no cover - `python -m tokengrad.export`
+    sys.exit(cli_export(sys.argv[1:]))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,129 @@
+"""One look for every tokengrad figure: run colours, bucket colours, dashboard and paper templates.
+
+    fig = make_metric_figure(...)            # dashboard style
+    paper_style(fig, width="column")          # 3.5 in wide, paper fonts, no chrome (tokengrad export)
+
+Sizes are in CSS pixels, 96 per inch, which is how plotly and kaleido measure layout width and height;
+PNG export multiplies by PNG_SCALE to reach 300 dpi.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import plotly.graph_objects as go
+from plotly.colors import sample_colorscale
+
+from ..schema import RESIDUAL_BUCKET
+
+PX_PER_INCH = 96
+PNG_DPI = 300
+PNG_SCALE = PNG_DPI / PX_PER_INCH
+# Paper widths: one column of a two-column paper (~3.5 in) and the full text width (~7 in).
+PAPER_WIDTHS = {"column": 3.5, "page": 7.0}
+PAPER_ASPECT = {"column": 0.68, "page": 0.36}  # height / width
+PAPER_FONT = "DejaVu Sans, Arial, sans-serif"
+
+# Colour-blind-aware palette (Okabe & Ito 2008, then Tol's "muted" set), no yellow on white.
+RUN_PALETTE = (
+    "#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9",
+    "#332288", "#882255", "#117733", "#999933", "#AA4499", "#44AA99",
+)
+RESIDUAL_COLOR = "#9E9E9E"
+BUCKET_COLORSCALE = "Viridis"
+
+
+def run_color(run_name: str, palette: tuple[str, ...] = RUN_PALETTE) -> str:
+    """A colour for a run that depends only on its name: the same on every page, call and process.
+
+    Uses a cryptographic hash, not hash(), which Python salts per process. Two names can share a
+    colour (12 colours); builders accept an explicit `colors` mapping to override.
+    """
+    digest = hashlib.sha1(str(run_name).encode("utf-8")).digest()
+    return palette[int.from_bytes(digest[:4], "big") % len(palette)]
+
+
+def run_colors(run_names, colors: dict | None = None) -> dict[str, str]:
+    """run_name -> colour, `colors` entries taking precedence over run_color()."""
+    colors = colors or {}
+    return {name: colors.get(name, run_color(name)) for name in run_names}
+
+
+def bucket_colors(labels: list[str]) -> dict[str, str]:
+    """Probability buckets coloured low -> high along Viridis (in the given order); residual grey."""
+    probs = [b for b in labels if b != RESIDUAL_BUCKET]
+    positions = [i / max(len(probs) - 1, 1) for i in range(len(probs))]
+    out = dict(zip(probs, sample_colorscale(BUCKET_COLORSCALE, positions) if probs else []))
+    if RESIDUAL_BUCKET in labels:
+        out[RESIDUAL_BUCKET] = RESIDUAL_COLOR
+    return out
+
+
+def _axis(**kw) -> dict:
+    return dict(showline=True, linecolor="#444", ticks="outside", zeroline=False, **kw)
+
+
+DASHBOARD_TEMPLATE = go.layout.Template(layout=go.Layout(
+    font=dict(size=13),
+    plot_bgcolor="white", paper_bgcolor="white",
+    xaxis=_axis(gridcolor="#EEE"), yaxis=_axis(gridcolor="#EEE"),
+    hovermode="closest",
+    legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0),
+    margin=dict(l=60, r=20, t=60, b=50),
+))
+
+PAPER_TEMPLATE = go.layout.Template(layout=go.Layout(
+    font=dict(family=PAPER_FONT, size=10, color="black"),
+    plot_bgcolor="white", paper_bgcolor="white",
+    xaxis=_axis(gridcolor="#E5E5E5", title=dict(standoff=4), tickfont=dict(size=9)),
+    yaxis=_axis(gridcolor="#E5E5E5", title=dict(standoff=4), tickfont=dict(size=9)),
+    legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="left", x=0, font=dict(size=9),
+                bgcolor="rgba(255,255,255,0)"),
+    margin=dict(l=48, r=8, t=28, b=38),
+))
+
+
+def dashboard_layout(fig: go.Figure, title: str | None = None, **layout) -> go.Figure:
+    """Apply the dashboard template (in place) and return the figure."""
+    fig.update_layout(template=DASHBOARD_TEMPLATE, title=title, **layout)
+    return fig
+
+
+def paper_size(width: str = "column", height_in: float | None = None) -> tuple[int, int]:
+    """(width, height) in CSS pixels for a paper column or page width."""
+    if width not in PAPER_WIDTHS:
+        raise ValueError(f"unknown paper width {width!r}; known: {sorted(PAPER_WIDTHS)}")
+    w_in = PAPER_WIDTHS[width]
+    h_in = height_in if height_in is not None else w_in * PAPER_ASPECT[width]
+    return round(w_in * PX_PER_INCH), round(h_in * PX_PER_INCH)
+
+
+def paper_style(fig: go.Figure, width: str = "column", height_in: float | None = None,
+                keep_title: bool = False) -> go.Figure:
+    """A copy of `fig` in the publication style: paper template and size, no title, no dashboard chrome.
+
+    The axis look is also applied with update_xaxes/update_yaxes, because a template's xaxis/yaxis only
+    reach the first subplot's axes.
+    """
+    out = go.Figure(fig)
+    w, h = paper_size(width, height_in)
+    out.update_layout(template=PAPER_TEMPLATE, width=w, height=h, updatemenus=[], sliders=[])
+    if not keep_title:
+        out.update_layout(title=None)
+        out.update_layout(margin=dict(t=28 if out.layout.showlegend is not False else 10))
+    out.update_xaxes(rangeslider_visible=False, showline=True, linecolor="#444", ticks="outside",
+                     showgrid=False, tickfont=dict(size=9), title_font=dict(size=10))  # y grid only
+    out.update_yaxes(showline=True, linecolor="#444", ticks="outside", gridcolor="#E5E5E5",
+                     tickfont=dict(size=9), title_font=dict(size=10))
+    out.update_annotations(font_size=10)
+    return out
+
+
+def empty_figure(message: str, title: str | None = None) -> go.Figure:
+    """A blank figure that says why it is blank (no data recorded, nothing selected)."""
+    fig = go.Figure()
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+                       font=dict(size=14, color="#666"))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return dashboard_layout(fig, title)

@@ -1,0 +1,163 @@
+"""Token inspector: one completion with each token coloured by a recorded per-token value.
+
+    df = sample_tokens(run, step=40, sample_id=3)          # tokengrad.queries
+    html = token_html(df, color_by="logit_grad_norm")        # st.html(html) / st.markdown(html, unsafe_allow_html=True)
+    fig = make_token_figure(df, color_by="prob")             # the same as a plotly heatmap
+
+Hovering a token shows every value recorded for it. Signed values (coef, advantage) use a diverging
+scale centred on 0, probabilities a fixed [0, 1] scale, the rest a sequential scale over the data.
+"""
+
+from __future__ import annotations
+
+import html as _html
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.colors import sample_colorscale, unlabel_rgb
+
+from .columns import TOK
+from .style import dashboard_layout, empty_figure
+
+COLOR_SCALES = {
+    TOK.prob: "RdYlGn", TOK.logprob: "RdYlGn", TOK.weight: "Purples", TOK.coef: "RdBu",
+    TOK.advantage: "RdBu", TOK.logit_grad_norm: "YlOrRd", TOK.head_grad_norm: "YlOrRd",
+    TOK.logit_grad_unit: "YlOrRd", TOK.entropy: "YlOrRd", TOK.ratio: "RdBu",
+}
+SIGNED = frozenset({TOK.coef, TOK.advantage})
+FIXED_RANGES = {TOK.prob: (0.0, 1.0), TOK.logit_grad_unit: (0.0, float(np.sqrt(2.0)))}
+# Columns shown on hover, in this order, when present.
+HOVER_COLUMNS = (TOK.position, TOK.token_id, TOK.prob, TOK.logprob, TOK.old_logprob, TOK.ref_logprob,
+                 TOK.entropy, TOK.advantage, TOK.weight, TOK.coef, TOK.ratio, TOK.clipped,
+                 TOK.logit_grad_unit, TOK.logit_grad_norm, TOK.head_grad_norm, TOK.in_loss)
+_KEYS = frozenset({TOK.step, TOK.rank, TOK.update_id, TOK.pass_id, TOK.sample_id, TOK.group_id, TOK.token})
+WHITESPACE_SYMBOLS = {"\n": "↵", "\t": "⇥"}
+
+
+def color_range(values, column: str, vmin: float | None = None, vmax: float | None = None) -> tuple[float, float]:
+    """(lo, hi) of the colour scale: fixed for prob, symmetric around 0 for signed columns, else data range."""
+    x = np.asarray(values, dtype=float)
+    x = x[np.isfinite(x)]
+    if column in FIXED_RANGES:
+        lo, hi = FIXED_RANGES[column]
+    elif x.size == 0:
+        lo, hi = 0.0, 1.0
+    elif column in SIGNED or (x.min() < 0 < x.max() and column not in (TOK.logprob,)):
+        m = float(np.abs(x).max()) or 1.0
+        lo, hi = -m, m
+    else:
+        lo, hi = float(x.min()), float(x.max())
+    lo, hi = (lo if vmin is None else vmin), (hi if vmax is None else vmax)
+    return (lo, hi) if hi > lo else (lo, lo + 1.0)
+
+
+def token_colors(values, column: str, vmin: float | None = None, vmax: float | None = None) -> list[str | None]:
+    """'rgb(r, g, b)' per value on the column's scale; None for missing values."""
+    lo, hi = color_range(values, column, vmin, vmax)
+    scale = COLOR_SCALES.get(column, "RdBu" if column in SIGNED else "YlOrRd")
+    x = np.asarray(values, dtype=float)
+    pos = np.clip((x - lo) / (hi - lo), 0.0, 1.0)
+    ok = np.isfinite(pos)
+    colors = sample_colorscale(scale, pos[ok].tolist()) if ok.any() else []
+    it = iter(colors)
+    return [next(it) if good else None for good in ok]
+
+
+def _text_color(bg: str | None) -> str:
+    """Black on light backgrounds, white on dark ones (relative luminance, ITU-R BT.709 weights)."""
+    if bg is None:
+        return "#222"
+    r, g, b = unlabel_rgb(bg)
+    return "#000" if 0.2126 * r + 0.7152 * g + 0.0722 * b > 140 else "#fff"
+
+
+def display_token(text: str) -> str:
+    """Token text made visible: newlines and tabs as ↵ / ⇥, an empty token as ∅."""
+    if not text:
+        return "∅"
+    return "".join(WHITESPACE_SYMBOLS.get(ch, ch) for ch in text)
+
+
+def hover_text(row: pd.Series, columns) -> str:
+    """'name value' lines of every recorded value of one token (floats in 4 significant digits)."""
+    lines = [f"token {row.get(TOK.token, '')!r}"]
+    for c in columns:
+        v = row.get(c)
+        if v is None or pd.isna(v):
+            continue
+        lines.append(f"{c} {v:.4g}" if isinstance(v, (float, np.floating)) else f"{c} {v}")
+    return "\n".join(lines)
+
+
+def _hover_columns(df: pd.DataFrame) -> list[str]:
+    extra = [c for c in df.columns if c not in HOVER_COLUMNS and c not in _KEYS]
+    return [c for c in HOVER_COLUMNS if c in df.columns] + extra
+
+
+def _check(tokens: pd.DataFrame, color_by: str) -> pd.DataFrame:
+    if color_by not in tokens.columns:
+        raise ValueError(f"cannot colour by {color_by!r}: not a column; columns: {sorted(tokens.columns)}")
+    return tokens.sort_values(TOK.position, kind="stable") if TOK.position in tokens.columns else tokens
+
+
+def token_html(tokens: pd.DataFrame, color_by: str = TOK.prob, *, vmin: float | None = None,
+               vmax: float | None = None) -> str:
+    """An HTML fragment: the completion's tokens as coloured spans, every recorded value in the tooltip.
+
+    Tokens outside the loss (in_loss False, e.g. tool output) are drawn faded. Text is HTML-escaped.
+    """
+    df = _check(tokens, color_by)
+    colors = token_colors(df[color_by], color_by, vmin, vmax)
+    cols = _hover_columns(df)
+    spans = []
+    for (_, row), bg in zip(df.iterrows(), colors):
+        text = _html.escape(display_token(str(row.get(TOK.token) or "")))
+        if "↵" in text:
+            text = text.replace("↵", "↵<br>")
+        faded = "opacity:0.45;" if _not_in_loss(row) else ""
+        style = f"background:{bg or 'transparent'};color:{_text_color(bg)};{faded}"
+        title = _html.escape(hover_text(row, cols), quote=True)
+        spans.append(f'<span class="tg-tok" style="{style}" title="{title}">{text}</span>')
+    lo, hi = color_range(df[color_by], color_by, vmin, vmax)
+    return (f'<div class="tg-tokens" style="font-family:monospace;white-space:pre-wrap;line-height:1.9">'
+            f'{"".join(spans)}</div>{_legend_html(color_by, lo, hi)}')
+
+
+def _not_in_loss(row: pd.Series) -> bool:
+    v = row.get(TOK.in_loss)
+    return v is not None and not pd.isna(v) and not bool(v)
+
+
+def _legend_html(column: str, lo: float, hi: float) -> str:
+    stops = ",".join(token_colors(np.linspace(lo, hi, 7), column, lo, hi))
+    return (f'<div class="tg-legend" style="font-size:0.8em;margin-top:4px">{_html.escape(column)} '
+            f'{lo:.3g} <span style="display:inline-block;width:120px;height:0.8em;vertical-align:middle;'
+            f'background:linear-gradient(to right,{stops})"></span> {hi:.3g}</div>')
+
+
+def make_token_figure(tokens: pd.DataFrame, color_by: str = TOK.prob, *, per_row: int = 16,
+                      vmin: float | None = None, vmax: float | None = None, title: str | None = None) -> go.Figure:
+    """The completion as a heatmap of `per_row` tokens per row, cell colour = `color_by`, text = token."""
+    if tokens.empty:
+        return empty_figure("no tokens recorded for this completion", title)
+    df = _check(tokens, color_by)
+    n = len(df)
+    rows = -(-n // per_row)
+    pad = rows * per_row - n
+
+    def grid(values, fill):
+        return np.concatenate([np.asarray(values, dtype=object), np.full(pad, fill, dtype=object)]).reshape(rows, per_row)
+
+    z = grid(df[color_by].astype(float), None)
+    text = grid([display_token(str(t or "")) for t in df.get(TOK.token, [""] * n)], "")
+    cols = _hover_columns(df)
+    hover = grid([hover_text(r, cols).replace("\n", "<br>") for _, r in df.iterrows()], "")
+    lo, hi = color_range(df[color_by], color_by, vmin, vmax)
+    fig = go.Figure(go.Heatmap(
+        z=z, text=text, texttemplate="%{text}", customdata=hover, hovertemplate="%{customdata}<extra></extra>",
+        colorscale=COLOR_SCALES.get(color_by, "YlOrRd"), zmin=lo, zmax=hi, xgap=2, ygap=2,
+        colorbar=dict(title=color_by)))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False, autorange="reversed")
+    return dashboard_layout(fig, title, height=max(160, 34 * rows + 80))

@@ -1,0 +1,191 @@
+"""Aggregations over a run's token table, computed in DuckDB so the table is never loaded into pandas.
+
+    run = load_run("runs/tr_grpo")
+    token_frequencies(run, prob_lo=0.75, prob_hi=1.0, adv_sign=1)      # -> [token, count]
+    prob_histogram(run, bins=20)                                       # -> [lo, hi, count]
+    grad_norm_by_prob(run, bins=20)                                    # -> [lo, hi, count, prob, ...means]
+    top_tokens(run, step=40, k=20)                                     # spike forensics
+
+Which token rows count: a token can be recorded once per optimizer update of its step (several PPO
+passes, Lopti phases), so by default only update 0 is read (every recorded token once, with the
+probabilities of the policy that generated the batch), and only tokens in the loss (in_loss; tool
+output and other masked tokens are not the policy's choices). Both are parameters.
+
+A run is anything with `sql(query, params) -> DataFrame` over views named after the tables
+(tokengrad.runs.Run).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from .figures.columns import BIN, SAMPLE, TOK
+from .schema import column_names
+
+ADV_SIGN_SQL = {1: f"{TOK.advantage} > 0", -1: f"{TOK.advantage} < 0", 0: f"{TOK.advantage} = 0"}
+# Per-token columns whose per-bin mean grad_norm_by_prob reports.
+BINNED_MEANS = (TOK.prob, TOK.logit_grad_unit, TOK.logit_grad_norm, TOK.head_grad_norm, TOK.entropy)
+ABS_COEF = "abs_coef"
+# Token columns the forensics tables show next to the ranked value.
+FORENSIC_COLUMNS = (TOK.sample_id, TOK.group_id, TOK.position, TOK.token, TOK.prob, TOK.entropy,
+                    TOK.advantage, TOK.weight, TOK.coef, TOK.clipped)
+
+
+class _Where:
+    """AND-ed SQL conditions with their positional parameters, in order."""
+
+    def __init__(self):
+        self.conds: list[str] = []
+        self.params: list = []
+
+    def add(self, cond: str, *params) -> "_Where":
+        self.conds.append(cond)
+        self.params += list(params)
+        return self
+
+    def sql(self) -> str:
+        return " WHERE " + " AND ".join(self.conds) if self.conds else ""
+
+
+def _base(step_range: tuple[int, int] | None, loss_only: bool, update_id: int | None) -> _Where:
+    w = _Where()
+    if step_range is not None:
+        lo, hi = (int(s) for s in step_range)
+        if lo > hi:
+            raise ValueError(f"step_range must be (lo, hi) with lo <= hi, got {step_range}")
+        w.add(f"{TOK.step} BETWEEN ? AND ?", lo, hi)
+    if update_id is not None:
+        w.add(f"{TOK.update_id} = ?", int(update_id))
+    if loss_only:
+        w.add(TOK.in_loss)
+    return w
+
+
+def _prob_range(w: _Where, lo: float, hi: float) -> _Where:
+    """lo <= prob < hi, with hi inclusive at 1 (as the schema's bucket edges)."""
+    if not 0.0 <= lo < hi <= 1.0:
+        raise ValueError(f"need 0 <= prob_lo < prob_hi <= 1, got prob_lo={lo}, prob_hi={hi}")
+    return w.add(f"{TOK.prob} >= ?", float(lo)).add(f"{TOK.prob} {'<=' if hi >= 1.0 else '<'} ?", float(hi))
+
+
+def _token_column(name: str) -> str:
+    if name not in column_names("tokens"):
+        raise ValueError(f"{name!r} is not a tokens column; columns: {sorted(column_names('tokens'))}")
+    return name
+
+
+def token_frequencies(run, prob_lo: float = 0.0, prob_hi: float = 1.0, *, step_range: tuple[int, int] | None = None,
+                      adv_sign: int | None = None, limit: int = 200, loss_only: bool = True,
+                      update_id: int | None = 0) -> pd.DataFrame:
+    """[token, count] of the tokens with prob in [prob_lo, prob_hi), most frequent first.
+
+    adv_sign 1 / -1 / 0 keeps tokens with positive / negative / zero advantage (None: all). Tokens with
+    no decoded text (recorded without a tokenizer) are named '#<token_id>'.
+    """
+    if adv_sign is not None and adv_sign not in ADV_SIGN_SQL:
+        raise ValueError(f"adv_sign must be one of {sorted(ADV_SIGN_SQL)} or None, got {adv_sign!r}")
+    if int(limit) < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+    w = _prob_range(_base(step_range, loss_only, update_id), prob_lo, prob_hi)
+    if adv_sign is not None:
+        w.add(ADV_SIGN_SQL[adv_sign])
+    name = f"coalesce(nullif({TOK.token}, ''), '#' || CAST({TOK.token_id} AS VARCHAR))"
+    q = (f"SELECT {name} AS {TOK.token}, count(*) AS {BIN.count} FROM tokens{w.sql()} "
+         f"GROUP BY 1 ORDER BY {BIN.count} DESC, {TOK.token} LIMIT ?")
+    return run.sql(q, w.params + [int(limit)])
+
+
+def bin_edges(bins: int | Sequence[float]) -> np.ndarray:
+    """Bin edges over [0, 1]: `bins` equal-width bins, or the given increasing edges."""
+    if isinstance(bins, (int, np.integer)):
+        if bins < 1:
+            raise ValueError(f"bins must be >= 1, got {bins}")
+        return np.linspace(0.0, 1.0, int(bins) + 1)
+    edges = np.asarray(bins, dtype=float)
+    if edges.ndim != 1 or edges.size < 2 or np.any(np.diff(edges) <= 0):
+        raise ValueError(f"bin edges must be at least two strictly increasing numbers, got {list(bins)}")
+    return edges
+
+
+def _binned(run, edges: np.ndarray, select: str, w: _Where) -> pd.DataFrame:
+    """Rows of `select` aggregates grouped by probability bin, all bins present (count 0 if empty).
+
+    The bin index is the number of interior edges <= prob, so bin i is [e_i, e_{i+1}) and the top edge
+    is inclusive; tokens outside [e_0, e_last] are left out.
+    """
+    inner = edges[1:-1].tolist()
+    index = " + ".join([f"CAST({TOK.prob} >= ? AS INTEGER)"] * len(inner)) or "0"
+    w.add(f"{TOK.prob} BETWEEN ? AND ?", float(edges[0]), float(edges[-1]))
+    q = (f"SELECT b, count(*) AS {BIN.count}{', ' + select if select else ''} FROM "
+         f"(SELECT {index} AS b, * FROM tokens{w.sql()}) GROUP BY b ORDER BY b")
+    got = run.sql(q, inner + w.params).set_index("b")
+    frame = pd.DataFrame({BIN.lo: edges[:-1], BIN.hi: edges[1:]})
+    out = frame.join(got, how="left")
+    out[BIN.count] = out[BIN.count].fillna(0).astype("int64")
+    return out.reset_index(drop=True)
+
+
+def prob_histogram(run, bins: int | Sequence[float] = 20, *, step_range: tuple[int, int] | None = None,
+                   loss_only: bool = True, update_id: int | None = 0) -> pd.DataFrame:
+    """[lo, hi, count]: how many tokens fall in each probability bin."""
+    return _binned(run, bin_edges(bins), "", _base(step_range, loss_only, update_id))
+
+
+def grad_norm_by_prob(run, bins: int | Sequence[float] = 20, *, step_range: tuple[int, int] | None = None,
+                      loss_only: bool = True, update_id: int | None = 0) -> pd.DataFrame:
+    """[lo, hi, count, prob, logit_grad_unit, logit_grad_norm, head_grad_norm, entropy, abs_coef]: per-bin
+    means of the per-token values (NaN where a bin is empty or the column was not recorded).
+
+    The mean of logit_grad_unit against the mean prob reproduces the (1 - p) law of AR-Lopti
+    (arXiv 2505.12929, Prop. 4.2); see figures.buckets.make_grad_vs_prob_figure.
+    """
+    means = ", ".join([f"avg({c}) AS {c}" for c in BINNED_MEANS] + [f"avg(abs({TOK.coef})) AS {ABS_COEF}"])
+    return _binned(run, bin_edges(bins), means, _base(step_range, loss_only, update_id))
+
+
+def top_tokens(run, step: int, k: int = 20, *, value: str = TOK.logit_grad_norm,
+               update_id: int | None = 0, loss_only: bool = False) -> pd.DataFrame:
+    """The k tokens of a step with the largest `value`, and each one's share of the step's sum of it.
+
+    share = value / sum over the step's tokens: with value = logit_grad_norm, how much of the summed
+    per-token logit-gradient norm one token carries (a spike made by a few tokens shows shares near 1).
+    """
+    v = _token_column(value)
+    w = _base((step, step), loss_only, update_id).add(f"{v} IS NOT NULL")
+    cols = ", ".join(c for c in FORENSIC_COLUMNS if c != v)
+    q = (f"SELECT {cols}, {v}, {v} / nullif(sum({v}) OVER (), 0) AS share FROM tokens{w.sql()} "
+         f"ORDER BY {v} DESC, {TOK.sample_id}, {TOK.position} LIMIT ?")
+    return run.sql(q, w.params + [int(k)])
+
+
+def top_samples(run, step: int, k: int = 10, *, value: str = TOK.logit_grad_norm,
+                update_id: int | None = 0, loss_only: bool = False) -> pd.DataFrame:
+    """The k completions of a step with the largest summed `value`, with their share of the step's sum,
+    token count, mean prob and (from the samples table) reward and completion text."""
+    v = _token_column(value)
+    w = _base((step, step), loss_only, update_id).add(f"{v} IS NOT NULL")
+    q = (f"WITH t AS (SELECT {TOK.sample_id}, any_value({TOK.group_id}) AS {TOK.group_id}, "
+         f"count(*) AS n_tokens, avg({TOK.prob}) AS prob_mean, avg({TOK.advantage}) AS {TOK.advantage}, "
+         f"sum({v}) AS {v}_sum FROM tokens{w.sql()} GROUP BY {TOK.sample_id}) "
+         f"SELECT t.*, t.{v}_sum / nullif(sum(t.{v}_sum) OVER (), 0) AS share, "
+         f"s.{SAMPLE.reward}, s.{SAMPLE.completion} FROM t LEFT JOIN "
+         f"(SELECT {SAMPLE.sample_id}, any_value({SAMPLE.reward}) AS {SAMPLE.reward}, "
+         f"any_value({SAMPLE.completion}) AS {SAMPLE.completion} FROM samples WHERE {SAMPLE.step} = ? "
+         f"GROUP BY {SAMPLE.sample_id}) s USING ({TOK.sample_id}) "
+         f"ORDER BY t.{v}_sum DESC, t.{TOK.sample_id} LIMIT ?")
+    return run.sql(q, w.params + [int(step), int(k)])
+
+
+def sample_tokens(run, step: int, sample_id: int, *, update_id: int | None = 0) -> pd.DataFrame:
+    """Every recorded column of one completion's tokens (one update), ordered by position."""
+    w = _base((step, step), False, update_id).add(f"{TOK.sample_id} = ?", int(sample_id))
+    return run.sql(f"SELECT * FROM tokens{w.sql()} ORDER BY {TOK.position}, {TOK.pass_id}", w.params)
+
+
+def token_steps(run) -> list[int]:
+    """Steps that have token rows, ascending."""
+    df = run.sql(f"SELECT DISTINCT {TOK.step} FROM tokens ORDER BY {TOK.step}")
+    return [int(s) for s in df[TOK.step]]

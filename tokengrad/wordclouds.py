@@ -1,0 +1,155 @@
+"""Word clouds of token frequencies: high- vs low-probability tokens side by side (TR-GRPO arXiv 2511.00066
+Fig. 1 style).
+
+    high = token_frequencies(run, prob_lo=0.75, prob_hi=1.0)     # tokengrad.queries, aggregated in DuckDB
+    low = token_frequencies(run, prob_lo=0.0, prob_hi=0.25)
+    fig = make_high_low_wordcloud_figure(high, low)              # plotly, two go.Image panels
+    png = wordcloud_png(prepare_frequencies(high))               # or PNG bytes
+
+Token strings are cleaned for display: byte-level BPE markers (Ġ space, Ċ newline, ĉ tab) and the
+SentencePiece ▁ become whitespace, surrounding whitespace is stripped, and whitespace-only tokens are shown
+as ␣ / ↵ / ⇥ (or dropped with show_whitespace=False). Special tokens (<|im_end|>, </s>, ...) are dropped.
+The font is found through matplotlib's font manager (DejaVu Sans, bundled with matplotlib), which draws
+symbols that wordcloud's bundled DroidSansMono renders as empty boxes.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import random
+import re
+from collections.abc import Iterable, Mapping
+from functools import lru_cache
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .figures.columns import BIN, TOK
+from .figures.style import dashboard_layout, empty_figure
+
+MARKERS = {"Ġ": " ", "▁": " ", "Ċ": "\n", "ĉ": "\t", "\u2581": " "}
+WHITESPACE_SYMBOLS = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "↵"}
+SPECIAL_TOKEN = re.compile(r"^<\|?[A-Za-z0-9_./:-]*\|?>$|^</?s>$")  # <|im_end|>, <pad>, </s>, <|endoftext|>
+DEFAULT_STOP_TOKENS: frozenset[str] = frozenset()
+HIGH_HUE, LOW_HUE = 210, 15  # blue for high-probability tokens, red-orange for low
+DEFAULT_FONT_FAMILY = "DejaVu Sans"
+
+
+def clean_token(token: str, *, show_whitespace: bool = True) -> str | None:
+    """Display text of a token; None when the token should not appear (empty, or whitespace hidden)."""
+    text = "".join(MARKERS.get(ch, ch) for ch in str(token))
+    stripped = text.strip()
+    if stripped:
+        return stripped
+    if not text or not show_whitespace:
+        return None
+    return "".join(WHITESPACE_SYMBOLS.get(ch, ch) for ch in text)
+
+
+def prepare_frequencies(freqs: pd.DataFrame | Mapping[str, float], *, show_whitespace: bool = True,
+                        stop_tokens: Iterable[str] = DEFAULT_STOP_TOKENS, drop_special: bool = True,
+                        max_words: int | None = 200) -> dict[str, float]:
+    """{display text: count} from (token, count) rows: cleaned, stop/special tokens dropped, merged.
+
+    Tokens that clean to the same text (e.g. 'Ġthe' and 'the') add up. A stop token matches either the
+    raw or the cleaned text. Keeps the max_words largest.
+    """
+    if isinstance(freqs, pd.DataFrame):
+        missing = {TOK.token, BIN.count} - set(freqs.columns)
+        if missing:
+            raise ValueError(f"frequency frame needs columns token, count; missing {sorted(missing)}")
+        pairs = zip(freqs[TOK.token], freqs[BIN.count])
+    else:
+        pairs = freqs.items()
+    stops = set(stop_tokens)
+    out: dict[str, float] = {}
+    for token, count in pairs:
+        token = "" if token is None else str(token)
+        if token in stops or (drop_special and SPECIAL_TOKEN.match(token.strip())):
+            continue
+        text = clean_token(token, show_whitespace=show_whitespace)
+        if text is None or text in stops or not count or count <= 0:
+            continue
+        out[text] = out.get(text, 0.0) + float(count)
+    ranked = sorted(out.items(), key=lambda kv: (-kv[1], kv[0]))
+    return dict(ranked[:max_words] if max_words else ranked)
+
+
+@lru_cache(maxsize=8)
+def find_font(family: str = DEFAULT_FONT_FAMILY) -> str:
+    """Path of a TTF for `family` via matplotlib.font_manager (falls back to matplotlib's default font)."""
+    from matplotlib import font_manager
+
+    return font_manager.findfont(font_manager.FontProperties(family=family), fallback_to_default=True)
+
+
+def _hue_color_func(hue: int):
+    """wordcloud colour function: one hue, lightness 22-45% drawn from wordcloud's seeded random_state."""
+    def color(word, font_size, position, orientation, random_state=None, **kwargs):
+        rng = random_state or random.Random(0)
+        return f"hsl({hue}, 75%, {rng.randint(22, 45)}%)"
+    return color
+
+
+def _cloud(freqs: Mapping[str, float], width: int, height: int, hue: int, seed: int, font_path: str | None):
+    from wordcloud import WordCloud
+
+    wc = WordCloud(width=width, height=height, background_color="white", font_path=font_path or find_font(),
+                   random_state=seed, color_func=_hue_color_func(hue), prefer_horizontal=0.95,
+                   max_words=max(len(freqs), 1), relative_scaling=0.5, collocations=False)
+    return wc.generate_from_frequencies(dict(freqs))
+
+
+def wordcloud_array(freqs: Mapping[str, float], *, width: int = 800, height: int = 400, hue: int = HIGH_HUE,
+                    seed: int = 0, font_path: str | None = None) -> np.ndarray:
+    """The word cloud as an RGB image [height, width, 3] uint8; all white when `freqs` is empty."""
+    if not freqs:
+        return np.full((height, width, 3), 255, dtype=np.uint8)
+    return np.asarray(_cloud(freqs, width, height, hue, seed, font_path).to_array(), dtype=np.uint8)
+
+
+def wordcloud_png(freqs: Mapping[str, float], *, width: int = 800, height: int = 400, hue: int = HIGH_HUE,
+                  seed: int = 0, font_path: str | None = None) -> bytes:
+    """The word cloud as PNG bytes."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    arr = wordcloud_array(freqs, width=width, height=height, hue=hue, seed=seed, font_path=font_path)
+    Image.fromarray(arr).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def make_wordcloud_figure(panels: Mapping[str, pd.DataFrame | Mapping[str, float]], *,
+                          hues: Iterable[int] | None = None, width: int = 800, height: int = 400,
+                          show_whitespace: bool = True, stop_tokens: Iterable[str] = DEFAULT_STOP_TOKENS,
+                          max_words: int = 200, seed: int = 0, title: str | None = None) -> go.Figure:
+    """One word cloud per panel (panel title -> (token, count) frame), side by side as go.Image traces.
+
+    Each image is embedded as a PNG data URI (compact, and rendered by the browser and by kaleido).
+    """
+    if not panels:
+        return empty_figure("no token frequencies", title)
+    hues = list(hues) if hues is not None else [HIGH_HUE, LOW_HUE][: len(panels)] + [HIGH_HUE] * (len(panels) - 2)
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=list(panels), horizontal_spacing=0.02)
+    for j, ((name, freqs), hue) in enumerate(zip(panels.items(), hues)):
+        words = prepare_frequencies(freqs, show_whitespace=show_whitespace, stop_tokens=stop_tokens,
+                                    max_words=max_words)
+        png = wordcloud_png(words, width=width, height=height, hue=hue, seed=seed)
+        fig.add_trace(go.Image(source="data:image/png;base64," + base64.b64encode(png).decode("ascii"),
+                               name=name, hoverinfo="skip", zsmooth="fast"), row=1, col=j + 1)
+        if not words:
+            fig.add_annotation(text="no tokens", showarrow=False, x=width / 2, y=height / 2,
+                               xref=f"x{j + 1 if j else ''}", yref=f"y{j + 1 if j else ''}")
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return dashboard_layout(fig, title, height=int(height * 0.6) + 80)
+
+
+def make_high_low_wordcloud_figure(high: pd.DataFrame, low: pd.DataFrame, *,
+                                   titles: tuple[str, str] = ("high-probability tokens", "low-probability tokens"),
+                                   **kwargs) -> go.Figure:
+    """High- (blue) and low-probability (red) token clouds side by side (TR-GRPO Fig. 1 style)."""
+    return make_wordcloud_figure({titles[0]: high, titles[1]: low}, hues=[HIGH_HUE, LOW_HUE], **kwargs)
