@@ -36,3 +36,8 @@ def test_run_format_doc_is_current():
     from tokengrad import schema
     doc = (README.parent / "docs" / "run_format.md").read_text()
     assert doc.strip() == schema.describe().strip()
+
+
+def test_api_page_carries_the_current_schema():
+    from tokengrad import schema
+    assert schema.describe().strip() in (README.parent / "docs" / "api.md").read_text()

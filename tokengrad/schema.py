@@ -74,14 +74,14 @@ TOKENS = [
     _c("prob", pa.float32(), "softmax probability of the token (from logits, fp32)"),
     _c("entropy", pa.float32(), "entropy of the next-token distribution, nats"),
     _c("sum_p2", pa.float32(), "sum_j p_j^2 (collision probability)"),
-    _c("logit_grad_unit", pa.float32(), "sqrt(1 - 2 prob + sum_p2) = |d(-log p)/dlogits| (arXiv 2505.12929 Prop 4.2)"),
+    _c("logit_grad_unit", pa.float32(), "sqrt(1 - 2 prob + sum_p2) = norm of d(-log p)/dlogits (arXiv 2505.12929 Prop 4.2)"),
     _c("advantage", pa.float32(), "advantage used for the token"),
     _c("weight", pa.float32(), "token weight of the weighting rule (1 = unweighted)"),
     _c("coef", pa.float32(), "dL/dlog pi for the token, exact (autograd hook)"),
     _c("ratio", pa.float32(), "exp(logprob - old_logprob)"),
     _c("clipped", pa.bool_(), "the PPO clip removed the token's policy gradient"),
-    _c("logit_grad_norm", pa.float32(), "|coef| * logit_grad_unit: exact norm of the token's gradient at its logits"),
-    _c("head_grad_norm", pa.float32(), "logit_grad_norm * |h_t|: norm of the token's LM-head weight gradient"),
+    _c("logit_grad_norm", pa.float32(), "abs(coef) * logit_grad_unit: exact norm of the token's gradient at its logits"),
+    _c("head_grad_norm", pa.float32(), "logit_grad_norm * norm(h_t): norm of the token's LM-head weight gradient"),
 ]
 
 STEPS = [
@@ -119,8 +119,8 @@ BUCKETS = [
     _c("hi", pa.float32(), "upper probability edge (exclusive; 1 is inclusive)"),
     _c("n_tokens", pa.int64(), "loss tokens in the bucket"),
     _c("token_share", pa.float64(), "n_tokens / all loss tokens"),
-    _c("grad_norm", pa.float64(), "|g_B|, norm of the bucket's gradient over all parameters"),
-    _c("update_share", pa.float64(), "<g_B, g> / |g|^2; sums to 1 over buckets and residual"),
+    _c("grad_norm", pa.float64(), "norm of the bucket's gradient g_B over all parameters"),
+    _c("update_share", pa.float64(), "<g_B, g> / norm(g)^2; sums to 1 over buckets and residual"),
     _c("cos_to_total", pa.float64(), "cosine(g_B, g)"),
     _c("dprob_mean", pa.float64(), "mean change of probability after the optimizer step"),
     _c("correct_ratio", pa.float64(), "share of positive-advantage tokens whose probability rose"),

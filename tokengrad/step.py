@@ -18,6 +18,7 @@ import torch
 
 from . import buckets as bk
 from . import schema
+from .distributed import global_grad_norms, grads_are_sharded
 from .gradnorms import grad_norms, trainable_params
 from .rows import CapturedBatch, scalar_table, step_derived, tokens_table
 from .stats import TokenStats, token_stats
@@ -117,10 +118,9 @@ class StepRecorder:
         if stats is None and logits is not None:
             stats = token_stats(logits.detach(), token_ids, mask)
         out = {"logprob": lp}
-        if stats is not None:
-            out.update(prob=stats.prob, entropy=stats.entropy, sum_p2=stats.sum_p2,
-                       logit_grad_unit=stats.logit_grad_unit)
-        else:  # without logits the probability still follows from log pi; the rest stays null
+        if stats is not None:  # fields left None (e.g. no sum_p2 available) stay null columns
+            out.update({k: v.detach().float() for k, v in stats._asdict().items() if k != "logprob" and v is not None})
+        if "prob" not in out:  # without logits the probability still follows from log pi
             out["prob"] = lp.exp()
         if old is not None:
             out["old_logprob"] = old.detach().float()
@@ -182,7 +182,10 @@ class StepRecorder:
             raise ValueError("record_grad_norms needs Recorder(model=...)")
         t = time.perf_counter()
         named = trainable_params(self.rec.model)
-        total, blocks = grad_norms(named, self.rec.layers)
+        if grads_are_sharded(self.rec.model):  # FSDP: each rank holds a shard; sum squared norms over ranks
+            total, blocks = global_grad_norms(self.rec.model, self.rec.layers)
+        else:                                  # one process or DDP (already all-reduced): read locally
+            total, blocks = grad_norms(named, self.rec.layers)
         self._update_norms[update_id] = total
         rows = [{"layer": schema.TOTAL_LAYER, "grad_norm": total}]
         rows += [{"layer": b, "grad_norm": v} for b, v in blocks.items()]
