@@ -1,0 +1,132 @@
+"""Cached data layer of the dashboard: loaders and token queries, no UI calls and no torch.
+
+Every cached function takes a *signature* of the files it reads: a tuple of (relative path, mtime_ns, size)
+of meta.json and the table's parquet files. While a run is being written, a new step file, a compaction or
+a rewritten meta.json changes the signature, so the next script run misses the cache and reads the new
+data; a finished run keeps its signature and is served from the cache. Views call the uncached façade
+functions below (`meta`, `table`, `query`, ...), which compute the signature and call the cached loaders.
+
+Token-level data are never loaded whole: `query` runs one of tokengrad.queries' DuckDB aggregations.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from tokengrad import queries, schema
+from tokengrad.runs import list_runs, load_run
+
+Signature = tuple[tuple[str, int, int], ...]
+SMALL_TABLES = ("steps", "layers", "buckets", "samples", "evals")
+# The token-table aggregations the pages run (tokengrad.queries, all computed inside DuckDB).
+QUERIES = {f.__name__: f for f in (
+    queries.token_frequencies, queries.grad_norm_by_prob, queries.top_tokens,
+    queries.top_samples, queries.sample_tokens, queries.token_steps,
+)}
+_CACHE_ENTRIES = 256
+
+
+class RunLoadError(RuntimeError):
+    """A run directory that cannot be opened (missing or unreadable meta.json, newer schema)."""
+
+
+def _stat(path: Path, base: Path) -> tuple[str, int, int] | None:
+    try:
+        st_ = path.stat()
+    except OSError:  # removed between listing and stat (compaction)
+        return None
+    return (str(path.relative_to(base)), st_.st_mtime_ns, st_.st_size)
+
+
+def signature(run_dir: str, tables: tuple[str, ...] | None = None) -> Signature:
+    """Files that make up `tables` of the run (all tables when None), plus meta.json and rank status."""
+    base = Path(run_dir)
+    paths = [base / schema.META_FILE]
+    status = base / schema.RANKS_DIR
+    paths += sorted(status.glob("rank*.json")) if status.is_dir() else []
+    for table in tables if tables is not None else tuple(schema.TABLES):
+        folder = base / table
+        if folder.is_dir():  # the writer's temp files start with "." and do not match the glob
+            paths += sorted(folder.glob("rank*/s*.parquet"))
+    return tuple(s for s in (_stat(p, base) for p in paths) if s is not None)
+
+
+def runs_under(root: str) -> list[str]:
+    """Run directories at or directly below `root` (cheap: one directory listing, not cached)."""
+    return list_runs(root)
+
+
+def _open(run_dir: str):
+    try:
+        return load_run(run_dir)
+    except Exception as err:  # bad JSON, missing meta, newer schema: one message for the views
+        raise RunLoadError(f"cannot open run {run_dir}: {type(err).__name__}: {err}") from err
+
+
+# ---- cached loaders (keyed on the signature) -------------------------------------------------------
+@st.cache_data(show_spinner=False, max_entries=_CACHE_ENTRIES)
+def _load_meta(run_dir: str, sig: Signature) -> dict:
+    return _open(run_dir).meta
+
+
+@st.cache_data(show_spinner=False, max_entries=_CACHE_ENTRIES)
+def _load_table(run_dir: str, table: str, sig: Signature) -> pd.DataFrame:
+    return _open(run_dir).table(table)  # corrupt files are skipped; warnings_for() reports them
+
+
+@st.cache_data(show_spinner=False, max_entries=_CACHE_ENTRIES)
+def _load_warnings(run_dir: str, sig: Signature) -> tuple[str, ...]:
+    run = _open(run_dir)
+    for table in schema.TABLES:
+        run.files(table)  # validates every file's footer; corrupt ones land in run.warnings
+    return tuple(run.warnings)
+
+
+@st.cache_data(show_spinner=False, max_entries=_CACHE_ENTRIES)
+def _run_query(run_dir: str, name: str, sig: Signature, kwargs: tuple[tuple[str, Any], ...]) -> Any:
+    return QUERIES[name](_open(run_dir), **dict(kwargs))
+
+
+# ---- façade used by the views -----------------------------------------------------------------------
+def meta(run_dir: str) -> dict:
+    """The run's meta.json as a dict."""
+    return _load_meta(run_dir, signature(run_dir, ()))
+
+
+def table(run_dir: str, name: str) -> pd.DataFrame:
+    """A small table (steps, layers, buckets, samples, evals) of the run; empty frame when absent."""
+    if name not in SMALL_TABLES:
+        raise ValueError(f"table {name!r} is not loaded whole; small tables: {sorted(SMALL_TABLES)}")
+    return _load_table(run_dir, name, signature(run_dir, (name,)))
+
+
+def has_table(run_dir: str, name: str) -> bool:
+    """Whether the run has any file of the table (without reading it)."""
+    return len(signature(run_dir, (name,))) > len(signature(run_dir, ()))
+
+
+def warnings_for(run_dir: str) -> tuple[str, ...]:
+    """Problems met reading the run (corrupt or unreadable files), one message each."""
+    return _load_warnings(run_dir, signature(run_dir))
+
+
+def query(run_dir: str, name: str, **kwargs) -> Any:
+    """Run the DuckDB aggregation `tokengrad.queries.<name>` on the run's tables (cached)."""
+    if name not in QUERIES:
+        raise ValueError(f"unknown query {name!r}; known: {sorted(QUERIES)}")
+    items = tuple(sorted((k, _hashable(v)) for k, v in kwargs.items()))
+    return _run_query(run_dir, name, signature(run_dir, ("tokens", "samples")), items)
+
+
+def _hashable(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def live_signature(run_dirs: list[str]) -> tuple[Signature, ...]:
+    """Signatures of several runs at once: what the live-refresh watcher compares between polls."""
+    return tuple(signature(d) for d in run_dirs)
+

@@ -1,0 +1,37 @@
+"""Dashboard entrypoint: the shared sidebar and the page router, nothing else.
+
+    tokengrad dashboard runs/                                   # preferred
+    streamlit run app/streamlit_app.py -- --root runs/          # the same, by hand
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+_PACKAGE_PARENT = str(Path(__file__).resolve().parents[1])
+if _PACKAGE_PARENT not in sys.path:  # `streamlit run` puts only app/ on sys.path; `app.*` needs its parent
+    sys.path.insert(0, _PACKAGE_PARENT)
+
+import streamlit as st  # noqa: E402
+
+from app.views import sidebar  # noqa: E402
+
+VIEWS = Path(__file__).resolve().parent / "views"
+PAGES = (  # file, title, icon
+    ("overview.py", "Overview", ":material/monitoring:"),
+    ("buckets.py", "Probability buckets", ":material/bar_chart:"),
+    ("wordclouds.py", "Word clouds", ":material/cloud:"),
+    ("inspector.py", "Token inspector", ":material/text_fields:"),
+    ("evaluation.py", "Evaluation", ":material/checklist:"),
+)
+
+
+def run() -> None:
+    st.set_page_config(page_title="tokengrad", page_icon=":material/monitoring:", layout="wide")
+    sidebar.render()
+    page = st.navigation([st.Page(VIEWS / f, title=t, icon=i) for f, t, i in PAGES])
+    page.run()
+
+
+run()

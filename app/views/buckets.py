@@ -1,0 +1,92 @@
+"""Probability buckets: which probability range of tokens makes the update (AR-Lopti arXiv 2505.12929 Fig. 1)."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import data
+from app.views import common
+from tokengrad.figures.buckets import (
+    BUCKET_LABELS, make_bucket_dprob_figure, make_bucket_grad_norm_figure, make_bucket_share_figure,
+    make_bucket_steps_figure, make_grad_vs_prob_figure, make_prob_histogram_figure, make_weight_curve_figure,
+)
+from tokengrad.figures.columns import BIN, BUCKET, TOK
+from tokengrad.queries import ABS_COEF
+
+NO_BUCKETS = ("Record it with `Recorder(..., bucket_every=N)` or train with `bucket_every=N` "
+              "(one extra backward per bucket on every N-th step).")
+NO_TOKENS = "Record per-token rows with `st.track(logprobs, token_ids=..., mask=..., logits=...)`."
+OVER_STEPS = (BUCKET.update_share, BUCKET.grad_norm, BUCKET.token_share, BUCKET.cos_to_total)
+GRAD_VALUES = {  # per-token norm -> how the (1 - p) references are scaled (see make_grad_vs_prob_figure)
+    TOK.logit_grad_unit: "exact bounds: |d(-log p)/dlogits| per unit coef",
+    TOK.logit_grad_norm: "references scaled by the mean |coef|: a guide, not a bound",
+}
+
+
+def _bucket_sections(run: str, step_range: tuple[int, int] | None) -> None:
+    buckets = data.table(run, "buckets")
+    name = common.run_name(run)
+    if buckets.empty:
+        common.empty(f"No bucket analysis in {name}.", NO_BUCKETS)
+        return
+    c1, c2 = st.columns(2)
+    with c1:
+        common.chart(make_bucket_share_figure(buckets, step_range, title="Token share vs update share"),
+                     "bk_share", f"bucket_shares_{name}")
+    with c2:
+        common.chart(make_bucket_grad_norm_figure(buckets, step_range, title="Bucket gradient norm"),
+                     "bk_norm", f"bucket_grad_norm_{name}")
+    value = st.selectbox("Over steps", OVER_STEPS, format_func=BUCKET_LABELS.get, key="bk_value")
+    shown = buckets if step_range is None else buckets[buckets[BUCKET.step].between(*step_range)]
+    common.chart(make_bucket_steps_figure(shown, value),
+                 "bk_steps", f"bucket_{value}_{name}")
+    common.chart(make_bucket_dprob_figure(buckets, step_range, title="Probability change after the update"),
+                 "bk_dprob", f"bucket_dprob_{name}")
+
+
+def _token_sections(run: str, step_range: tuple[int, int] | None) -> None:
+    name = common.run_name(run)
+    if not data.has_table(run, "tokens"):
+        common.empty(f"No token table in {name}.", NO_TOKENS)
+        return
+    c1, c2 = st.columns([1, 2])
+    bins = c1.slider("Probability bins", 5, 50, 20, 5, key="bk_bins")
+    value = c2.radio("Per-token gradient norm", list(GRAD_VALUES), horizontal=True, key="bk_grad",
+                     captions=list(GRAD_VALUES.values()))
+    # One scan of the token table serves both charts: the binned means carry the per-bin counts.
+    binned = data.query(run, "grad_norm_by_prob", bins=bins, step_range=step_range)
+    c1, c2 = st.columns(2)
+    with c1:
+        common.chart(make_prob_histogram_figure(binned[[BIN.lo, BIN.hi, BIN.count]], title="Token probabilities"),
+                     "bk_hist", f"prob_hist_{name}")
+    with c2:
+        scale = _coef_scale(binned) if value == TOK.logit_grad_norm else 1.0
+        common.chart(make_grad_vs_prob_figure(binned, value, ref_scale=scale, title="Gradient norm vs probability"),
+                     "bk_gvp", f"grad_vs_prob_{name}")
+
+
+def _coef_scale(binned) -> float:
+    """Token-weighted mean |coef| over the bins (the factor between logit_grad_norm and its unit)."""
+    ok = binned[ABS_COEF].notna() & (binned[BIN.count] > 0)
+    total = binned.loc[ok, BIN.count].sum()
+    return float((binned.loc[ok, ABS_COEF] * binned.loc[ok, BIN.count]).sum() / total) if total else 1.0
+
+
+def render() -> None:
+    st.title("Probability buckets")
+    runs = common.require_runs()
+    run = common.pick_one(runs, "bk_run")
+    step_range = common.step_range_ui(run, "bk_steps_range")
+    with common.guard("Bucket analysis"):
+        _bucket_sections(run, step_range)
+    st.subheader("Per-token gradient norm by probability")
+    with common.guard("Token probabilities"):
+        _token_sections(run, step_range)
+    st.subheader("Weight curve w(p) of the rules")
+    with common.guard("Weight curves"):
+        metas = {common.run_name(r): data.meta(r) for r in runs}
+        common.chart(make_weight_curve_figure(metas), "bk_wp", "weight_curves")
+    common.show_run_warnings(runs)
+
+
+render()

@@ -1,0 +1,129 @@
+"""Widgets and guards every page uses: the selected runs, charts with a download button, warnings.
+
+A page wraps each section in `guard("...")`: a failure there (a corrupt file, a table with unexpected
+columns) becomes a warning on that section and the rest of the page is still drawn.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from pathlib import Path
+
+import plotly.graph_objects as go
+import streamlit as st
+
+from app import data
+from app.views.sidebar import FORMAT_KEY, RUNS_KEY
+from tokengrad.export import figure_to_bytes, find_browser
+
+MIME = {"png": "image/png", "svg": "image/svg+xml", "html": "text/html"}
+DOWNLOAD_WIDTH, DOWNLOAD_HEIGHT = 1100, 500  # CSS px of a downloaded chart (PNG at 300 dpi scale)
+
+
+def selected_runs() -> list[str]:
+    """Run directories picked in the sidebar."""
+    return list(st.session_state.get(RUNS_KEY, []))
+
+
+def run_name(run_dir: str) -> str:
+    """The label of a run on every chart and table: its folder name (unique within the runs folder)."""
+    return Path(run_dir).name
+
+
+def require_runs() -> list[str]:
+    """The picked runs that can be opened; stops the page with a hint when there are none."""
+    runs = selected_runs()
+    if not runs:
+        st.info("No run selected. Pick runs in the sidebar, or point the dashboard at a folder of runs: "
+                "`tokengrad dashboard runs/`. A run is produced by `tokengrad train ...` or by recording "
+                "with `tokengrad.Recorder`.")
+        st.stop()
+    ok = []
+    for run_dir in runs:
+        try:
+            data.meta(run_dir)
+            ok.append(run_dir)
+        except data.RunLoadError as err:
+            st.warning(str(err))
+    if not ok:
+        st.stop()
+    return ok
+
+
+def pick_one(runs: list[str], key: str, label: str = "Run") -> str:
+    """One run out of the selected ones (pages that show a single run)."""
+    if len(runs) == 1:
+        return runs[0]
+    return st.selectbox(label, runs, format_func=run_name, key=key)
+
+
+def step_bounds(run_dir: str) -> tuple[int, int] | None:
+    """First and last step of the run: from the steps table, else from the token rows."""
+    steps = data.table(run_dir, "steps")
+    if not steps.empty:
+        return int(steps["step"].min()), int(steps["step"].max())
+    if data.has_table(run_dir, "tokens"):
+        got = data.query(run_dir, "token_steps")
+        return (int(got[0]), int(got[-1])) if got else None
+    return None
+
+
+def step_range_ui(run_dir: str, key: str, label: str = "Steps") -> tuple[int, int] | None:
+    """A step-range slider over the run's steps; None when the run has fewer than two steps."""
+    bounds = step_bounds(run_dir)
+    if bounds is None or bounds[0] == bounds[1]:
+        return bounds
+    lo, hi = st.slider(label, bounds[0], bounds[1], bounds, key=key)
+    return int(lo), int(hi)
+
+
+@contextlib.contextmanager
+def guard(what: str):
+    """Turn an exception in a page section into a warning naming the section (the page goes on).
+
+    Streamlit's own control flow (st.stop, st.rerun) derives from BaseException and passes through."""
+    try:
+        yield
+    except Exception as err:  # noqa: BLE001 - any data problem must not take the dashboard down
+        st.warning(f"{what}: could not be drawn ({type(err).__name__}: {err})")
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]+", "_", text).strip("_") or "figure"
+
+
+def download_format() -> str:
+    """The sidebar's format, or html when PNG/SVG is asked for but no Chrome/Chromium is installed."""
+    fmt = st.session_state.get(FORMAT_KEY, "png")
+    return fmt if fmt == "html" or find_browser() else "html"
+
+
+def chart(fig: go.Figure, key: str, name: str | None = None) -> None:
+    """Draw a figure full width with a download button under it (format chosen in the sidebar).
+
+    The file is built only when the button is clicked (deferred callable), so a page with many charts
+    does not pay for static export (~1-2 s per figure with kaleido) on every rerun."""
+    st.plotly_chart(fig, width="stretch", key=f"chart_{key}")
+    fmt = download_format()
+    size = {"width": DOWNLOAD_WIDTH, "height": fig.layout.height or DOWNLOAD_HEIGHT}
+    st.download_button(
+        f"Download {fmt.upper()}", data=lambda: figure_to_bytes(fig, fmt, **size),
+        file_name=f"{_slug(name or key)}.{fmt}", mime=MIME[fmt], key=f"dl_{key}", on_click="ignore",
+        icon=":material/download:", type="tertiary")
+
+
+def show_run_warnings(runs: list[str]) -> None:
+    """One warning per problem met reading the runs (skipped corrupt files)."""
+    for run_dir in runs:
+        try:
+            problems = data.warnings_for(run_dir)
+        except data.RunLoadError as err:
+            problems = (str(err),)
+        for msg in problems:
+            st.warning(f"{run_name(run_dir)}: {msg}", icon=":material/warning:")
+
+
+def empty(message: str, how: str) -> None:
+    """An empty state: what is missing and how to produce it."""
+    st.info(f"{message}  \n{how}", icon=":material/info:")

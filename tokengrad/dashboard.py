@@ -1,0 +1,90 @@
+"""`tokengrad dashboard [RUNS_ROOT] [--port N] [--host ADDR]`: serve the Streamlit dashboard over a runs folder.
+
+    tokengrad dashboard                      # ./sample_runs if present, else the sample runs of the checkout
+    tokengrad dashboard runs/ --port 8600    # every run directory (holding meta.json) under runs/
+
+The server binds 127.0.0.1 unless --host says otherwise: run folders hold prompts and completions, so
+exposing them on a network interface is an explicit choice. No torch is imported here or in the app.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ENV_ROOT = "TOKENGRAD_RUNS_ROOT"  # read by the app when it is started without --root
+DEFAULT_PORT = 8501
+DEFAULT_HOST = "127.0.0.1"
+PACKAGE_PARENT = Path(__file__).resolve().parents[1]  # holds the `tokengrad` and `app` packages
+
+
+def default_root() -> Path:
+    """./sample_runs when it exists, else the sample_runs folder next to the installed package."""
+    local = Path.cwd() / "sample_runs"
+    return local if local.is_dir() else PACKAGE_PARENT / "sample_runs"
+
+
+def resolve_root(root: str | os.PathLike | None) -> Path:
+    """The runs root to serve: `root` if given, else $TOKENGRAD_RUNS_ROOT, else default_root()."""
+    if root:
+        return Path(root).expanduser().resolve()
+    env = os.environ.get(ENV_ROOT)
+    return Path(env).expanduser().resolve() if env else default_root().resolve()
+
+
+def app_path() -> Path:
+    """The Streamlit entrypoint of the `app` package, installed next to `tokengrad` (editable or not).
+
+    Located by path rather than by `import app`, so another top-level `app` module cannot shadow it."""
+    path = PACKAGE_PARENT / "app" / "streamlit_app.py"
+    if not path.is_file():
+        raise FileNotFoundError(f"the dashboard app is missing: {path} (reinstall tokengrad)")
+    return path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tokengrad dashboard", description="Serve the tokengrad dashboard.")
+    p.add_argument("root", nargs="?", default=None,
+                   help="folder of run directories, or one run directory (default: ./sample_runs, "
+                        "else the sample runs shipped next to the package)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    p.add_argument("--host", default=DEFAULT_HOST,
+                   help=f"address to bind (default {DEFAULT_HOST}; 0.0.0.0 exposes the dashboard to the network)")
+    return p
+
+
+def build_command(root: Path, host: str, port: int) -> list[str]:
+    """The `python -m streamlit run ...` command line; everything after `--` goes to the app."""
+    return [sys.executable, "-m", "streamlit", "run", str(app_path()),
+            "--server.address", host, "--server.port", str(port), "--server.headless", "true",
+            "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal", "--", "--root", str(root)]
+
+
+def server_env() -> dict[str, str]:
+    """The environment of the server: the package folder first on PYTHONPATH, so the app imports this
+    tokengrad even when it runs from a checkout that is not installed."""
+    env = dict(os.environ)
+    parts = [str(PACKAGE_PARENT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(parts)
+    return env
+
+
+def cli_dashboard(argv: list[str]) -> int:
+    """Entry point of `tokengrad dashboard`; returns the server's exit status."""
+    args = build_parser().parse_args(argv)
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port must be in 1..65535, got {args.port}")
+    root = resolve_root(args.root)
+    if not root.exists():
+        print(f"tokengrad dashboard: runs root {root} does not exist; pass a folder of runs "
+              "(e.g. `tokengrad dashboard runs/`) or create sample runs with scripts/make_sample_runs.py",
+              file=sys.stderr)
+        return 2
+    print(f"tokengrad dashboard: serving {root} at http://{args.host}:{args.port}", flush=True)
+    try:
+        return subprocess.call(build_command(root, args.host, args.port), env=server_env())
+    except KeyboardInterrupt:  # Ctrl-C stops the server; that is the normal way to leave
+        return 0
