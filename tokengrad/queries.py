@@ -92,9 +92,10 @@ def token_frequencies(run, prob_lo: float = 0.0, prob_hi: float = 1.0, *, step_r
     w = _prob_range(_base(step_range, loss_only, update_id), prob_lo, prob_hi)
     if adv_sign is not None:
         w.add(ADV_SIGN_SQL[adv_sign])
-    name = f"coalesce(nullif({TOK.token}, ''), '#' || CAST({TOK.token_id} AS VARCHAR))"
+    # count per integer token_id first (cheap hash keys), name only the surviving groups
+    name = f"coalesce(nullif(any_value({TOK.token}), ''), '#' || CAST({TOK.token_id} AS VARCHAR))"
     q = (f"SELECT {name} AS {TOK.token}, count(*) AS {BIN.count} FROM tokens{w.sql()} "
-         f"GROUP BY 1 ORDER BY {BIN.count} DESC, {TOK.token} LIMIT ?")
+         f"GROUP BY {TOK.token_id} ORDER BY {BIN.count} DESC, {TOK.token} LIMIT ?")
     return run.sql(q, w.params + [int(limit)])
 
 
