@@ -1,0 +1,237 @@
+"""The trainer's configuration: one flat dataclass, loaded from TOML (or YAML) plus `key=value` overrides.
+
+    cfg = load_config("configs/tiny_kk.toml", ["steps=2", "weighting=tr_grpo", "weighting_params.alpha=3"])
+    cfg = make_config({"task": "countdown", "lr": 1e-5})         # from a dict (the Python API)
+
+Every field carries its default and a one-line meaning (`describe_config()` prints them). Loading checks
+the whole config before any work starts: an unknown key, a value of the wrong type, a value out of range
+or an unknown registry name (task, weighting rule, aggregation, advantage scale) is a ValueError that
+names the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+Check = Callable[[Any], "str | None"]  # returns an error message, or None when the value is fine
+
+
+def _f(default: Any, doc: str, check: Check | None = None) -> Any:
+    meta = {"doc": doc, "check": check}
+    if isinstance(default, dict):
+        return field(default_factory=dict, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _at_least(lo: float) -> Check:
+    return lambda v: None if v >= lo else f"must be >= {lo}"
+
+
+def _positive(v: float) -> str | None:
+    return None if v > 0 else "must be > 0"
+
+
+def _in_unit(v: float) -> str | None:
+    return None if 0 < v <= 1 else "must be in (0, 1]"
+
+
+def _one_of(registry: Callable[[], Mapping | Sequence]) -> Check:
+    def check(v: str) -> str | None:
+        known = sorted(registry())
+        return None if v in known else f"unknown name {v!r}; known: {known}"
+    return check
+
+
+def _tasks() -> Mapping:
+    import tokengrad.tasks  # noqa: F401  (importing the package registers the built-in tasks)
+    from tokengrad.tasks.base import TASKS
+    return TASKS
+
+
+def _weightings() -> Mapping:
+    from tokengrad.weighting import WEIGHTINGS
+    return WEIGHTINGS
+
+
+def _aggregations() -> Mapping:
+    from tokengrad.loss import AGGREGATIONS
+    return AGGREGATIONS
+
+
+def _scales() -> Mapping:
+    from tokengrad.advantages import ADVANTAGE_SCALES
+    return ADVANTAGE_SCALES
+
+
+def _model(v: str) -> str | None:
+    from tokengrad.models import check_model_name
+    try:
+        check_model_name(v)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+@dataclass
+class TrainConfig:
+    # what to train
+    model: str = _f("tiny", "registered model name (tiny, smollm2-135m-instruct) or a local transformers checkpoint directory", _model)
+    task: str = _f("kk", "registered task name (kk, countdown, arithmetic, toolqa)", _one_of(_tasks))
+    task_params: dict = _f({}, "keyword arguments of the task factory, e.g. {n_people = [3, 5]} for kk")
+    weighting: str = _f("grpo", "token-weighting rule (grpo, tr_grpo, tr_grpo_reverse, ar, lopti, ar_lopti, cw_grpo, clip_cov, kl_cov)", _one_of(_weightings))
+    weighting_params: dict = _f({}, "parameters of the weighting rule; unset ones keep the rule's defaults")
+    seed: int = _f(0, "seed of problem order, sampling and the tiny model's weights; same seed = same run on CPU", _at_least(0))
+    steps: int = _f(100, "training steps (one rollout batch each)", _at_least(1))
+    # rollout
+    prompts_per_step: int = _f(8, "B: prompts per step", _at_least(1))
+    group_size: int = _f(8, "G: completions sampled per prompt (>= 2: advantages are relative to the group)", _at_least(2))
+    n_train_problems: int = _f(0, "size of the training problem pool, cycled in epochs; 0 = prompts_per_step * steps", _at_least(0))
+    max_new_tokens: int = _f(256, "new tokens per generation turn", _at_least(1))
+    temperature: float = _f(1.0, "sampling temperature (0 = greedy decoding)", _at_least(0.0))
+    top_p: float = _f(1.0, "nucleus sampling mass, in (0, 1]", _in_unit)
+    max_turns: int = _f(3, "tool tasks: generation turns per completion (each tool answer starts a new turn)", _at_least(1))
+    # GRPO objective
+    adv_scale: str = _f("group", "advantage scale: group (GRPO, divide by group std), batch, none (Dr. GRPO)", _one_of(_scales))
+    dynamic_sampling: bool = _f(False, "drop groups whose rewards are all equal (DAPO dynamic sampling, arXiv 2503.14476)")
+    mu: int = _f(1, "policy-update passes over each rollout batch (one optimizer update each)", _at_least(1))
+    eps_low: float = _f(0.2, "PPO clip: ratio lower bound 1 - eps_low", _at_least(0.0))
+    eps_high: float = _f(0.2, "PPO clip: ratio upper bound 1 + eps_high (DAPO clip-higher: 0.28)", _at_least(0.0))
+    beta: float = _f(0.0, "coefficient of the k3 KL to the frozen initial model (0 = no reference model)", _at_least(0.0))
+    aggregation: str = _f("grpo", "loss aggregation: grpo (seq-mean-token-mean), dapo (token-mean), dr_grpo (sum / (N * max_new_tokens))", _one_of(_aggregations))
+    # optimisation
+    lr: float = _f(1e-6, "AdamW learning rate", _positive)
+    weight_decay: float = _f(0.0, "AdamW weight decay", _at_least(0.0))
+    warmup_steps: int = _f(0, "linear learning-rate warm-up over this many steps (0 = none)", _at_least(0))
+    grad_clip: float = _f(1.0, "clip the total gradient norm to this value before each update (0 = off)", _at_least(0.0))
+    grad_accum: int = _f(1, "micro-batches per optimizer update (gradient accumulation)", _at_least(1))
+    bf16: bool = _f(False, "bf16 autocast for generation and the transformer body (fp32 weights and LM head); faster only with native bf16 (GPU, avx512_bf16/AMX CPUs), 2-3x slower without")
+    device: str = _f("auto", "cpu, cuda, or auto (cuda when available)", _one_of(lambda: ("auto", "cpu", "cuda")))
+    # evaluation, recording, checkpoints
+    eval_every: int = _f(0, "held-out evaluation every K steps and after the last step (0 = off)", _at_least(0))
+    eval_per_difficulty: int = _f(10, "held-out problems per difficulty level", _at_least(1))
+    bucket_every: int = _f(0, "probability-bucket gradient analysis every N steps (0 = off; one extra backward per bucket)", _at_least(0))
+    checkpoint: bool = _f(True, "save RUN/checkpoint (weights, tokenizer, optimizer state) after the last step, for resume and reuse")
+    checkpoint_every: int = _f(0, "also save it every N steps (0 = only after the last step)", _at_least(0))
+    run_dir: str = _f("", "run directory; empty = runs/<run_name>")
+    run_name: str = _f("", "run name; empty = <task>-<weighting>-<time>")
+    resume: bool = _f(False, "continue the run in run_dir from its checkpoint")
+    progress: bool = _f(True, "show a progress bar with the live reward and grad-norm")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(TrainConfig)}
+DICT_FIELDS = tuple(name for name, f in FIELDS.items() if f.type in ("dict", dict))
+
+
+def describe_config() -> str:
+    """One line per key: name, default, meaning (for `tokengrad train --help` and the docs)."""
+    default = TrainConfig()
+    return "\n".join(f"  {name} = {getattr(default, name)!r}\n      {f.metadata['doc']}" for name, f in FIELDS.items())
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] | Mapping[str, Any] = ()) -> TrainConfig:
+    """Read a flat TOML/YAML file (or none), apply overrides (`key=value` strings or a dict), validate."""
+    values = read_config_file(path) if path is not None else {}
+    if isinstance(overrides, Mapping):
+        for key, value in overrides.items():
+            _set(values, key, value)
+    else:
+        for item in overrides:
+            key, value = parse_override(item)
+            _set(values, key, value)
+    return make_config(values)
+
+
+def read_config_file(path: str | os.PathLike) -> dict:
+    """The mapping in a .toml, .yaml or .yml file."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ValueError(f"config file {path!r} does not exist")
+    if path.endswith(".toml"):
+        with open(path, "rb") as fh:
+            try:
+                data = tomllib.load(fh)
+            except tomllib.TOMLDecodeError as err:
+                raise ValueError(f"{path}: invalid TOML: {err}") from None
+    elif path.endswith((".yaml", ".yml")):
+        import yaml
+        with open(path) as fh:
+            data = yaml.safe_load(fh) or {}
+    else:
+        raise ValueError(f"config file {path!r} must end in .toml, .yaml or .yml")
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: the config must be a mapping of keys to values")
+    return data
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """'key=value' -> (key, value). The value is read as a TOML value (3, 1e-5, true, "x", {a = 1}) and
+    kept as the raw string when it is not one (task=kk, model=/path); string keys always stay raw."""
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ValueError(f"override {item!r} must look like key=value")
+    top = key.split(".", 1)[0]
+    if top in FIELDS and FIELDS[top].type in ("str", str):
+        return key, raw
+    try:
+        return key, tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return key, raw
+
+
+def _set(values: dict, key: str, value: Any) -> None:
+    """values[key] = value; 'task_params.x' sets one entry of a dict-valued key."""
+    top, dot, sub = key.partition(".")
+    if dot:
+        if top not in DICT_FIELDS:
+            raise ValueError(f"override {key!r}: only {list(DICT_FIELDS)} take dotted keys")
+        values[top] = {**(values.get(top) or {}), sub: value}
+    else:
+        values[key] = value
+
+
+def make_config(values: Mapping[str, Any]) -> TrainConfig:
+    """A validated TrainConfig from a flat mapping; every problem found is a ValueError naming its key."""
+    unknown = [k for k in values if k not in FIELDS]
+    if unknown:
+        hints = {k: difflib.get_close_matches(k, FIELDS, n=1) for k in unknown}
+        listed = ", ".join(f"{k!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for k, h in hints.items())
+        raise ValueError(f"unknown config key(s) {listed}; known keys: {sorted(FIELDS)}")
+    clean = {k: _coerce(k, v) for k, v in values.items()}
+    cfg = TrainConfig(**clean)
+    for name, f in FIELDS.items():
+        check = f.metadata["check"]
+        problem = check(getattr(cfg, name)) if check else None
+        if problem:
+            raise ValueError(f"config key {name!r} = {getattr(cfg, name)!r}: {problem}")
+    _check_weighting_params(cfg)
+    return cfg
+
+
+_TYPES = {"int": int, "float": float, "bool": bool, "str": str, "dict": dict}
+
+
+def _coerce(key: str, value: Any) -> Any:
+    want = _TYPES[FIELDS[key].type if isinstance(FIELDS[key].type, str) else FIELDS[key].type.__name__]
+    ok = isinstance(value, want) and not (want is int and isinstance(value, bool))
+    if want is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not ok:
+        raise ValueError(f"config key {key!r} must be {want.__name__}, got {type(value).__name__} {value!r}")
+    return dict(value) if want is dict else value
+
+
+def _check_weighting_params(cfg: TrainConfig) -> None:
+    from tokengrad.weighting import validate_params
+    try:
+        validate_params(cfg.weighting, cfg.weighting_params)
+    except ValueError as err:
+        raise ValueError(f"config key 'weighting_params': {err}") from None

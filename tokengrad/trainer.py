@@ -1,0 +1,379 @@
+"""The built-in GRPO / TR-GRPO trainer: a readable loop of setup(), step() and train().
+
+    tokengrad train configs/tiny_kk.toml steps=20 weighting=tr_grpo
+    run_dir = tokengrad.train("configs/tiny_kk.toml", steps=20, weighting="tr_grpo")
+
+One step (GRPO, arXiv 2402.03300, with DAPO's options, arXiv 2503.14476):
+  1. generate  B prompts x G sampled completions; tool tasks get their tool turns   -> time_generate
+  2. score     verifiable rewards, group-relative advantages, optional dynamic sampling, log pi_old of
+               the rollout policy and log pi_ref of the frozen initial model          -> time_score
+  3. update    for each phase of the weighting rule (one phase, or Lopti's low-probability tokens then
+               the rest, arXiv 2505.12929) and each of mu passes: one AdamW update built from
+               grad_accum micro-batches, after gradient clipping                      -> time_update
+Every pass goes through the tokengrad Recorder, which writes the run format (see tokengrad.schema).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import math
+import os
+import sys
+import time
+import warnings
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Mapping, NamedTuple
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from tokengrad.advantages import compute_advantages, keep_groups
+from tokengrad.checkpoint import checkpoint_path, load_trainer_state, save_checkpoint
+from tokengrad.config import TrainConfig, describe_config, load_config, make_config
+from tokengrad.loss import phase_masks, policy_loss
+from tokengrad.models import load_model
+from tokengrad.recorder import Recorder
+from tokengrad.runs import load_run
+from tokengrad.rollout import (Rollout, evaluate, gather_logprobs, generate_completions, make_rollout,
+                               policy_forward, render_prompt, sampling_kwargs)
+from tokengrad.tasks import get_task
+from tokengrad.weighting import TokenBatch, get_weighting, rule_params, weight_curve
+
+# Keys a resumed run may change; any other difference from the checkpoint's config is an error.
+RESUMABLE_KEYS = {"steps", "resume", "progress", "run_dir", "run_name", "eval_every", "eval_per_difficulty",
+                  "checkpoint", "checkpoint_every", "bucket_every"}
+
+
+class Batch(NamedTuple):
+    """The rollout rows that enter the update (all of them, or the groups dynamic sampling keeps)."""
+    input_ids: Tensor              # [N, P + T]
+    attention_mask: Tensor         # [N, P + T]
+    prompt_len: int                # P
+    completion_ids: Tensor         # [N, T]
+    mask: Tensor                   # [N, T] 1 = completion token (recorded)
+    loss_mask: Tensor              # [N, T] 1 = generated token (tool output is 0)
+    advantages: Tensor             # [N]
+    old_logprobs: Tensor           # [N, T] log pi_old
+    ref_logprobs: Tensor | None    # [N, T] log pi_ref, or None when beta = 0
+    sample_ids: Tensor             # [N] row in the rollout
+    group_ids: Tensor              # [N] prompt of the row
+
+
+class Trainer:
+    """GRPO with a pluggable token-weighting rule; `Trainer(cfg).setup().train()` returns the run dir."""
+
+    def __init__(self, config: TrainConfig):
+        self.cfg = config
+
+    # ---- setup ------------------------------------------------------------------------------------
+    def setup(self) -> "Trainer":
+        cfg = self.cfg
+        self.run_dir = resolve_run_dir(cfg)
+        self.task = get_task(cfg.task, **cfg.task_params)       # bad task params fail before the model loads
+        self.rule, self.rule_params = get_weighting(cfg.weighting), _rule_kwargs(cfg)
+        state = _resume_state(cfg, self.run_dir) if cfg.resume else None
+        self.device = _device(cfg.device)
+        source = str(checkpoint_path(self.run_dir) / "model") if state else cfg.model
+        self.model, self.tok = load_model(source, seed=cfg.seed)
+        # Dropout off for good: pi_old, the update's pi and the sampling policy must be one function.
+        self.model.to(self.device).eval()
+        # The reference is the initial policy, so a resumed run reloads it from the original model.
+        self.ref = _frozen(load_model(cfg.model, seed=cfg.seed)[0] if state else copy.deepcopy(self.model),
+                           self.device) if cfg.beta > 0 else None
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.start_step = 0
+        if state:
+            self.opt.load_state_dict(state["optimizer"])
+            self.start_step = state["step"] + 1
+        # Tasks draw problems as a seeded stream, so a longer pool (a resumed run with more steps) starts
+        # with the same problems as a shorter one.
+        self.problems = self.task.train_problems(cfg.n_train_problems or cfg.prompts_per_step * cfg.steps, cfg.seed)
+        self.eval_problems = self.task.eval_problems(cfg.eval_per_difficulty, cfg.seed) if cfg.eval_every else []
+        # Dr. GRPO divides by a constant: the most generated tokens a completion can hold.
+        self.max_len = cfg.max_new_tokens * (cfg.max_turns if self.task.tool_stop else 1)
+        self.rec = Recorder(self.run_dir, model=self.model, tokenizer=self.tok, config=cfg.to_dict(),
+                            run_name=cfg.run_name or self.run_dir.name, model_name=cfg.model,
+                            weighting=self.weighting_meta(), bucket_every=cfg.bucket_every)
+        return self
+
+    def weighting_meta(self) -> dict:
+        params = {**rule_params(self.cfg.weighting), **self.rule_params}
+        params = {k: v for k, v in params.items() if isinstance(v, (int, float, str, bool, type(None)))}
+        return {"name": self.cfg.weighting, "params": params,
+                "curve": weight_curve(self.cfg.weighting, self.rule_params)}
+
+    # ---- the loop ---------------------------------------------------------------------------------
+    def train(self) -> Path:
+        cfg = self.cfg
+        bar = tqdm(range(self.start_step, cfg.steps), initial=self.start_step, total=cfg.steps,
+                   disable=not cfg.progress, desc=f"{cfg.task}/{cfg.weighting}", dynamic_ncols=True)
+        with self.rec:
+            for step in bar:
+                logged = self.step(step)
+                bar.set_postfix(reward=f"{logged['reward_mean']:.3f}", gnorm=f"{logged.get('grad_norm', math.nan):.3g}")
+                last = step == cfg.steps - 1
+                if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or last):
+                    self.evaluate(step)
+                if cfg.checkpoint and (last or (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0)):
+                    save_checkpoint(self.run_dir, step, self.model, self.tok, self.opt, cfg.to_dict())
+        return self.run_dir
+
+    def step(self, step: int) -> dict:
+        """One rollout batch and its updates; returns the scalars logged to the steps table."""
+        # Sampling depends on (seed, step) only, so a resumed run repeats an uninterrupted one.
+        torch.manual_seed(self.cfg.seed * 1_000_003 + step)
+        lr = self.set_lr(step)
+        with self.rec.step(step) as st:
+            t0 = time.perf_counter()
+            problems = self.problems_for(step)
+            with self.autocast():
+                comps = generate_completions(self.model, self.tok, [render_prompt(self.tok, p) for p in problems],
+                                             self.cfg.group_size, self.cfg.max_new_tokens, self.sampling,
+                                             self.task, self.cfg.max_turns)
+            t1 = time.perf_counter()
+            rollout = make_rollout(comps, self.task, problems, self.tok)
+            batch, advantages = self.score(rollout)
+            t2 = time.perf_counter()
+            logged = self.update(st, batch) if batch is not None else {"n_updates": 0}
+            t3 = time.perf_counter()
+            logged.update(rollout_stats(rollout), lr=lr, time_generate=t1 - t0, time_score=t2 - t1,
+                          time_update=t3 - t2)
+            st.log(**logged)
+            self.log_samples(st, rollout, advantages, batch)
+        return logged
+
+    @torch.no_grad()
+    def score(self, r: Rollout) -> tuple[Batch | None, Tensor]:
+        """Advantages for every row ([B, G]) and the update batch (None if dynamic sampling drops all)."""
+        B, G = r.rewards.shape
+        advantages = compute_advantages(r.rewards, self.cfg.adv_scale)  # [B, G]
+        keep = keep_groups(r.rewards) if self.cfg.dynamic_sampling else torch.ones(B, dtype=torch.bool)  # [B]
+        rows = keep.repeat_interleave(G).nonzero().squeeze(1)  # [N]
+        if rows.numel() == 0:
+            return None, advantages
+        on = lambda x: x[rows].to(self.device)  # noqa: E731
+        ids, attn, comp = on(r.input_ids), on(r.attention_mask), on(r.completion_ids)
+        old = self.logprobs(self.model, ids, attn, r.prompt_len, comp)
+        ref = self.logprobs(self.ref, ids, attn, r.prompt_len, comp) if self.ref is not None else None
+        return Batch(ids, attn, r.prompt_len, comp, on(r.mask), on(r.loss_mask),
+                     on(advantages.flatten()), old, ref, rows.to(self.device), (rows // G).to(self.device)), advantages
+
+    def update(self, st, b: Batch) -> dict:
+        """mu passes per phase of the weighting rule; each pass is one optimizer update."""
+        cfg = self.cfg
+        # Phases (Lopti) are fixed from pi_old for the whole step, so they are found once, up front.
+        first = self.rule(TokenBatch(b.old_logprobs, b.old_logprobs, b.advantages, b.loss_mask), **self.rule_params)
+        passes = [phase for phase in phase_masks(first, b.loss_mask) for _ in range(cfg.mu)]  # each [N, T]
+        losses, kls, norms = [], [], []
+        for update_id, phase in enumerate(passes):
+            parts = [self.loss_pass(st, b, rows, phase, update_id) for rows in self.micro_batches(len(b.sample_ids))]
+            losses.append(sum(p[0] for p in parts))
+            kls += [p[1] for p in parts]
+            norms.append(st.record_grad_norms(update_id=update_id))   # before clipping
+            if cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+        if st.is_bucket_step:  # how the update moved the probabilities of the first tracked micro-batch
+            rows = self.micro_batches(len(b.sample_ids))[0]
+            st.record_prob_change(self.logprobs(self.model, b.input_ids[rows], b.attention_mask[rows],
+                                                b.prompt_len, b.completion_ids[rows]))
+        out = {"loss": sum(losses) / len(losses), "grad_norm": max(norms), "n_updates": len(passes)}
+        if b.ref_logprobs is not None:
+            out["kl"] = sum(kls) / len(kls)
+        return out
+
+    def loss_pass(self, st, b: Batch, rows: Tensor, phase: Tensor, update_id: int) -> tuple[float, float]:
+        """Forward, weighting rule, GRPO loss and backward of one micro-batch; returns (loss, kl)."""
+        cfg = self.cfg
+        with self.autocast():
+            logits, hidden = policy_forward(self.model, b.input_ids[rows], b.attention_mask[rows], b.prompt_len)
+        logprobs = gather_logprobs(logits, b.completion_ids[rows])  # [n, T]
+        old, adv, loss_mask = b.old_logprobs[rows], b.advantages[rows], b.loss_mask[rows]
+        ref = b.ref_logprobs[rows] if b.ref_logprobs is not None else None
+        weights = self.rule(TokenBatch(logprobs, old, adv, loss_mask), **self.rule_params)
+        out = policy_loss(logprobs, old, adv, phase[rows], weights, cfg.eps_low, cfg.eps_high, cfg.beta, ref,
+                          cfg.aggregation, self.max_len, norm_mask=loss_mask)
+        st.track(logprobs, token_ids=b.completion_ids[rows], mask=b.mask[rows], loss_mask=phase[rows],
+                 old_logprobs=old, ref_logprobs=ref, advantages=adv, weights=weights.effective(logprobs),
+                 sample_ids=b.sample_ids[rows], group_ids=b.group_ids[rows], logits=logits, hidden=hidden,
+                 clipped=out.clipped, update_id=update_id)
+        share = micro_batch_share(cfg.aggregation, loss_mask, b.loss_mask)
+        st.backward(out.loss * share)
+        return out.loss.item() * share, out.metrics["kl_mean"]
+
+    def evaluate(self, step: int) -> dict:
+        """Greedy accuracy on the held-out problems, per difficulty, into the evals table."""
+        with self.autocast():
+            results = evaluate(self.model, self.tok, self.task, self.eval_problems, self.cfg.max_new_tokens,
+                               self.cfg.max_turns, self.cfg.prompts_per_step * self.cfg.group_size)
+        for difficulty, (accuracy, n) in results.items():
+            self.rec.log_eval(step, task=self.cfg.task, difficulty=difficulty, accuracy=accuracy, n=n)
+        return results
+
+    # ---- helpers ----------------------------------------------------------------------------------
+    @property
+    def sampling(self) -> dict:
+        return sampling_kwargs(self.cfg.temperature, self.cfg.top_p)
+
+    def autocast(self):
+        if not self.cfg.bf16:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+
+    def set_lr(self, step: int) -> float:
+        """Linear warm-up over `warmup_steps` steps, then constant; a function of the step alone."""
+        w = self.cfg.warmup_steps
+        lr = self.cfg.lr * min(1.0, (step + 1) / w) if w else self.cfg.lr
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+        return lr
+
+    def problems_for(self, step: int) -> list:
+        B, pool = self.cfg.prompts_per_step, self.problems
+        return [pool[(step * B + j) % len(pool)] for j in range(B)]
+
+    def micro_batches(self, n: int) -> list[Tensor]:
+        return list(torch.arange(n, device=self.device).chunk(self.cfg.grad_accum))
+
+    @torch.no_grad()
+    def logprobs(self, model, ids: Tensor, attn: Tensor, prompt_len: int, comp: Tensor) -> Tensor:
+        """[N, T] log-probs of the completion tokens under `model`, micro-batch by micro-batch."""
+        out = []
+        for rows in self.micro_batches(len(ids)):
+            with self.autocast():
+                logits, _ = policy_forward(model, ids[rows], attn[rows], prompt_len)
+            out.append(gather_logprobs(logits, comp[rows]))
+        return torch.cat(out)
+
+    def log_samples(self, st, r: Rollout, advantages: Tensor, batch: Batch | None) -> None:
+        B, G = r.rewards.shape
+        per_row = lambda xs: [x for x in xs for _ in range(G)]  # noqa: E731  prompt-level -> row-level
+        in_update = torch.zeros(B * G, dtype=torch.long)
+        if batch is not None:
+            in_update[batch.sample_ids.cpu()] = 1
+        meta = {k: per_row(v) for k, v in _scalar_meta(r.problems).items()}
+        st.samples(sample_ids=list(range(B * G)), group_ids=[i // G for i in range(B * G)],
+                   prompts=per_row([p.prompt for p in r.problems]), completions=r.texts,
+                   rewards=r.rewards.flatten().tolist(), advantages=advantages.flatten().tolist(),
+                   lengths=r.mask.sum(1).long().tolist(), task=self.cfg.task,
+                   difficulty=per_row([str(p.difficulty) for p in r.problems]),
+                   correct=r.correct.flatten().long().tolist(), in_update=in_update.tolist(),
+                   n_tool_calls=list(r.n_tool_calls), answer=per_row([str(p.answer) for p in r.problems]), **meta)
+
+
+def rollout_stats(r: Rollout) -> dict:
+    rewards = r.rewards.flatten()  # [N]
+    return {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+            "accuracy": float(r.correct.float().mean()), "completion_len": float(r.mask.sum(1).mean())}
+
+
+def _row_share(micro_mask: Tensor, full_mask: Tensor) -> float:
+    return micro_mask.shape[0] / full_mask.shape[0]
+
+
+def _token_share(micro_mask: Tensor, full_mask: Tensor) -> float:
+    return float(micro_mask.sum() / full_mask.sum().clamp_min(1.0))
+
+
+# Token-mean ("dapo") normalises by the batch's loss tokens; the others ("grpo" per sequence, "dr_grpo" by
+# N * max_len) by its rows.
+MICRO_BATCH_SHARES = {"dapo": _token_share}
+
+
+def micro_batch_share(aggregation: str, micro_mask: Tensor, full_mask: Tensor) -> float:
+    """Weight of a micro-batch's loss in the whole batch's aggregation ([n, T] and [N, T] loss masks), so
+    that accumulated micro-batches give the same gradient as one pass over the batch."""
+    return MICRO_BATCH_SHARES.get(aggregation, _row_share)(micro_mask, full_mask)
+
+
+def _scalar_meta(problems: list) -> dict[str, list]:
+    """Problem.meta entries that every problem has as a scalar: extra columns of the samples table."""
+    keys = set.intersection(*(set(p.meta) for p in problems)) if problems else set()
+    keys = {k for k in keys if all(isinstance(p.meta[k], (int, float, str, bool)) for p in problems)}
+    return {f"meta_{k}": [p.meta[k] for p in problems] for k in sorted(keys)}
+
+
+def _rule_kwargs(cfg: TrainConfig) -> dict:
+    """The rule's parameters from the config; a rule that takes the clip range gets the loss's own."""
+    shared = {k: getattr(cfg, k) for k in ("eps_low", "eps_high") if k in rule_params(cfg.weighting)}
+    return {**shared, **cfg.weighting_params}
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device = 'cuda' but torch sees no CUDA device")
+    return torch.device(name)
+
+
+def _frozen(model, device) -> torch.nn.Module:
+    model.to(device).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def resolve_run_dir(cfg: TrainConfig) -> Path:
+    """runs/<run_name> unless given; a finished or started run is only reused with resume."""
+    name = cfg.run_name or f"{cfg.task}-{cfg.weighting}-{datetime.now():%Y%m%d-%H%M%S}"
+    run_dir = Path(cfg.run_dir or Path("runs") / name)
+    if (run_dir / "meta.json").exists() and not cfg.resume:
+        raise ValueError(f"run directory {run_dir} already holds a run; pass resume=true to continue it "
+                         "or choose another run_dir")
+    return run_dir
+
+
+def _resume_state(cfg: TrainConfig, run_dir: Path) -> dict:
+    state = load_trainer_state(run_dir)
+    saved = make_config(state["config"])
+    changed = sorted(k for k, v in cfg.to_dict().items() if k not in RESUMABLE_KEYS and getattr(saved, k) != v)
+    if changed:
+        raise ValueError(f"cannot resume {run_dir}: config keys {changed} differ from the checkpoint's")
+    if state["step"] + 1 >= cfg.steps:
+        raise ValueError(f"cannot resume {run_dir}: its checkpoint is at step {state['step']} and steps={cfg.steps}; "
+                         "raise steps to train further")
+    recorded = load_run(run_dir).steps
+    if len(recorded) and int(recorded["step"].max()) > state["step"]:
+        warnings.warn(f"{run_dir}: steps {state['step'] + 1}..{int(recorded['step'].max())} were recorded after the "
+                      "checkpoint; the resumed run records them again, so they appear twice", RuntimeWarning, stacklevel=3)
+    return state
+
+
+# ---- entry points ---------------------------------------------------------------------------------
+def train(config_or_path: str | os.PathLike | TrainConfig | Mapping[str, Any] | None = None, **overrides) -> Path:
+    """Run the trainer; returns the run directory. `config_or_path`: a TOML/YAML path, a TrainConfig, a
+    dict of keys, or None (defaults); keyword overrides win, e.g. `train("configs/tiny_kk.toml", steps=2)`."""
+    if isinstance(config_or_path, TrainConfig):
+        cfg = make_config({**config_or_path.to_dict(), **overrides})
+    elif isinstance(config_or_path, Mapping):
+        cfg = load_config(None, {**config_or_path, **overrides})
+    else:
+        cfg = load_config(config_or_path, overrides)
+    return Trainer(cfg).setup().train()
+
+
+def cli_train(argv: list[str]) -> int:
+    """`tokengrad train CONFIG [key=value ...] [--run-dir DIR] [--resume]`."""
+    parser = argparse.ArgumentParser(prog="tokengrad train", formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     description="Train with GRPO and a token-weighting rule; records a tokengrad run.",
+                                     epilog="config keys (set in the file or as key=value):\n" + describe_config())
+    parser.add_argument("config", help="TOML or YAML config file")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="override config keys")
+    parser.add_argument("--run-dir", help="run directory (same as run_dir=...)")
+    parser.add_argument("--resume", action="store_true", help="continue the run in the run directory")
+    args = parser.parse_args(argv)
+    extra = [f"run_dir={args.run_dir}"] * bool(args.run_dir) + ["resume=true"] * args.resume
+    try:
+        cfg = load_config(args.config, [*args.overrides, *extra])
+        trainer = Trainer(cfg).setup()
+    except ValueError as err:
+        print(f"tokengrad train: error: {err}", file=sys.stderr)
+        return 2
+    print(trainer.train())
+    return 0
