@@ -180,3 +180,17 @@ def test_sigkill_mid_run_leaves_completed_steps_readable(tmp_path):
     n = run.sql("SELECT count(DISTINCT step) AS n FROM tokens")["n"][0]
     assert n >= done
     assert run.warnings == []                                      # no truncated file: commits are atomic
+
+
+def test_resume_step_drops_rows_recorded_after_the_checkpoint(tmp_path, tiny_model):
+    d = _record(tmp_path / "res", tiny_model, n_steps=5, compact_every=2)     # compacted and small files
+    with pytest.warns(RuntimeWarning, match="resuming at step 3: removed"):
+        with Recorder(d, model=tiny_model, resume_step=3) as rec:
+            for step in (3, 4):
+                with rec.step(step) as st:
+                    st.log(loss=100.0 + step)
+    run = load_run(d)
+    assert run.steps["step"].tolist() == [0, 1, 2, 3, 4]
+    assert run.steps["loss"].tolist() == [0.5, 1.5, 2.5, 103.0, 104.0]
+    assert sorted(run.tokens()["step"].unique()) == [0, 1, 2]                 # old rows of 3, 4 are gone
+    assert run.evals["step"].tolist() == [0, 1, 2]

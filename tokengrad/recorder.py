@@ -57,13 +57,15 @@ class Recorder:
         layers: which top-level blocks get a grad-norm row (None = all; a name, list, or predicate).
         on_error: "count" (writer failures drop and count rows, training goes on) or "raise".
         compact_every: merge small per-step files after this many steps.
+        resume_step: continuing a run from a checkpoint taken before this step: rows already recorded for
+            steps >= resume_step (after the checkpoint) are removed on open, so no step appears twice.
     """
 
     def __init__(self, run_dir: str | os.PathLike, model: torch.nn.Module | None = None, tokenizer=None,
                  config: dict | None = None, run_name: str | None = None, model_name: str | None = None,
                  weighting: dict | None = None, bucket_every: int = 0,
                  bucket_edges=schema.DEFAULT_BUCKET_EDGES, layers: NamesFilter = None,
-                 on_error: str = "count", compact_every: int = 64):
+                 on_error: str = "count", compact_every: int = 64, resume_step: int | None = None):
         if bucket_every < 0:
             raise ValueError(f"bucket_every must be >= 0, got {bucket_every}")
         self.run_dir = Path(run_dir)
@@ -76,6 +78,7 @@ class Recorder:
         self._meta = self._make_meta(config, run_name, model_name, model, tokenizer, weighting)
         self._writer: RunWriter | None = None
         self._on_error, self._compact_every = on_error, compact_every
+        self._resume_step = resume_step
         self._step: StepRecorder | None = None
         self.last_step: int | None = None
         self._last_seq: int | None = None
@@ -97,6 +100,11 @@ class Recorder:
         if self.rank == 0:
             self._write_meta(finished=False)
         self._writer = RunWriter(self.run_dir, self.rank, self._on_error, self._compact_every)
+        if self._resume_step is not None:
+            removed = self._writer.drop_steps_from(self._resume_step)
+            if removed:
+                warnings.warn(f"tokengrad: resuming at step {self._resume_step}: removed {removed} rows recorded "
+                              f"after the checkpoint from {self.run_dir}", RuntimeWarning, stacklevel=2)
         return self
 
     def close(self) -> None:

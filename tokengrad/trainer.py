@@ -22,7 +22,6 @@ import math
 import os
 import sys
 import time
-import warnings
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple
@@ -37,7 +36,6 @@ from tokengrad.config import TrainConfig, describe_config, load_config, make_con
 from tokengrad.loss import phase_masks, policy_loss
 from tokengrad.models import load_model
 from tokengrad.recorder import Recorder
-from tokengrad.runs import load_run
 from tokengrad.rollout import (Rollout, evaluate, gather_logprobs, generate_completions, make_rollout,
                                policy_forward, render_prompt, sampling_kwargs)
 from tokengrad.tasks import get_task
@@ -97,7 +95,8 @@ class Trainer:
         self.max_len = cfg.max_new_tokens * (cfg.max_turns if self.task.tool_stop else 1)
         self.rec = Recorder(self.run_dir, model=self.model, tokenizer=self.tok, config=cfg.to_dict(),
                             run_name=cfg.run_name or self.run_dir.name, model_name=cfg.model,
-                            weighting=self.weighting_meta(), bucket_every=cfg.bucket_every)
+                            weighting=self.weighting_meta(), bucket_every=cfg.bucket_every,
+                            resume_step=self.start_step if state else None)
         return self
 
     def weighting_meta(self) -> dict:
@@ -338,10 +337,6 @@ def _resume_state(cfg: TrainConfig, run_dir: Path) -> dict:
     if state["step"] + 1 >= cfg.steps:
         raise ValueError(f"cannot resume {run_dir}: its checkpoint is at step {state['step']} and steps={cfg.steps}; "
                          "raise steps to train further")
-    recorded = load_run(run_dir).steps
-    if len(recorded) and int(recorded["step"].max()) > state["step"]:
-        warnings.warn(f"{run_dir}: steps {state['step'] + 1}..{int(recorded['step'].max())} were recorded after the "
-                      "checkpoint; the resumed run records them again, so they appear twice", RuntimeWarning, stacklevel=3)
     return state
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable, Union
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import schema
@@ -169,6 +170,32 @@ class RunWriter:
             raise RuntimeError(f"tokengrad writer failed: {err}") from err
 
     # ---- resume support --------------------------------------------------------------------------
+    def drop_steps_from(self, step: int) -> int:
+        """Remove this rank's rows with step >= `step` (a run resumed from an earlier checkpoint would
+        otherwise record those steps twice). Each affected file is rewritten atomically; returns rows removed."""
+        self.flush()
+        removed = 0
+        for table in schema.TABLES:
+            folder = self.run_dir / schema.rank_dir(table, self.rank)
+            for p in sorted(folder.glob("s*.parquet")) if folder.exists() else ():
+                try:
+                    data = pq.read_table(p)
+                except Exception:  # a corrupt file is left for the reader to skip with a warning
+                    continue
+                keep = pc.less(data["step"], step)
+                n_keep = pc.sum(keep).as_py() or 0
+                if n_keep == data.num_rows:
+                    continue
+                removed += data.num_rows - n_keep
+                if n_keep:
+                    tmp = p.with_name(f".{p.name}.tmp")
+                    pq.write_table(data.filter(keep), tmp, compression=COMPRESSION)
+                    os.replace(tmp, p)
+                else:
+                    p.unlink()
+                    self._small[table] = [(s, q) for s, q in self._small[table] if q != p]
+        return removed
+
     def _next_sequence(self) -> int:
         """Continue after the highest sequence number already on disk for this rank (resumed runs)."""
         last = -1
