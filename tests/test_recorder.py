@@ -181,3 +181,20 @@ def test_bad_inputs_raise_value_error_naming_the_tensor(tmp_path, tiny_model, ba
             st.track(lp, token_ids=tgt.float())
         st.track(lp, token_ids=tgt, mask=mask, advantages=adv)  # a good call still works after bad ones
     assert len(load_run(tmp_path / "e").tokens()) == int(mask.sum())
+
+
+def test_clip_grad_norm_matches_torch(tmp_path, batch):
+    from conftest import make_model
+    ids, mask, adv = batch
+    m1, m2 = make_model(seed=7), make_model(seed=7)
+    with Recorder(tmp_path / "c", model=m1) as rec, rec.step(0) as st:
+        _, lp, _, tgt = forward_logprobs(m1, ids)
+        st.track(lp, token_ids=tgt, mask=mask, advantages=adv)
+        st.backward(-(lp * adv[:, None] * mask).sum())
+        total = st.clip_grad_norm_(0.1)
+    _, lp2, _, _ = forward_logprobs(m2, ids)
+    (-(lp2 * adv[:, None] * mask).sum()).backward()
+    ref = torch.nn.utils.clip_grad_norm_(m2.parameters(), 0.1)
+    assert total == pytest.approx(float(ref), rel=1e-5) and total > 0.1
+    for a, b in zip(m1.parameters(), m2.parameters()):
+        assert torch.allclose(a.grad, b.grad, rtol=1e-5, atol=1e-9)

@@ -65,37 +65,44 @@ def accumulate(store: list[list[torch.Tensor] | None], new: list[list[torch.Tens
             torch._foreach_add_(store[b], g)
 
 
+SLICE = 1 << 22  # elements per float64 slice: bounds the extra memory of the share computation (~32 MB)
+
+
 @torch.no_grad()
 def bucket_shares(store: list[list[torch.Tensor] | None], total: list[torch.Tensor]) -> dict:
     """Norms, update shares and cosines of the bucket gradients against the full gradient `total`.
 
-    Returns dict with lists grad_norm, update_share, cos_to_total (NaN for empty buckets) and the residual's
-    grad_norm and update_share.
+    Accumulates in float64 over flat parameter slices, so no float64 copy of the whole model is made.
+    Returns dict with lists grad_norm, update_share, cos_to_total (0/0/NaN for empty buckets) and the
+    residual's grad_norm and update_share.
     """
-    g_sq = _sq_norm(total)
+    nb = len(store)
+    dots, sq_b = [0.0] * nb, [0.0] * nb
+    g_sq = resid_sq = 0.0
+    for i, t in enumerate(total):
+        flat_t = t.reshape(-1)
+        for s in range(0, flat_t.numel(), SLICE):
+            tg = flat_t[s:s + SLICE].double()                           # [S]
+            resid = tg.clone()
+            for b, g_b in enumerate(store):
+                if g_b is None:
+                    continue
+                gb = g_b[i].reshape(-1)[s:s + SLICE].double()            # [S]
+                dots[b] += float(torch.dot(gb, tg))
+                sq_b[b] += float(torch.dot(gb, gb))
+                resid -= gb
+            g_sq += float(torch.dot(tg, tg))
+            resid_sq += float(torch.dot(resid, resid))
     out = {"grad_norm": [], "update_share": [], "cos_to_total": []}
-    resid = [t.double().clone() for t in total]
-    for g_b in store:
-        if g_b is None:
-            for k in out:
-                out[k].append(0.0 if k == "grad_norm" else (0.0 if k == "update_share" else math.nan))
-            continue
-        nb = math.sqrt(_sq_norm(g_b))
-        dot = sum(float(torch.dot(a.double().flatten(), t.double().flatten())) for a, t in zip(g_b, total))
-        out["grad_norm"].append(nb)
-        out["update_share"].append(dot / g_sq if g_sq > 0 else math.nan)
-        out["cos_to_total"].append(dot / (nb * math.sqrt(g_sq)) if nb > 0 and g_sq > 0 else math.nan)
-        torch._foreach_sub_(resid, [a.double() for a in g_b])
-    out["residual_grad_norm"] = math.sqrt(_sq_norm(resid))
-    shares = [s for s in out["update_share"] if not math.isnan(s)]
-    out["residual_share"] = 1.0 - sum(shares) if g_sq > 0 else math.nan
+    for b in range(nb):
+        nbn = math.sqrt(sq_b[b])
+        empty = store[b] is None
+        out["grad_norm"].append(nbn)
+        out["update_share"].append(0.0 if empty else (dots[b] / g_sq if g_sq > 0 else math.nan))
+        out["cos_to_total"].append(math.nan if empty or nbn == 0 or g_sq == 0 else dots[b] / (nbn * math.sqrt(g_sq)))
+    out["residual_grad_norm"] = math.sqrt(resid_sq)
+    out["residual_share"] = 1.0 - sum(out["update_share"]) if g_sq > 0 else math.nan
     return out
-
-
-def _sq_norm(tensors: list[torch.Tensor]) -> float:
-    if not tensors:
-        return 0.0
-    return float(torch.stack([t.double().pow(2).sum() for t in tensors]).sum())
 
 
 @torch.no_grad()

@@ -8,6 +8,7 @@ dropped so names match the unwrapped model.
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Union
 
 import torch
@@ -48,11 +49,11 @@ def grad_norms(named_params: list[tuple[str, torch.nn.Parameter]], names: NamesF
     if not with_grad:
         return 0.0, {}
     norms = torch._foreach_norm([g.float() if g.dtype != torch.float32 else g for _, g in with_grad])
-    sq = torch.stack(norms).double().pow(2)                           # [P]
+    sq = torch.stack(norms).double().pow(2).tolist()                  # [P] one sync, then plain floats
     keep = _accepts(names)
-    blocks: dict[str, torch.Tensor] = {}
+    blocks: dict[str, float] = {}
     for (n, _), s in zip(with_grad, sq):
         b = block_name(n)
         if keep(b):
             blocks[b] = blocks.get(b, 0.0) + s
-    return float(sq.sum().sqrt()), {b: float(v.sqrt()) for b, v in blocks.items()}
+    return math.sqrt(sum(sq)), {b: math.sqrt(v) for b, v in blocks.items()}

@@ -195,6 +195,17 @@ class StepRecorder:
         self._t_record += time.perf_counter() - t
         return total
 
+    def clip_grad_norm_(self, max_norm: float, update_id: int = 0) -> float:
+        """record_grad_norms() then clip with the same total norm, reading the gradients once (the same
+        scaling as torch.nn.utils.clip_grad_norm_: factor min(1, max_norm / (total + 1e-6))). Returns the
+        total norm before clipping."""
+        total = self.record_grad_norms(update_id)
+        grads = [p.grad for _, p in trainable_params(self.rec.model) if p.grad is not None]
+        factor = float(max_norm) / (total + 1e-6)
+        if grads and factor < 1.0:
+            torch._foreach_mul_(grads, factor)
+        return total
+
     def _finish_buckets(self, update_id: int, total: list[torch.Tensor]) -> None:
         state = self._bucket_state.pop(update_id)
         _all_reduce_mean(state, total)

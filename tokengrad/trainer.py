@@ -172,9 +172,9 @@ class Trainer:
             parts = [self.loss_pass(st, b, rows, phase, update_id) for rows in self.micro_batches(len(b.sample_ids))]
             losses.append(sum(p[0] for p in parts))
             kls += [p[1] for p in parts]
-            norms.append(st.record_grad_norms(update_id=update_id))   # before clipping
-            if cfg.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            # records the norms before clipping, then clips with that same norm (gradients read once)
+            norms.append(st.clip_grad_norm_(cfg.grad_clip, update_id) if cfg.grad_clip > 0
+                         else st.record_grad_norms(update_id))
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
         if st.is_bucket_step:  # how the update moved the probabilities of the first tracked micro-batch
