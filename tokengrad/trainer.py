@@ -362,7 +362,7 @@ def cli_train(argv: list[str]) -> int:
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="override config keys")
     parser.add_argument("--run-dir", help="run directory (same as run_dir=...)")
     parser.add_argument("--resume", action="store_true", help="continue the run in the run directory")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     extra = [f"run_dir={args.run_dir}"] * bool(args.run_dir) + ["resume=true"] * args.resume
     try:
         cfg = load_config(args.config, [*args.overrides, *extra])
