@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from tokengrad import load_run
 
@@ -17,12 +18,13 @@ ROOT = Path(__file__).resolve().parents[1]
 WORLD = 2
 
 
-def torchrun(script: str | Path, *args: str, timeout: int = 240) -> None:
+def torchrun(script: str | Path, *args: str, timeout: int = 240) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(WORLD),
            str(ROOT / "scripts" / script), *args]                     # an absolute `script` path stays as it is
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
 
 
 def load_script(name: str):
@@ -162,3 +164,197 @@ def test_distributed_helpers_in_one_process(monkeypatch, tiny_model, batch):
     assert total == pytest.approx(ref_total, rel=1e-6) and blocks == pytest.approx(ref_blocks, rel=1e-6)
     _, only = dist.global_grad_norms(tiny_model, names=lambda b: b.startswith("model.layers"))
     assert sorted(only) == ["model.layers.0", "model.layers.1"]
+
+
+# ---- the built-in trainer under torchrun ---------------------------------------------------------------
+RAGGED_TASK = '''
+from tokengrad.tasks import TASKS, Problem, register_task
+
+
+class RaggedTask:
+    """Completions end at the first two U+FFFD in a row (a lone byte >= 0x80 decodes to one; about half of
+    the tiny model's tokens are such bytes), so their lengths, and the ranks' token counts, differ. Reward:
+    the share of ASCII letters, except problems 6 and 7 (rank 1's at step 1), whose flat rewards make
+    dynamic sampling drop all of that rank's groups."""
+
+    name = "ragged"
+    tool_stop = "\\ufffd\\ufffd"
+
+    def train_problems(self, n, seed):
+        return [Problem(f"Spell a word, round {seed}-{i}.", "", str(1 + i % 2), meta={"flat": i in (6, 7)})
+                for i in range(n)]
+
+    def eval_problems(self, n_per_difficulty, seed):
+        return self.train_problems(2 * n_per_difficulty, seed + 1000)
+
+    def reward(self, problem, completion):
+        if problem.meta["flat"]:
+            return 0.5
+        return sum(c.isascii() and c.isalpha() for c in completion) / max(len(completion), 1)
+
+    def is_correct(self, problem, completion):
+        return self.reward(problem, completion) > 0.5
+
+    def tool(self, text):
+        return None          # no tool: the completion ends at the stop string
+
+
+if "ragged" not in TASKS:
+    register_task("ragged")(RaggedTask)
+'''
+
+# `tokengrad train` through the CLI entry point; keeps what each rank sampled at each step, so that one
+# process can replay the same global batch.
+TRAIN_SCRIPT = RAGGED_TASK + '''
+import json, os, sys
+import tokengrad.trainer
+from tokengrad.cli import main
+
+sampled, generate = [], tokengrad.trainer.generate_completions
+
+def keep(*args):
+    comps = generate(*args)
+    sampled.append(comps._asdict())
+    return comps
+
+tokengrad.trainer.generate_completions = keep
+code = main(["train", *sys.argv[2:]])
+json.dump(sampled, open(f"{sys.argv[1]}.rank{os.environ['RANK']}.json", "w"))
+sys.exit(code)
+'''
+
+DDP_CONFIG = '''
+model = "tiny"
+task = "ragged"
+steps = 2
+prompts_per_step = 4
+group_size = 2
+max_new_tokens = 8
+max_turns = 1
+lr = 0.01
+aggregation = "dapo"
+weighting = "lopti"
+weighting_params = { eta = 0.004 }
+grad_accum = 2
+dynamic_sampling = true
+progress = false
+'''
+
+
+def replay(sampled: list[list[dict]]):
+    """A generate_completions stand-in returning, call by call (step by step), the ranks' samples joined in
+    rank order: the global batch of that step."""
+    from tokengrad.rollout import Completions, encode_prompt
+    steps = iter(zip(*sampled))
+
+    def generate(model, tok, prompts, n_samples, *args):
+        parts = next(steps)
+        comps = Completions(*([x for part in parts for x in part[field]] for field in Completions._fields))
+        assert comps.prompt_ids == [encode_prompt(tok, p) for p in prompts for _ in range(n_samples)]
+        return comps
+    return generate
+
+
+def test_builtin_trainer_under_torchrun_equals_one_process_on_the_global_batch(tmp_path, monkeypatch):
+    import tokengrad.trainer
+    from tokengrad import schema
+    from tokengrad.config import read_config_file
+
+    script, config = tmp_path / "train_ddp.py", tmp_path / "ddp.toml"
+    script.write_text(TRAIN_SCRIPT)
+    config.write_text(DDP_CONFIG)
+    proc = torchrun(script, str(tmp_path / "sampled"), str(config), "--run-dir", str(tmp_path / "ddp"),
+                    "eval_every=2", "eval_per_difficulty=2", "bucket_every=1")
+    assert proc.stdout.split() == [str(tmp_path / "ddp")]               # the run directory, printed once
+    run = load_run(tmp_path / "ddp")
+    assert_rank_files_disjoint(run)
+    assert (run.path / "checkpoint" / "trainer.pt").exists()
+
+    # one process, same config, replaying the same global batch at every step
+    exec(RAGGED_TASK, {})
+    sampled = [json.loads((tmp_path / f"sampled.rank{r}.json").read_text()) for r in range(WORLD)]
+    monkeypatch.setattr(tokengrad.trainer, "generate_completions", replay(sampled))
+    single = load_run(tokengrad.trainer.train({**read_config_file(config), "run_dir": str(tmp_path / "single"),
+                                               "checkpoint": False, "eval_every": 2, "eval_per_difficulty": 2}))
+
+    tokens = run.tokens(columns=["step", "rank", "update_id", "pass_id", "sample_id", "position"])
+    assert not tokens.duplicated(["step", "rank", "sample_id", "position", "pass_id"]).any()
+    assert not tokens.duplicated(["step", "sample_id", "position", "pass_id"]).any()   # ids unique over ranks
+    samples = run.samples            # rank r holds prompts 2r, 2r + 1 of each step: samples 4r .. 4r + 3
+    assert (samples.sample_id // 4 == samples["rank"]).all() and (samples.group_id == samples.sample_id // 2).all()
+    # what the loss weights must get right: at step 0 the ranks train on different numbers of tokens
+    # (token-mean loss); at step 1 dynamic sampling drops all of rank 1's groups and rank 0 trains alone
+    n_tok = tokens[tokens.update_id == 0].groupby(["step", "rank"]).size()     # every token once per update
+    assert n_tok[(0, 0)] != n_tok[(0, 1)] and (1, 1) not in n_tok.index and n_tok[(1, 0)] > 0
+    assert samples[(samples.step == 1) & (samples["rank"] == 1)].in_update.eq(0).all()
+
+    # per-step scalars: identical on both ranks and equal to one process on the global batch
+    steps, ref = run.steps.set_index(["step", "rank"]), single.steps.set_index("step")
+    for col in ["grad_norm", "loss", "reward_mean", "reward_std", "accuracy", "completion_len", "n_updates"]:
+        per_rank = steps[col].unstack("rank")
+        np.testing.assert_array_equal(per_rank[0], per_rank[1], err_msg=col)
+        np.testing.assert_allclose(per_rank[0], ref[col], rtol=1e-4, err_msg=col)
+    assert steps.n_updates.tolist() == [2, 2, 2, 2]                     # Lopti: two updates, every rank
+    # the global norm of every update, on both ranks, equals the one process's
+    layers = run.layers[run.layers.layer == schema.TOTAL_LAYER]
+    total = layers.pivot_table(index=["step", "update_id"], columns="rank", values="grad_norm")
+    want = single.layers[single.layers.layer == schema.TOTAL_LAYER].set_index(["step", "update_id"]).grad_norm
+    assert len(total) == 4 and (total[0] == total[1]).all() and (want > 0).all()
+    np.testing.assert_allclose(total[0], want.loc[total.index], rtol=1e-4)
+
+    # bucket figures are all-reduced (identical on both ranks); skipped at step 1, where rank 1 had no tokens
+    buckets = run.buckets.pivot_table(index=["step", "update_id", "bucket"], columns="rank", values="grad_norm")
+    assert buckets.index.get_level_values("step").unique().tolist() == [0]
+    np.testing.assert_allclose(buckets[0], buckets[1], rtol=1e-6)
+    # evaluation split over the ranks, written once, by rank 0: 2 problems per difficulty after the last step,
+    # with the one process's accuracies
+    evals = run.evals
+    assert evals[["step", "rank", "difficulty", "n"]].values.tolist() == [[1, 0, "1", 2], [1, 0, "2", 2]]
+    assert evals.accuracy.tolist() == single.evals.accuracy.tolist()
+    assert not (run.path / "evals" / "rank001").exists()
+
+
+def test_loss_weights_turn_per_rank_means_into_the_global_mean(monkeypatch):
+    """Two simulated ranks with unequal rows and tokens (as after dynamic sampling): each rank's micro-batch
+    losses, weighted by micro_batch_share x rank_weight and averaged over ranks as DDP averages gradients,
+    have the gradient of the loss over the whole batch, for every aggregation."""
+    from tokengrad import distributed as dist
+    from tokengrad.loss import policy_loss
+    from tokengrad.trainer import micro_batch_share, normaliser
+
+    g = torch.Generator().manual_seed(0)
+    N, T = 5, 6
+    old = -torch.rand(N, T, generator=g) * 3                                                 # [N, T]
+    adv = torch.randn(N, generator=g)                                                        # [N]
+    mask = (torch.arange(T)[None, :] < torch.tensor([6, 2, 4, 1, 5])[:, None]).float()       # [N, T] 18 tokens
+    ranks = [[[0, 1], [2]], [[3, 4]]]            # rank 0: rows 0-2 in two micro-batches; rank 1: rows 3-4
+    monkeypatch.setattr(dist, "world_size", lambda: 2)
+    for agg in ("grpo", "dapo", "dr_grpo"):
+        lp = (old + 0.1 * torch.randn(N, T, generator=g)).requires_grad_()                  # [N, T]
+        policy_loss(lp, old, adv, mask, aggregation=agg, max_len=T).loss.backward()
+        want, lp.grad = lp.grad.clone(), None
+        # all ranks' counts: rows 3 + 2 = 5 (grpo, dr_grpo); loss tokens (6 + 2 + 4) + (1 + 5) = 18 (dapo)
+        total = sum(normaliser(agg, mask[sum(micro, [])]) for micro in ranks)
+        assert total == (18 if agg == "dapo" else 5)
+        monkeypatch.setattr(dist, "all_reduce", lambda values, op="sum": torch.tensor([total], dtype=torch.float64))
+        naive = torch.zeros(N, T)
+        for micro in ranks:
+            rows = sum(micro, [])
+            weight = dist.rank_weight(normaliser(agg, mask[rows]))
+            for m in micro:
+                loss = policy_loss(lp[m], old[m], adv[m], mask[m], aggregation=agg, max_len=T).loss
+                share = micro_batch_share(agg, mask[m], mask[rows])
+                naive += torch.autograd.grad(loss * share, lp, retain_graph=True)[0]
+                (loss * share * weight).backward()
+        # DDP averages the ranks' gradients: each rank's coefficients count 1 / world_size
+        torch.testing.assert_close(lp.grad / 2, want, rtol=1e-5, atol=1e-7)
+        assert not torch.allclose(naive / 2, want, atol=1e-4), agg      # unweighted per-rank means are off
+
+
+def test_prompts_must_split_evenly_over_processes(tmp_path, monkeypatch):
+    from tokengrad.trainer import train
+    monkeypatch.setenv("WORLD_SIZE", "2")            # as torchrun sets it, before any process group exists
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(ValueError, match=r"prompts_per_step = 3 must be divisible by the number of processes \(2\)"):
+        train(dict(model="tiny", task="kk", prompts_per_step=3, run_dir=str(tmp_path / "run")))
+    assert not (tmp_path / "run").exists()

@@ -11,6 +11,11 @@ One step (GRPO, arXiv 2402.03300, with DAPO's options, arXiv 2503.14476):
                the rest, arXiv 2505.12929) and each of mu passes: one AdamW update built from
                grad_accum micro-batches, after gradient clipping                      -> time_update
 Every pass goes through the tokengrad Recorder, which writes the run format (see tokengrad.schema).
+
+Under torchrun / accelerate launch (`torchrun --nproc_per_node 2 -m tokengrad.cli train CONFIG`) each process
+samples and trains an equal share of every step's prompt groups in DistributedDataParallel, its loss weighted
+so that the update equals one process on the whole batch. Logged scalars are global; rank 0 writes evals and
+checkpoints.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from tokengrad import distributed as dist
 from tokengrad.advantages import compute_advantages, keep_groups
 from tokengrad.checkpoint import checkpoint_path, load_trainer_state, save_checkpoint
 from tokengrad.config import TrainConfig, describe_config, load_config, make_config
@@ -57,8 +63,8 @@ class Batch(NamedTuple):
     advantages: Tensor             # [N]
     old_logprobs: Tensor           # [N, T] log pi_old
     ref_logprobs: Tensor | None    # [N, T] log pi_ref, or None when beta = 0
-    sample_ids: Tensor             # [N] row in the rollout
-    group_ids: Tensor              # [N] prompt of the row
+    sample_ids: Tensor             # [N] row in the step's global rollout (unique over ranks)
+    group_ids: Tensor              # [N] prompt of the row, numbered over ranks
 
 
 class Trainer:
@@ -70,15 +76,20 @@ class Trainer:
     # ---- setup ------------------------------------------------------------------------------------
     def setup(self) -> "Trainer":
         cfg = self.cfg
-        self.run_dir = resolve_run_dir(cfg)
+        self.device = dist.process_device(cfg.device)
+        self.share = dist.shard(cfg.prompts_per_step, "prompts_per_step")   # this rank's prompts of a step
+        self.owns_group = dist.init_from_env(self.device)
+        self.run_dir = dist.on_main(lambda: resolve_run_dir(cfg))            # one name (and check) for all ranks
         self.task = get_task(cfg.task, **cfg.task_params)       # bad task params fail before the model loads
         self.rule, self.rule_params = get_weighting(cfg.weighting), _rule_kwargs(cfg)
         state = _resume_state(cfg, self.run_dir) if cfg.resume else None
-        self.device = _device(cfg.device)
         source = str(checkpoint_path(self.run_dir) / "model") if state else cfg.model
         self.model, self.tok = load_model(source, seed=cfg.seed)
         # Dropout off for good: pi_old, the update's pi and the sampling policy must be one function.
         self.model.to(self.device).eval()
+        # (logits, hidden) = self.policy(ids, attn, P) for the loss, in DDP under torchrun; generation and
+        # scoring use the model itself.
+        self.policy = dist.wrap(dist.ModelFunction(policy_forward, self.model), self.device)
         # The reference is the initial policy, so a resumed run reloads it from the original model.
         self.ref = _frozen(load_model(cfg.model, seed=cfg.seed)[0] if state else copy.deepcopy(self.model),
                            self.device) if cfg.beta > 0 else None
@@ -109,8 +120,9 @@ class Trainer:
     def train(self) -> Path:
         cfg = self.cfg
         bar = tqdm(range(self.start_step, cfg.steps), initial=self.start_step, total=cfg.steps,
-                   disable=not cfg.progress, desc=f"{cfg.task}/{cfg.weighting}", dynamic_ncols=True)
-        with self.rec:
+                   disable=not cfg.progress or not dist.is_main(), desc=f"{cfg.task}/{cfg.weighting}",
+                   dynamic_ncols=True)
+        with dist.ending(self.owns_group), self.rec:
             for step in bar:
                 logged = self.step(step)
                 bar.set_postfix(reward=f"{logged['reward_mean']:.3f}", gnorm=f"{logged.get('grad_norm', math.nan):.3g}")
@@ -118,13 +130,15 @@ class Trainer:
                 if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or last):
                     self.evaluate(step)
                 if cfg.checkpoint and (last or (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0)):
-                    save_checkpoint(self.run_dir, step, self.model, self.tok, self.opt, cfg.to_dict())
+                    # rank 0 writes it; the other ranks wait until it is complete
+                    dist.on_main(lambda: save_checkpoint(self.run_dir, step, self.model, self.tok, self.opt,
+                                                         cfg.to_dict()))
         return self.run_dir
 
     def step(self, step: int) -> dict:
         """One rollout batch and its updates; returns the scalars logged to the steps table."""
-        # Sampling depends on (seed, step) only, so a resumed run repeats an uninterrupted one.
-        torch.manual_seed(self.cfg.seed * 1_000_003 + step)
+        # Sampling depends on (seed, step, rank) only, so a resumed run repeats an uninterrupted one.
+        torch.manual_seed((self.cfg.seed * 1_000_003 + step) * dist.world_size() + dist.rank())
         lr = self.set_lr(step)
         with self.rec.step(step) as st:
             t0 = time.perf_counter()
@@ -135,21 +149,25 @@ class Trainer:
                                              self.task, self.cfg.max_turns)
             t1 = time.perf_counter()
             rollout = make_rollout(comps, self.task, problems, self.tok)
-            batch, advantages = self.score(rollout)
+            # [B, G, 3] reward, correct, length of every rank's groups, in prompt order
+            scores = dist.gather_cat(torch.stack([rollout.rewards, rollout.correct.float(),
+                                                  rollout.mask.sum(1).view_as(rollout.rewards)], -1))
+            batch, advantages = self.score(rollout, scores[..., 0])
             t2 = time.perf_counter()
-            logged = self.update(st, batch) if batch is not None else {"n_updates": 0}
+            logged = self.update(st, batch, rollout)
             t3 = time.perf_counter()
-            logged.update(rollout_stats(rollout), lr=lr, time_generate=t1 - t0, time_score=t2 - t1,
+            logged.update(rollout_stats(scores), lr=lr, time_generate=t1 - t0, time_score=t2 - t1,
                           time_update=t3 - t2)
             st.log(**logged)
             self.log_samples(st, rollout, advantages, batch)
         return logged
 
     @torch.no_grad()
-    def score(self, r: Rollout) -> tuple[Batch | None, Tensor]:
-        """Advantages for every row ([B, G]) and the update batch (None if dynamic sampling drops all)."""
+    def score(self, r: Rollout, all_rewards: Tensor) -> tuple[Batch | None, Tensor]:
+        """Advantages of this rank's rows ([B, G]), scaled over the global batch ([B_all, G] rewards), and
+        the update batch (None if dynamic sampling drops all of this rank's groups)."""
         B, G = r.rewards.shape
-        advantages = compute_advantages(r.rewards, self.cfg.adv_scale)  # [B, G]
+        advantages = compute_advantages(all_rewards, self.cfg.adv_scale)[self.share]  # [B, G]
         keep = keep_groups(r.rewards) if self.cfg.dynamic_sampling else torch.ones(B, dtype=torch.bool)  # [B]
         rows = keep.repeat_interleave(G).nonzero().squeeze(1)  # [N]
         if rows.numel() == 0:
@@ -158,18 +176,29 @@ class Trainer:
         ids, attn, comp = on(r.input_ids), on(r.attention_mask), on(r.completion_ids)
         old = self.logprobs(self.model, ids, attn, r.prompt_len, comp)
         ref = self.logprobs(self.ref, ids, attn, r.prompt_len, comp) if self.ref is not None else None
-        return Batch(ids, attn, r.prompt_len, comp, on(r.mask), on(r.loss_mask),
-                     on(advantages.flatten()), old, ref, rows.to(self.device), (rows // G).to(self.device)), advantages
+        first = self.share.start * G  # global id of this rank's first row
+        return Batch(ids, attn, r.prompt_len, comp, on(r.mask), on(r.loss_mask), on(advantages.flatten()), old, ref,
+                     (rows + first).to(self.device), (rows // G + self.share.start).to(self.device)), advantages
 
-    def update(self, st, b: Batch) -> dict:
-        """mu passes per phase of the weighting rule; each pass is one optimizer update."""
+    def update(self, st, b: Batch | None, r: Rollout) -> dict:
+        """mu passes per phase of the weighting rule; each pass is one optimizer update. Returns global scalars."""
         cfg = self.cfg
-        # Phases (Lopti) are fixed from pi_old for the whole step, so they are found once, up front.
-        first = self.rule(TokenBatch(b.old_logprobs, b.old_logprobs, b.advantages, b.loss_mask), **self.rule_params)
-        passes = [phase for phase in phase_masks(first, b.loss_mask) for _ in range(cfg.mu)]  # each [N, T]
+        passes = self.passes(b)  # each [N, T]
+        # Every rank must join every gradient all-reduce, also one whose groups dynamic sampling all dropped.
+        n_updates, any_idle = (int(x) for x in dist.all_reduce([len(passes), b is None], "max"))
+        if n_updates == 0:
+            return {"n_updates": 0}
+        st.is_bucket_step = st.is_bucket_step and not any_idle  # bucket all-reduces need every rank's buckets
+        weight = dist.rank_weight(normaliser(cfg.aggregation, b.loss_mask) if b is not None else 0.0)
         losses, kls, norms = [], [], []
-        for update_id, phase in enumerate(passes):
-            parts = [self.loss_pass(st, b, rows, phase, update_id) for rows in self.micro_batches(len(b.sample_ids))]
+        for update_id in range(n_updates):
+            if b is None:  # zeros into the all-reduce: one row's forward, times 0
+                parts = dist.idle_backward(self.policy, r.input_ids[:1].to(self.device),
+                                           r.attention_mask[:1].to(self.device), r.prompt_len)
+            else:  # under DDP only the last micro-batch's backward all-reduces the gradients
+                micro = self.micro_batches(len(b.sample_ids))
+                parts = [self.loss_pass(st, b, rows, passes[update_id], update_id, weight, i == len(micro) - 1)
+                         for i, rows in enumerate(micro)]
             losses.append(sum(p[0] for p in parts))
             kls += [p[1] for p in parts]
             # records the norms before clipping, then clips with that same norm (gradients read once)
@@ -181,16 +210,27 @@ class Trainer:
             rows = self.micro_batches(len(b.sample_ids))[0]
             st.record_prob_change(self.logprobs(self.model, b.input_ids[rows], b.attention_mask[rows],
                                                 b.prompt_len, b.completion_ids[rows]))
-        out = {"loss": sum(losses) / len(losses), "grad_norm": max(norms), "n_updates": len(passes)}
-        if b.ref_logprobs is not None:
-            out["kl"] = sum(kls) / len(kls)
+        loss, kl, n_kl = dist.all_reduce([sum(losses), sum(kls), len(kls)]).tolist()
+        out = {"loss": loss / dist.world_size() / n_updates, "grad_norm": max(norms), "n_updates": n_updates}
+        if cfg.beta > 0:
+            out["kl"] = kl / max(n_kl, 1)
         return out
 
-    def loss_pass(self, st, b: Batch, rows: Tensor, phase: Tensor, update_id: int) -> tuple[float, float]:
-        """Forward, weighting rule, GRPO loss and backward of one micro-batch; returns (loss, kl)."""
+    def passes(self, b: Batch | None) -> list[Tensor]:
+        """The loss mask of each update: mu per phase of the weighting rule ([N, T] each; none without rows)."""
+        if b is None:
+            return []
+        # Phases (Lopti) are fixed from pi_old for the whole step, so they are found once, up front.
+        first = self.rule(TokenBatch(b.old_logprobs, b.old_logprobs, b.advantages, b.loss_mask), **self.rule_params)
+        return [phase for phase in phase_masks(first, b.loss_mask) for _ in range(self.cfg.mu)]
+
+    def loss_pass(self, st, b: Batch, rows: Tensor, phase: Tensor, update_id: int, weight: float = 1.0,
+                  sync: bool = True) -> tuple[float, float]:
+        """Forward, weighting rule, GRPO loss and backward of one micro-batch; returns (loss, kl). `weight`
+        is this rank's `dist.rank_weight` (1 in one process); `sync`: the backward all-reduces (DDP)."""
         cfg = self.cfg
-        with self.autocast():
-            logits, hidden = policy_forward(self.model, b.input_ids[rows], b.attention_mask[rows], b.prompt_len)
+        with self.autocast(), dist.sync_grads(self.policy, sync):  # DDP decides in the forward
+            logits, hidden = self.policy(b.input_ids[rows], b.attention_mask[rows], b.prompt_len)
         logprobs = gather_logprobs(logits, b.completion_ids[rows])  # [n, T]
         old, adv, loss_mask = b.old_logprobs[rows], b.advantages[rows], b.loss_mask[rows]
         ref = b.ref_logprobs[rows] if b.ref_logprobs is not None else None
@@ -201,16 +241,18 @@ class Trainer:
                  old_logprobs=old, ref_logprobs=ref, advantages=adv, weights=weights.effective(logprobs),
                  sample_ids=b.sample_ids[rows], group_ids=b.group_ids[rows], logits=logits, hidden=hidden,
                  clipped=out.clipped, update_id=update_id)
-        share = micro_batch_share(cfg.aggregation, loss_mask, b.loss_mask)
+        share = micro_batch_share(cfg.aggregation, loss_mask, b.loss_mask) * weight
         st.backward(out.loss * share)
         return out.loss.item() * share, out.metrics["kl_mean"]
 
     def evaluate(self, step: int) -> dict:
-        """Greedy accuracy on the held-out problems, per difficulty, into the evals table."""
+        """Greedy accuracy on the held-out problems, per difficulty, into the evals table (each rank
+        evaluates every world_size-th problem; rank 0 writes the summed counts)."""
         with self.autocast():
-            results = evaluate(self.model, self.tok, self.task, self.eval_problems, self.cfg.max_new_tokens,
-                               self.cfg.max_turns, self.cfg.prompts_per_step * self.cfg.group_size)
-        for difficulty, (accuracy, n) in results.items():
+            mine = evaluate(self.model, self.tok, self.task, self.eval_problems[dist.rank()::dist.world_size()],
+                            self.cfg.max_new_tokens, self.cfg.max_turns, self.cfg.prompts_per_step * self.cfg.group_size)
+        results = dist.merge_accuracies(mine, sorted({str(p.difficulty) for p in self.eval_problems}))
+        for difficulty, (accuracy, n) in results.items() if dist.is_main() else ():
             self.rec.log_eval(step, task=self.cfg.task, difficulty=difficulty, accuracy=accuracy, n=n)
         return results
 
@@ -233,8 +275,9 @@ class Trainer:
         return lr
 
     def problems_for(self, step: int) -> list:
+        """This rank's share of the step's prompts (all of them in one process)."""
         B, pool = self.cfg.prompts_per_step, self.problems
-        return [pool[(step * B + j) % len(pool)] for j in range(B)]
+        return [pool[(step * B + j) % len(pool)] for j in range(B)][self.share]
 
     def micro_batches(self, n: int) -> list[Tensor]:
         return list(torch.arange(n, device=self.device).chunk(self.cfg.grad_accum))
@@ -251,12 +294,13 @@ class Trainer:
 
     def log_samples(self, st, r: Rollout, advantages: Tensor, batch: Batch | None) -> None:
         B, G = r.rewards.shape
+        first = self.share.start * G  # global id of this rank's first row
         per_row = lambda xs: [x for x in xs for _ in range(G)]  # noqa: E731  prompt-level -> row-level
         in_update = torch.zeros(B * G, dtype=torch.long)
         if batch is not None:
-            in_update[batch.sample_ids.cpu()] = 1
+            in_update[batch.sample_ids.cpu() - first] = 1
         meta = {k: per_row(v) for k, v in _scalar_meta(r.problems).items()}
-        st.samples(sample_ids=list(range(B * G)), group_ids=[i // G for i in range(B * G)],
+        st.samples(sample_ids=list(range(first, first + B * G)), group_ids=[(first + i) // G for i in range(B * G)],
                    prompts=per_row([p.prompt for p in r.problems]), completions=r.texts,
                    rewards=r.rewards.flatten().tolist(), advantages=advantages.flatten().tolist(),
                    lengths=r.mask.sum(1).long().tolist(), task=self.cfg.task,
@@ -265,29 +309,26 @@ class Trainer:
                    n_tool_calls=list(r.n_tool_calls), answer=per_row([str(p.answer) for p in r.problems]), **meta)
 
 
-def rollout_stats(r: Rollout) -> dict:
-    rewards = r.rewards.flatten()  # [N]
+def rollout_stats(scores: Tensor) -> dict:
+    """Step scalars of the global rollout from its [B, G, 3] reward, correct, length."""
+    rewards = scores[..., 0].flatten()  # [N]
     return {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
-            "accuracy": float(r.correct.float().mean()), "completion_len": float(r.mask.sum(1).mean())}
+            "accuracy": float(scores[..., 1].mean()), "completion_len": float(scores[..., 2].mean())}
 
 
-def _row_share(micro_mask: Tensor, full_mask: Tensor) -> float:
-    return micro_mask.shape[0] / full_mask.shape[0]
+# What an aggregation divides by, from its [N, T] loss mask: token-mean ("dapo") the batch's loss tokens; the
+# others ("grpo" a mean of per-sequence means, "dr_grpo" N * max_len) its rows.
+NORMALISERS = {"dapo": lambda mask: float(mask.sum())}
 
 
-def _token_share(micro_mask: Tensor, full_mask: Tensor) -> float:
-    return float(micro_mask.sum() / full_mask.sum().clamp_min(1.0))
-
-
-# Token-mean ("dapo") normalises by the batch's loss tokens; the others ("grpo" per sequence, "dr_grpo" by
-# N * max_len) by its rows.
-MICRO_BATCH_SHARES = {"dapo": _token_share}
+def normaliser(aggregation: str, loss_mask: Tensor) -> float:
+    return NORMALISERS.get(aggregation, lambda mask: float(mask.shape[0]))(loss_mask)
 
 
 def micro_batch_share(aggregation: str, micro_mask: Tensor, full_mask: Tensor) -> float:
     """Weight of a micro-batch's loss in the whole batch's aggregation ([n, T] and [N, T] loss masks), so
     that accumulated micro-batches give the same gradient as one pass over the batch."""
-    return MICRO_BATCH_SHARES.get(aggregation, _row_share)(micro_mask, full_mask)
+    return normaliser(aggregation, micro_mask) / max(normaliser(aggregation, full_mask), 1.0)
 
 
 def _scalar_meta(problems: list) -> dict[str, list]:
@@ -301,14 +342,6 @@ def _rule_kwargs(cfg: TrainConfig) -> dict:
     """The rule's parameters from the config; a rule that takes the clip range gets the loss's own."""
     shared = {k: getattr(cfg, k) for k in ("eps_low", "eps_high") if k in rule_params(cfg.weighting)}
     return {**shared, **cfg.weighting_params}
-
-
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device = 'cuda' but torch sees no CUDA device")
-    return torch.device(name)
 
 
 def _frozen(model, device) -> torch.nn.Module:
@@ -370,5 +403,7 @@ def cli_train(argv: list[str]) -> int:
     except ValueError as err:
         print(f"tokengrad train: error: {err}", file=sys.stderr)
         return 2
-    print(trainer.train())
+    run_dir = trainer.train()
+    if dist.is_main():
+        print(run_dir)
     return 0
