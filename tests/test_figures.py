@@ -301,3 +301,12 @@ def test_wordcloud_figure_two_png_panels():
     blank = np.asarray(Image.open(io.BytesIO(base64.b64decode(fig.data[1].source.split(",", 1)[1]))))
     assert (blank == 255).all()
     assert wordcloud_png({"a": 1.0}, width=50, height=40)[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_runs_shown_together_get_distinct_colours():
+    from tokengrad.figures.style import RUN_PALETTE, run_colors
+    names = [f"run{i}" for i in range(8)]
+    cmap = run_colors(names)
+    assert len(set(cmap.values())) == 8 and set(cmap.values()) <= set(RUN_PALETTE)
+    assert run_colors(list(reversed(names))) == cmap                     # order of selection does not matter
+    assert run_colors(names, {"run3": "#000000"})["run3"] == "#000000"

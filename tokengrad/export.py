@@ -140,15 +140,19 @@ def build_figure_set(runs: Mapping[str, object], *, smoothing: float = 0.6, low:
                      high: tuple[float, float] = (0.75, 1.0), step_range: tuple[int, int] | None = None,
                      max_words: int = 150) -> tuple[list[FigureSpec], list[str]]:
     """The papers' figures for runs keyed by name; returns (specs, notes on figures left out for lack of data)."""
+    from .figures.style import run_colors
     from .queries import grad_norm_by_prob, token_frequencies
     from .wordclouds import make_high_low_wordcloud_figure
 
     steps = {n: r.steps for n, r in runs.items()}
+    colors = run_colors(list(runs))  # one colour per run across the whole figure set
     specs = [
-        FigureSpec("reward", make_metric_figure(steps, STEP.reward_mean, smoothing=smoothing)),
-        FigureSpec("grad_norm", make_grad_norm_figure({n: r.layers for n, r in runs.items()}, smoothing=smoothing)),
-        FigureSpec("accuracy_by_difficulty", make_accuracy_by_difficulty_figure({n: r.evals for n, r in runs.items()})),
-        FigureSpec("weight_curves", make_weight_curve_figure({n: r.meta for n, r in runs.items()})),
+        FigureSpec("reward", make_metric_figure(steps, STEP.reward_mean, smoothing=smoothing, colors=colors)),
+        FigureSpec("grad_norm", make_grad_norm_figure({n: r.layers for n, r in runs.items()}, smoothing=smoothing,
+                                                      colors=colors)),
+        FigureSpec("accuracy_by_difficulty", make_accuracy_by_difficulty_figure({n: r.evals for n, r in runs.items()},
+                                                                                colors=colors)),
+        FigureSpec("weight_curves", make_weight_curve_figure({n: r.meta for n, r in runs.items()}, colors=colors)),
     ]
     for name, run in runs.items():
         slug = _slug(name)

@@ -85,7 +85,7 @@ def render() -> None:
     st.subheader("Weight curve w(p) of the rules")
     with common.guard("Weight curves"):
         metas = {common.run_name(r): data.meta(r) for r in runs}
-        common.chart(make_weight_curve_figure(metas), "bk_wp", "weight_curves")
+        common.chart(make_weight_curve_figure(metas, colors=common.colors()), "bk_wp", "weight_curves")
     common.show_run_warnings(runs)
 
 

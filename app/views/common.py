@@ -31,6 +31,12 @@ def run_name(run_dir: str) -> str:
     return Path(run_dir).name
 
 
+def colors() -> dict[str, str]:
+    """One colour per picked run, distinct among the picked runs, shared by every chart of every page."""
+    from tokengrad.figures.style import run_colors
+    return run_colors([run_name(r) for r in selected_runs()])
+
+
 def require_runs() -> list[str]:
     """The picked runs that can be opened; stops the page with a hint when there are none."""
     runs = selected_runs()

@@ -32,11 +32,11 @@ def render() -> None:
         evals = {n: df for n, df in evals.items() if not df.empty}
         if evals:
             task = _task_ui(evals)
-            common.chart(make_accuracy_by_difficulty_figure(evals, task=task, title="Accuracy by difficulty "
+            common.chart(make_accuracy_by_difficulty_figure(evals, task=task, colors=common.colors(), title="Accuracy by difficulty "
                                                             "(last evaluation of each run)"),
                          "ev_diff", "accuracy_by_difficulty")
             by_diff = st.toggle("One panel per difficulty", value=False, key="ev_by_diff")
-            common.chart(make_accuracy_over_steps_figure(evals, task=task, by_difficulty=by_diff,
+            common.chart(make_accuracy_over_steps_figure(evals, task=task, colors=common.colors(), by_difficulty=by_diff,
                                                          title="Accuracy over training"),
                          "ev_steps", "accuracy_over_steps")
     common.show_run_warnings(runs)

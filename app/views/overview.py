@@ -44,7 +44,7 @@ def _curves(runs: list[str], smoothing: float) -> None:
     if all(df.empty for df in steps.values()):
         common.empty("No steps table in the picked runs.", NO_STEPS)
         return
-    common.chart(make_overview_figure(steps, smoothing=smoothing), "ov_metrics", "training_curves")
+    common.chart(make_overview_figure(steps, smoothing=smoothing, colors=common.colors()), "ov_metrics", "training_curves")
 
 
 def _grad_norms(runs: list[str], smoothing: float, log_y: bool, spike_k: float) -> None:
@@ -59,7 +59,7 @@ def _grad_norms(runs: list[str], smoothing: float, log_y: bool, spike_k: float) 
         common.empty("Every recorded gradient norm is 0.", "All advantages were 0: each group's completions got "
                      "the same reward (e.g. a model that solves none of the prompts). Nothing to plot on a log axis.")
         return
-    fig = make_grad_norm_figure(layers, smoothing=smoothing, log_y=log_y, spike_k=spike_k,
+    fig = make_grad_norm_figure(layers, smoothing=smoothing, log_y=log_y, spike_k=spike_k, colors=common.colors(),
                                 title="Total gradient norm before clipping")
     common.chart(fig, "ov_gradnorm", "grad_norm_total")
     run = common.pick_one([r for r in runs if common.run_name(r) in layers], "ov_layer_run", "Per-layer run")

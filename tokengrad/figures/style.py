@@ -44,9 +44,25 @@ def run_color(run_name: str, palette: tuple[str, ...] = RUN_PALETTE) -> str:
 
 
 def run_colors(run_names, colors: dict | None = None) -> dict[str, str]:
-    """run_name -> colour, `colors` entries taking precedence over run_color()."""
-    colors = colors or {}
-    return {name: colors.get(name, run_color(name)) for name in run_names}
+    """run_name -> colour, `colors` entries taking precedence over run_color().
+
+    Names that would share a colour are resolved by probing the palette from the hashed slot, in sorted
+    name order, so runs shown together get distinct colours (up to the palette size) and a run's colour
+    depends only on the set of runs shown with it, never on their order.
+    """
+    colors = dict(colors or {})
+    taken = set(colors.values())
+    out = {}
+    for name in sorted(set(run_names) - set(colors), key=str):
+        digest = hashlib.sha1(str(name).encode("utf-8")).digest()
+        start = int.from_bytes(digest[:4], "big") % len(RUN_PALETTE)
+        for k in range(len(RUN_PALETTE)):
+            c = RUN_PALETTE[(start + k) % len(RUN_PALETTE)]
+            if c not in taken or len(taken) >= len(RUN_PALETTE):
+                break
+        out[name] = c
+        taken.add(c)
+    return {name: colors.get(name, out.get(name)) for name in run_names}
 
 
 def bucket_colors(labels: list[str]) -> dict[str, str]:
