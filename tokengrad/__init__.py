@@ -4,6 +4,7 @@ Public API (torch-dependent names load lazily, so `tokengrad.runs`, `tokengrad.s
 never import torch):
 
     token_stats, TokenStats, Recorder       # recording (torch)
+    logprobs_with_stats                     # log pi with its statistics in one pass (torch)
     load_run, list_runs, SCHEMA_VERSION     # reading (pandas / DuckDB)
 """
 
@@ -13,7 +14,7 @@ from .schema import SCHEMA_VERSION
 from .runs import list_runs, load_run
 
 _LAZY = {
-    "token_stats": "stats", "TokenStats": "stats", "Recorder": "recorder",
+    "token_stats": "stats", "TokenStats": "stats", "Recorder": "recorder", "logprobs_with_stats": "selective",
     "train": "trainer", "attach": "integrations.trl",
     "register_weighting": "weighting", "get_weighting": "weighting",
 }

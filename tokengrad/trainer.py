@@ -42,6 +42,7 @@ from tokengrad.config import TrainConfig, describe_config, load_config, make_con
 from tokengrad.loss import phase_masks, policy_loss
 from tokengrad.models import load_model
 from tokengrad.recorder import Recorder
+from tokengrad.selective import logprobs_with_stats
 from tokengrad.rollout import (Rollout, evaluate, gather_logprobs, generate_completions, make_rollout,
                                policy_forward, render_prompt, sampling_kwargs)
 from tokengrad.tasks import get_task
@@ -231,7 +232,8 @@ class Trainer:
         cfg = self.cfg
         with self.autocast(), dist.sync_grads(self.policy, sync):  # DDP decides in the forward
             logits, hidden = self.policy(b.input_ids[rows], b.attention_mask[rows], b.prompt_len)
-        logprobs = gather_logprobs(logits, b.completion_ids[rows])  # [n, T]
+        # log pi and the recorder's softmax statistics from one pass over the vocabulary (tokengrad.selective)
+        logprobs, stats = logprobs_with_stats(logits, b.completion_ids[rows])  # [n, T]
         old, adv, loss_mask = b.old_logprobs[rows], b.advantages[rows], b.loss_mask[rows]
         ref = b.ref_logprobs[rows] if b.ref_logprobs is not None else None
         weights = self.rule(TokenBatch(logprobs, old, adv, loss_mask), **self.rule_params)
@@ -239,7 +241,7 @@ class Trainer:
                           cfg.aggregation, self.max_len, norm_mask=loss_mask)
         st.track(logprobs, token_ids=b.completion_ids[rows], mask=b.mask[rows], loss_mask=phase[rows],
                  old_logprobs=old, ref_logprobs=ref, advantages=adv, weights=weights.effective(logprobs),
-                 sample_ids=b.sample_ids[rows], group_ids=b.group_ids[rows], logits=logits, hidden=hidden,
+                 sample_ids=b.sample_ids[rows], group_ids=b.group_ids[rows], stats=stats, hidden=hidden,
                  clipped=out.clipped, update_id=update_id)
         share = micro_batch_share(cfg.aggregation, loss_mask, b.loss_mask) * weight
         st.backward(out.loss * share)
