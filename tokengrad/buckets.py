@@ -98,7 +98,8 @@ def bucket_shares(store: list[list[torch.Tensor] | None], total: list[torch.Tens
         nbn = math.sqrt(sq_b[b])
         empty = store[b] is None
         out["grad_norm"].append(nbn)
-        out["update_share"].append(0.0 if empty else (dots[b] / g_sq if g_sq > 0 else math.nan))
+        # no gradient at all (every advantage 0): shares are undefined, not 0
+        out["update_share"].append(math.nan if g_sq == 0 else (0.0 if empty else dots[b] / g_sq))
         out["cos_to_total"].append(math.nan if empty or nbn == 0 or g_sq == 0 else dots[b] / (nbn * math.sqrt(g_sq)))
     out["residual_grad_norm"] = math.sqrt(resid_sq)
     out["residual_share"] = 1.0 - sum(out["update_share"]) if g_sq > 0 else math.nan

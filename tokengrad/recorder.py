@@ -36,6 +36,14 @@ from .step import StepRecorder
 from .writer import RunWriter, atomic_write_json
 
 
+def _label(name: str | None) -> str | None:
+    """A tokenizer's name for meta.json: a hub-style id as it is, a local directory by its last component
+    (an absolute cache path means nothing on another machine)."""
+    if name and os.path.isabs(str(name)):
+        return Path(str(name).rstrip("/")).name
+    return name
+
+
 def _dist_rank_world() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -173,7 +181,7 @@ class Recorder:
             "config": config or {},
             "weighting": weighting or {"name": "none", "params": {}},
             "model": model_name or (type(model).__name__ if model is not None else None),
-            "tokenizer": getattr(tokenizer, "name_or_path", None) or (type(tokenizer).__name__ if tokenizer else None),
+            "tokenizer": _label(getattr(tokenizer, "name_or_path", None)) or (type(tokenizer).__name__ if tokenizer else None),
             "world_size": self.world_size,
             "bucket_every": self.bucket_every,
             "bucket_edges": list(self.bucket_edges),

@@ -1,0 +1,112 @@
+"""The shipped sample runs (scripts/make_sample_runs.py): complete, schema-valid, comparable, small."""
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from tokengrad import list_runs, load_run, schema
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE_RUNS = ROOT / "sample_runs"
+RULES = {"grpo", "tr_grpo", "ar_lopti"}
+MIN_STEPS = 40
+SIZE_LIMIT = 25 * 2**20
+
+
+@pytest.fixture(scope="module")
+def runs():
+    paths = list_runs(SAMPLE_RUNS)
+    assert paths, f"no runs under {SAMPLE_RUNS}: create them with scripts/make_sample_runs.py"
+    return {Path(p).name: load_run(p) for p in paths}
+
+
+def test_one_run_per_rule_of_the_real_model(runs):
+    assert set(runs) == RULES
+    for name, run in runs.items():
+        assert run.meta["weighting"]["name"] == name
+        assert run.meta["model"] == "smollm2-135m-instruct"
+        assert run.meta["finished"] is True
+        assert run.rows_dropped == 0
+
+
+@pytest.mark.parametrize("table", sorted(schema.TABLES))
+def test_every_file_has_the_fixed_columns_with_their_dtypes(runs, table):
+    want = schema.arrow_schema(table)
+    for name, run in runs.items():
+        files = run.files(table)
+        assert files, f"{name}: no {table} files"
+        for path in files:
+            got = pq.read_schema(path)
+            for field in want:
+                assert field.name in got.names, f"{path}: column {field.name} missing"
+                assert got.field(field.name).type == field.type, f"{path}: {field.name} is {got.field(field.name).type}"
+
+
+def test_runs_are_long_enough_and_analysed(runs):
+    for name, run in runs.items():
+        steps = run.steps
+        assert steps["step"].nunique() >= MIN_STEPS, name
+        assert sorted(steps["step"].unique()) == list(range(steps["step"].nunique())), name
+        every = run.meta["config"]["bucket_every"]
+        assert every > 0 and set(run.buckets["step"]) == set(range(0, steps["step"].max() + 1, every)), name
+        assert run.evals["difficulty"].nunique() >= 2, name
+        assert run.evals["accuracy"].between(0, 1).all(), name
+
+
+def _updates_with_gradient(run):
+    """Bucket rows of the analysed updates that had a gradient (a step whose every group tied in reward has
+    zero advantages, g = 0 and no update shares)."""
+    b = run.buckets
+    return b[b.groupby(["step", "update_id"])["grad_norm"].transform("max") > 0]
+
+
+def test_bucket_update_shares_sum_to_one(runs):
+    # update_share = <g_B, g> / |g|^2 over the buckets and the residual partitions the update: sum = 1.
+    n_checked = 0
+    for name, run in runs.items():
+        sums = _updates_with_gradient(run).groupby(["step", "update_id"])["update_share"].sum()
+        np.testing.assert_allclose(sums.to_numpy(), 1.0, atol=1e-3, err_msg=name)
+        n_checked += len(sums)
+    assert n_checked > 0, "no analysed update had a gradient in any sample run"
+
+
+def test_token_gradient_norm_is_coef_times_unit_norm(runs):
+    for name, run in runs.items():
+        t = run.tokens(columns=["coef", "logit_grad_unit", "logit_grad_norm", "prob", "sum_p2"], steps=(0, 5))
+        assert len(t) > 0, name
+        np.testing.assert_allclose(t["logit_grad_norm"], t["coef"].abs() * t["logit_grad_unit"], rtol=1e-4, atol=1e-7)
+        np.testing.assert_allclose(t["logit_grad_unit"] ** 2, 1 - 2 * t["prob"] + t["sum_p2"], rtol=1e-3, atol=1e-5)
+
+
+def test_lopti_makes_two_updates_and_the_others_one(runs):
+    for name, run in runs.items():
+        n = run.steps.loc[run.steps["grad_norm"] > 0, "n_updates"]
+        assert len(n) > 0, f"{name}: no step had a learning signal"
+        assert set(n) == ({2} if name == "ar_lopti" else {1}), name
+
+
+def test_same_seed_same_first_prompts(runs):
+    # The runs differ only in the rule: step 0 samples the same prompts and (same policy) the same completions.
+    first = {name: run.samples[run.samples["step"] == 0].sort_values("sample_id") for name, run in runs.items()}
+    ref = first["grpo"]
+    for name, s in first.items():
+        assert s["prompt"].tolist() == ref["prompt"].tolist(), name
+        assert s["completion"].tolist() == ref["completion"].tolist(), name
+
+
+def test_every_export_figure_has_data(runs):
+    from tokengrad.export import build_figure_set
+
+    specs, notes = build_figure_set(runs, max_words=30)
+    # The only figure a run may lack: update shares, when each of its analysed steps had zero gradient.
+    no_shares = {f"bucket_update_share_{n}: no data" for n, r in runs.items() if _updates_with_gradient(r).empty}
+    assert set(notes) <= no_shares
+    assert len(specs) + len(notes) == 4 + 4 * len(runs)
+
+
+def test_sample_runs_fit_the_size_limit():
+    size = sum(p.stat().st_size for p in SAMPLE_RUNS.rglob("*") if p.is_file())
+    assert 0 < size <= SIZE_LIMIT, f"sample_runs is {size / 2**20:.1f} MB"
+    assert not list(SAMPLE_RUNS.rglob("checkpoint")), "model checkpoints must not ship"
