@@ -209,6 +209,32 @@ def make_setup(name: str) -> Setup:
     return Setup(name, model, torch.optim.AdamW(model.parameters(), lr=1e-6), make_batch(model.config.vocab_size))
 
 
+def fused_step(model, opt, b: Batch, rec: Recorder, step: int) -> float:
+    """The instrumented step as the built-in trainer runs it: log pi and its statistics from one
+    vocabulary pass (tokengrad.logprobs_with_stats) and one read of the gradients for norms and clipping."""
+    from tokengrad.selective import logprobs_with_stats
+    st = rec.begin_step(step)
+    logits = model(b.ids).logits[:, :-1]                                     # [N, T, V]
+    tgt = b.ids[:, 1:]
+    lp, stats = logprobs_with_stats(logits, tgt)                             # [N, T]
+    old = lp.detach()
+    ratio = (lp - old).exp()
+    a = b.adv.unsqueeze(1)
+    surr = torch.minimum(ratio * a, ratio.clamp(1 - EPS_LOW, 1 + EPS_HIGH) * a)
+    loss = -((surr * b.mask).sum(1) / b.mask.sum(1)).mean()
+    st.track(lp, token_ids=tgt, mask=b.mask, old_logprobs=old, advantages=b.adv,
+             sample_ids=b.sample_ids, group_ids=b.group_ids, stats=stats)
+    del logits
+    st.backward(loss)
+    st.clip_grad_norm_(1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    value = loss.item()
+    st.log(loss=value)
+    rec.end_step()
+    return value
+
+
 def bench_steps(su: Setup, pairs: int, tmp: Path) -> dict:
     """Interleaved plain / instrumented steps after one warm-up pair; medians over the pairs."""
     sp, stats_time = Splits(), Splits()
@@ -224,11 +250,16 @@ def bench_steps(su: Setup, pairs: int, tmp: Path) -> dict:
             t = time.perf_counter()
             rec.flush()                   # writer idle before the next plain step
             flush = time.perf_counter() - t
+            t = time.perf_counter()
+            fused_step(su.model, su.opt, su.batch, rec, 10_000 + i)
+            fused = time.perf_counter() - t
+            rec.flush()
             if i == 0:
                 continue                  # warm-up pair
             ts = stats_time.samples["token_stats"][-1]
             calls = sum(sum(v) for v in inner.samples.values())
             for k, v in dict(flush_wait=flush, plain=plain, instr=instr, ratio=instr / plain,
+                             fused=fused, ratio_fused=fused / plain,
                              ratio_flush=(instr + flush) / plain, ratio_wo_stats=(instr - ts) / plain,
                              token_stats=ts, record_calls=calls, blocked=calls - ts,
                              **{k: sum(v) for k, v in inner.samples.items()}).items():
@@ -389,6 +420,9 @@ def report_steps(name: str, r: dict) -> None:
     _line("ratio instrumented / plain (median of pairs)", f"{r['ratio']:.3f}", f"<= {TARGETS['step_ratio']}",
           _verdict(r["ratio"], TARGETS["step_ratio"]))
     _line("  ratio counting the writer flush wait", f"{r['ratio_flush']:.3f}")
+    _line("fused instrumented step (logprobs_with_stats)", f"{r['fused'] * 1e3:.1f} ms")
+    _line("ratio fused instrumented / plain", f"{r['ratio_fused']:.3f}", f"<= {TARGETS['step_ratio']}",
+          _verdict(r["ratio_fused"], TARGETS["step_ratio"]))
     _line("  ratio with token_stats taken out", f"{r['ratio_wo_stats']:.3f}")
     _line("recorder calls per step (track+norms+log+end)", f"{r['record_calls'] * 1e3:.2f} ms")
     _line("  of which token_stats (inside track)", f"{r['token_stats'] * 1e3:.2f} ms")

@@ -194,3 +194,24 @@ def test_resume_step_drops_rows_recorded_after_the_checkpoint(tmp_path, tiny_mod
     assert run.steps["loss"].tolist() == [0.5, 1.5, 2.5, 103.0, 104.0]
     assert sorted(run.tokens()["step"].unique()) == [0, 1, 2]                 # old rows of 3, 4 are gone
     assert run.evals["step"].tolist() == [0, 1, 2]
+
+
+def test_queued_bundles_are_committed_together_and_read_exactly(tmp_path):
+    import pyarrow as pa
+    from tokengrad.rows import scalar_table
+    from tokengrad.writer import RunWriter
+    (tmp_path / "q").mkdir()
+    (tmp_path / "q" / "meta.json").write_text(json.dumps({"schema_version": schema.SCHEMA_VERSION}))
+    w = RunWriter(tmp_path / "q", compact_every=1000)
+    def slow():  # keeps the writer busy while the next bundles queue up
+        time.sleep(0.3)
+        return scalar_table("steps", [{"step": 0, "rank": 0, "loss": 0.0}])
+    w.submit({"steps": slow})
+    for s in range(1, 6):
+        w.submit({"steps": scalar_table("steps", [{"step": s, "rank": 0, "loss": float(s)}])})
+    w.flush()
+    names = sorted(p.name for p in (tmp_path / "q" / "steps" / "rank000").glob("*.parquet"))
+    assert names == [schema.file_name(0, 0), schema.file_name(1, 5)]   # five queued bundles, one file
+    assert load_run(tmp_path / "q").steps["loss"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    w.close()
+    assert load_run(tmp_path / "q").steps["step"].tolist() == [0, 1, 2, 3, 4, 5]

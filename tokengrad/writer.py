@@ -31,6 +31,8 @@ from . import schema
 Payload = Union[pa.Table, Callable[[], "pa.Table | None"]]
 _STOP = object()
 COMPRESSION = "zstd"
+MAX_BATCH = 16  # bundles committed together at most, when they have queued up
+
 
 
 def atomic_write_json(path: Path, obj: dict) -> None:
@@ -99,33 +101,58 @@ class RunWriter:
     # ---- writer-thread side ---------------------------------------------------------------------
     def _loop(self) -> None:
         while True:
-            seq, bundle = self._queue.get()
+            items = [self._queue.get()]
+            # When bundles queue up (steps faster than writing), commit them together: one file per table
+            # covering their sequence range, which amortises the per-file cost. A lone bundle (the normal
+            # case) is committed at once, so batching never delays durability.
+            while len(items) < MAX_BATCH and items[-1][1] is not _STOP:
+                try:
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            stop = items[-1][1] is _STOP
+            work = items[:-1] if stop else items
             try:
-                if bundle is _STOP:
-                    return
-                self._commit(seq, bundle)
-                with self._committed:
-                    self.last_committed = seq
-                    self._committed.notify_all()
+                if work:
+                    self._commit([seq for seq, _ in work], [b for _, b in work])
+                    with self._committed:
+                        self.last_committed = work[-1][0]
+                        self._committed.notify_all()
             finally:
-                self._queue.task_done()
+                for _ in items:
+                    self._queue.task_done()
+            if stop:
+                return
 
-    def _commit(self, seq: int, bundle: dict[str, Payload]) -> None:
-        for table, payload in bundle.items():
-            data = None
-            try:
-                data = payload() if callable(payload) else payload
-                if data is None or data.num_rows == 0:
-                    continue
-                self._write_file(table, seq, seq, data)
-                self.rows_written[table] = self.rows_written.get(table, 0) + data.num_rows
-            except Exception as err:  # never lose the training run to a writer failure
-                self._record_failure(table, data, err)
+    def _commit(self, seqs: list[int], bundles: list[dict[str, Payload]]) -> None:
+        tables = dict.fromkeys(t for b in bundles for t in b)
+        for table in tables:
+            parts = []
+            for bundle in bundles:
+                data = None
+                try:
+                    payload = bundle.get(table)
+                    data = payload() if callable(payload) else payload
+                    if data is not None and data.num_rows:
+                        parts.append(data)
+                except Exception as err:  # never lose the training run to a writer failure
+                    self._record_failure(table, data, err)
+            if parts:
+                self._write_parts(table, seqs[0], seqs[-1], parts)
         for table, files in self._small.items():
             if len(files) >= self.compact_every:
                 self._compact(table)
 
-    def _write_file(self, table: str, first: int, last: int, data: pa.Table) -> Path:
+    def _write_parts(self, table: str, first: int, last: int, parts: list[pa.Table]) -> None:
+        data = None
+        try:
+            data = parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="permissive")
+            self._write_file(table, first, last, data, small=True)
+            self.rows_written[table] = self.rows_written.get(table, 0) + data.num_rows
+        except Exception as err:
+            self._record_failure(table, parts, err)
+
+    def _write_file(self, table: str, first: int, last: int, data: pa.Table, small: bool = False) -> Path:
         folder = self.run_dir / schema.rank_dir(table, self.rank)
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / schema.file_name(first, last)
@@ -134,12 +161,12 @@ class RunWriter:
         dict_cols = [f.name for f in data.schema if not pa.types.is_floating(f.type)]
         pq.write_table(data, tmp, compression=COMPRESSION, use_dictionary=dict_cols)
         os.replace(tmp, path)
-        if first == last:
-            self._small[table].append((first, path))
+        if small:  # a commit (not a compaction): merged later
+            self._small[table].append((first, last, path))
         return path
 
-    def _record_failure(self, table: str, data: pa.Table | None, err: BaseException) -> None:
-        n = -1 if data is None else data.num_rows
+    def _record_failure(self, table: str, data: pa.Table | list[pa.Table] | None, err: BaseException) -> None:
+        n = -1 if data is None else (sum(t.num_rows for t in data) if isinstance(data, list) else data.num_rows)
         self.rows_dropped[table] = self.rows_dropped.get(table, 0) + max(n, 0)
         if self.on_error == "raise":
             self._error = self._error or err
@@ -151,15 +178,15 @@ class RunWriter:
         if len(files) < 2:
             return
         try:
-            merged = pa.concat_tables([pq.read_table(p) for _, p in files], promote_options="permissive")
+            merged = pa.concat_tables([pq.read_table(p) for _, _, p in files], promote_options="permissive")
             self._small[table] = []
-            self._write_file(table, files[0][0], files[-1][0], merged)
+            self._write_file(table, files[0][0], files[-1][1], merged)
         except Exception as err:  # the small files stay valid; try again at the next threshold
             self._small[table] = files
             warnings.warn(f"tokengrad writer: compaction of {table} failed ({err}); small files kept",
                           RuntimeWarning, stacklevel=2)
             return
-        for _, p in files:  # the merged file now covers them; readers ignore contained ranges
+        for _, _, p in files:  # the merged file now covers them; readers ignore contained ranges
             p.unlink(missing_ok=True)
 
     def _compact_all(self) -> None:
@@ -195,7 +222,7 @@ class RunWriter:
                     os.replace(tmp, p)
                 else:
                     p.unlink()
-                    self._small[table] = [(s, q) for s, q in self._small[table] if q != p]
+                    self._small[table] = [e for e in self._small[table] if e[2] != p]
         return removed
 
     def _next_sequence(self) -> int:
@@ -209,11 +236,11 @@ class RunWriter:
                     last = max(last, rng[1])
         return last + 1
 
-    def _existing_small(self, table: str) -> list[tuple[int, Path]]:
+    def _existing_small(self, table: str) -> list[tuple[int, int, Path]]:
         folder = self.run_dir / schema.rank_dir(table, self.rank)
         out = []
         for p in folder.glob("s*.parquet") if folder.exists() else ():
             rng = schema.parse_file_name(p.name)
-            if rng and rng[0] == rng[1]:
-                out.append((rng[0], p))
+            if rng and rng[0] == rng[1]:  # a resumed run's uncompacted commits
+                out.append((rng[0], rng[1], p))
         return out
