@@ -202,13 +202,18 @@ def test_queued_bundles_are_committed_together_and_read_exactly(tmp_path):
     from tokengrad.writer import RunWriter
     (tmp_path / "q").mkdir()
     (tmp_path / "q" / "meta.json").write_text(json.dumps({"schema_version": schema.SCHEMA_VERSION}))
+    import threading
     w = RunWriter(tmp_path / "q", compact_every=1000)
-    def slow():  # keeps the writer busy while the next bundles queue up
-        time.sleep(0.3)
+    started, release = threading.Event(), threading.Event()
+    def slow():  # keeps the writer busy (after it took this bundle alone) while the next ones queue up
+        started.set()
+        release.wait(10)
         return scalar_table("steps", [{"step": 0, "rank": 0, "loss": 0.0}])
     w.submit({"steps": slow})
+    assert started.wait(10)
     for s in range(1, 6):
         w.submit({"steps": scalar_table("steps", [{"step": s, "rank": 0, "loss": float(s)}])})
+    release.set()
     w.flush()
     names = sorted(p.name for p in (tmp_path / "q" / "steps" / "rank000").glob("*.parquet"))
     assert names == [schema.file_name(0, 0), schema.file_name(1, 5)]   # five queued bundles, one file
