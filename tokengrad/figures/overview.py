@@ -170,6 +170,9 @@ def make_layer_grad_norm_figure(layers: pd.DataFrame, *, names: Sequence[str] | 
             _add_curve(fig, s[STEP.step], s[LAYER.grad_norm], name, color, smoothing, None)
     fig.update_yaxes(type="log" if log_y else "linear", title="grad norm (pre-clip)")
     fig.update_xaxes(title="step")
+    if len(names) > 8:  # a deep model's blocks: a scrolling legend at the side instead of rows over the title
+        return dashboard_layout(fig, title, legend=dict(orientation="v", x=1.02, y=1, yanchor="top",
+                                                         xanchor="left", font=dict(size=10)))
     return dashboard_layout(fig, title)
 
 
