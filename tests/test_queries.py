@@ -93,22 +93,23 @@ def run(tmp_path):
 
 
 def test_token_frequencies_counts_update_zero_loss_tokens(run):
-    df = token_frequencies(run)
+    df = token_frequencies(run, update_id=0)
     # step 0: Ġthe x4 (sample 0 pos 0,2; sample 1 pos 0,2), cat, sat, dog; the <tool> token is not in the loss;
     # step 1: Ġthe, cat, Ġthe, sat; update 1 of step 0 (a second pass over the same tokens) is ignored.
     assert dict(zip(df["token"], df["count"])) == {"Ġthe": 6, "cat": 2, "sat": 2, "dog": 1}
     assert list(df["token"]) == ["Ġthe", "cat", "sat", "dog"]  # count desc, then token
     assert token_frequencies(run, update_id=None)["count"].sum() == 11 + 2  # + the 2 rows of update 1
-    with_tool = token_frequencies(run, loss_only=False)
+    assert token_frequencies(run)["count"].sum() == 11 + 2  # the default reads every update's loss tokens
+    with_tool = token_frequencies(run, loss_only=False, update_id=0)
     assert dict(zip(with_tool["token"], with_tool["count"]))["<tool>"] == 1
 
 
 def test_token_frequencies_filters_prob_step_and_advantage(run):
-    hi = token_frequencies(run, 0.75, 1.0, step_range=(0, 0))
+    hi = token_frequencies(run, 0.75, 1.0, step_range=(0, 0), update_id=0)
     assert dict(zip(hi["token"], hi["count"])) == {"Ġthe": 2, "sat": 1}  # 0.80, 1.00 (top edge inclusive), 0.95
-    lo = token_frequencies(run, 0.0, 0.25, step_range=(0, 0))
+    lo = token_frequencies(run, 0.0, 0.25, step_range=(0, 0), update_id=0)
     assert dict(zip(lo["token"], lo["count"])) == {"Ġthe": 2}  # 0.05, 0.10
-    neg = token_frequencies(run, adv_sign=-1)
+    neg = token_frequencies(run, adv_sign=-1, update_id=0)
     assert dict(zip(neg["token"], neg["count"])) == {"Ġthe": 2, "dog": 1}
     assert len(token_frequencies(run, limit=2)) == 2
     assert run.returned[-1] == 2
@@ -118,12 +119,12 @@ def test_token_frequencies_filters_prob_step_and_advantage(run):
 
 
 def test_prob_histogram_has_every_bin_and_aggregates_in_sql(run):
-    h = prob_histogram(run, 4, step_range=(0, 0))
+    h = prob_histogram(run, 4, step_range=(0, 0), update_id=0)
     # loss tokens of step 0: 0.05 0.10 | 0.30 | 0.60 | 0.80 0.95 1.00
     assert list(h["lo"]) == [0.0, 0.25, 0.5, 0.75] and list(h["hi"]) == [0.25, 0.5, 0.75, 1.0]
     assert list(h["count"]) == [2, 1, 1, 3]
     assert run.returned[-1] <= 4  # only bins come back to pandas
-    h = prob_histogram(run, [0.0, 0.5, 0.9, 1.0])
+    h = prob_histogram(run, [0.0, 0.5, 0.9, 1.0], update_id=0)
     # all steps: step 1 adds four tokens at p=0.5 -> bin [0.5, 0.9)
     assert list(h["count"]) == [3, 6, 2]
     with pytest.raises(ValueError):
@@ -131,7 +132,7 @@ def test_prob_histogram_has_every_bin_and_aggregates_in_sql(run):
 
 
 def test_grad_norm_by_prob_means(run):
-    g = grad_norm_by_prob(run, 2, step_range=(0, 0))
+    g = grad_norm_by_prob(run, 2, step_range=(0, 0), update_id=0)
     # bin [0, .5): p 0.05, 0.30, 0.10 -> mean 0.15; [.5, 1]: 0.80, 0.95, 0.60, 1.00 -> mean 0.8375
     assert g["count"].tolist() == [3, 4]
     np.testing.assert_allclose(g["prob"], [0.15, 0.8375], rtol=1e-6)

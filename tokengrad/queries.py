@@ -6,10 +6,13 @@
     grad_norm_by_prob(run, bins=20)                                    # -> [lo, hi, count, prob, ...means]
     top_tokens(run, step=40, k=20)                                     # spike forensics
 
-Which token rows count: a token can be recorded once per optimizer update of its step (several PPO
-passes, Lopti phases), so by default only update 0 is read (every recorded token once, with the
-probabilities of the policy that generated the batch), and only tokens in the loss (in_loss; tool
-output and other masked tokens are not the policy's choices). Both are parameters.
+Which token rows count: a token can be recorded once per backward pass of its step (several PPO passes,
+Lopti phases). The loss-token aggregations (word clouds, histogram, gradient norm by probability) read
+the in-loss rows of every update by default: with Lopti each token is in the loss of exactly one phase,
+so it counts once (low-probability tokens in update 0, the others in update 1); with mu > 1 passes each
+token counts mu times, which leaves shares and means as they are. Tool output and other masked tokens
+are not the policy's choices and never count. The per-step forensics (top_tokens, top_samples,
+sample_tokens) read update 0 by default. `update_id` and `loss_only` are parameters everywhere.
 
 A run is anything with `sql(query, params) -> DataFrame` over views named after the tables
 (tokengrad.runs.Run).
@@ -79,7 +82,7 @@ def _token_column(name: str) -> str:
 
 def token_frequencies(run, prob_lo: float = 0.0, prob_hi: float = 1.0, *, step_range: tuple[int, int] | None = None,
                       adv_sign: int | None = None, limit: int = 200, loss_only: bool = True,
-                      update_id: int | None = 0) -> pd.DataFrame:
+                      update_id: int | None = None) -> pd.DataFrame:
     """[token, count] of the tokens with prob in [prob_lo, prob_hi), most frequent first.
 
     adv_sign 1 / -1 / 0 keeps tokens with positive / negative / zero advantage (None: all). Tokens with
@@ -130,13 +133,13 @@ def _binned(run, edges: np.ndarray, select: str, w: _Where) -> pd.DataFrame:
 
 
 def prob_histogram(run, bins: int | Sequence[float] = 20, *, step_range: tuple[int, int] | None = None,
-                   loss_only: bool = True, update_id: int | None = 0) -> pd.DataFrame:
+                   loss_only: bool = True, update_id: int | None = None) -> pd.DataFrame:
     """[lo, hi, count]: how many tokens fall in each probability bin."""
     return _binned(run, bin_edges(bins), "", _base(step_range, loss_only, update_id))
 
 
 def grad_norm_by_prob(run, bins: int | Sequence[float] = 20, *, step_range: tuple[int, int] | None = None,
-                      loss_only: bool = True, update_id: int | None = 0) -> pd.DataFrame:
+                      loss_only: bool = True, update_id: int | None = None) -> pd.DataFrame:
     """[lo, hi, count, prob, logit_grad_unit, logit_grad_norm, head_grad_norm, entropy, abs_coef]: per-bin
     means of the per-token values (NaN where a bin is empty or the column was not recorded).
 
