@@ -102,7 +102,7 @@ def test_trl_under_torchrun_writes_per_rank_files_with_global_grad_norms(tmp_pat
 
 
 FSDP_SCRIPT = """
-import json, sys, torch
+import json, os, sys, torch
 from torch.distributed.fsdp import fully_shard
 from tokengrad import distributed as dist
 from tokengrad.gradnorms import grad_norms, trainable_params
@@ -123,8 +123,13 @@ loss_of(model, ids).backward()              # FSDP averages over ranks: the full
 out = {"sharded": dist.grads_are_sharded(model), "ref": grad_norms(trainable_params(ref)),
        "global": dist.global_grad_norms(model)}
 out["local_total"] = sum(float(p.grad.to_local().pow(2).sum()) for p in model.parameters()) ** 0.5
-json.dump(out, open(f"{sys.argv[1]}.rank{dist.rank()}.json", "w"))
+with open(f"{sys.argv[1]}.rank{dist.rank()}.json", "w") as f:
+    json.dump(out, f)
+torch.distributed.barrier()
 torch.distributed.destroy_process_group()
+# FSDP's background threads can abort the interpreter's teardown ("terminate called without an active
+# exception"); the results are on disk, so leave without it
+os._exit(0)
 """
 
 
