@@ -1,7 +1,6 @@
 """DuckDB aggregations over a run's tokens (tokengrad.queries) on a hand-built run and a recorded one."""
 
 import json
-import os
 
 import numpy as np
 import pyarrow as pa

@@ -197,7 +197,6 @@ def test_resume_step_drops_rows_recorded_after_the_checkpoint(tmp_path, tiny_mod
 
 
 def test_queued_bundles_are_committed_together_and_read_exactly(tmp_path):
-    import pyarrow as pa
     from tokengrad.rows import scalar_table
     from tokengrad.writer import RunWriter
     (tmp_path / "q").mkdir()

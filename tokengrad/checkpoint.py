@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+from datetime import datetime
 from pathlib import Path
 
 import torch
+
+from .config import TrainConfig, make_config
 
 CHECKPOINT_DIR = "checkpoint"
 
@@ -58,3 +61,31 @@ def _no_progress_bar():
     finally:
         if was_enabled:
             hf_logging.enable_progress_bar()
+
+
+# Keys a resumed run may change; any other difference from the checkpoint's config is an error.
+RESUMABLE_KEYS = {"steps", "resume", "progress", "run_dir", "run_name", "eval_every", "eval_per_difficulty",
+                  "checkpoint", "checkpoint_every", "bucket_every"}
+
+
+def resolve_run_dir(cfg: TrainConfig) -> Path:
+    """runs/<run_name> unless given; a finished or started run is only reused with resume."""
+    name = cfg.run_name or f"{cfg.task}-{cfg.weighting}-{datetime.now():%Y%m%d-%H%M%S}"
+    run_dir = Path(cfg.run_dir or Path("runs") / name)
+    if (run_dir / "meta.json").exists() and not cfg.resume:
+        raise ValueError(f"run directory {run_dir} already holds a run; pass resume=true to continue it "
+                         "or choose another run_dir")
+    return run_dir
+
+
+def resume_state(cfg: TrainConfig, run_dir: Path) -> dict:
+    """The checkpoint's trainer state, after checking that the config only changes resumable keys."""
+    state = load_trainer_state(run_dir)
+    saved = make_config(state["config"])
+    changed = sorted(k for k, v in cfg.to_dict().items() if k not in RESUMABLE_KEYS and getattr(saved, k) != v)
+    if changed:
+        raise ValueError(f"cannot resume {run_dir}: config keys {changed} differ from the checkpoint's")
+    if state["step"] + 1 >= cfg.steps:
+        raise ValueError(f"cannot resume {run_dir}: its checkpoint is at step {state['step']} and steps={cfg.steps}; "
+                         "raise steps to train further")
+    return state

@@ -8,7 +8,6 @@ accumulated by all passes of that update.
 
 from __future__ import annotations
 
-import math
 import time
 import warnings
 from dataclasses import dataclass, field

@@ -27,7 +27,6 @@ import math
 import os
 import sys
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple
 
@@ -37,21 +36,16 @@ from tqdm.auto import tqdm
 
 from tokengrad import distributed as dist
 from tokengrad.advantages import compute_advantages, keep_groups
-from tokengrad.checkpoint import checkpoint_path, load_trainer_state, save_checkpoint
+from tokengrad.checkpoint import checkpoint_path, resolve_run_dir, resume_state, save_checkpoint
 from tokengrad.config import TrainConfig, describe_config, load_config, make_config
 from tokengrad.loss import phase_masks, policy_loss
 from tokengrad.models import load_model
 from tokengrad.recorder import Recorder
-from tokengrad.selective import logprobs_with_stats
 from tokengrad.rollout import (Rollout, evaluate, gather_logprobs, generate_completions, make_rollout,
                                policy_forward, render_prompt, sampling_kwargs)
+from tokengrad.selective import logprobs_with_stats
 from tokengrad.tasks import get_task
 from tokengrad.weighting import TokenBatch, get_weighting, rule_params, weight_curve
-
-# Keys a resumed run may change; any other difference from the checkpoint's config is an error.
-RESUMABLE_KEYS = {"steps", "resume", "progress", "run_dir", "run_name", "eval_every", "eval_per_difficulty",
-                  "checkpoint", "checkpoint_every", "bucket_every"}
-
 
 class Batch(NamedTuple):
     """The rollout rows that enter the update (all of them, or the groups dynamic sampling keeps)."""
@@ -83,7 +77,7 @@ class Trainer:
         self.run_dir = dist.on_main(lambda: resolve_run_dir(cfg))            # one name (and check) for all ranks
         self.task = get_task(cfg.task, **cfg.task_params)       # bad task params fail before the model loads
         self.rule, self.rule_params = get_weighting(cfg.weighting), _rule_kwargs(cfg)
-        state = _resume_state(cfg, self.run_dir) if cfg.resume else None
+        state = resume_state(cfg, self.run_dir) if cfg.resume else None
         source = str(checkpoint_path(self.run_dir) / "model") if state else cfg.model
         self.model, self.tok = load_model(source, seed=cfg.seed)
         # Dropout off for good: pi_old, the update's pi and the sampling policy must be one function.
@@ -351,28 +345,6 @@ def _frozen(model, device) -> torch.nn.Module:
     for p in model.parameters():
         p.requires_grad_(False)
     return model
-
-
-def resolve_run_dir(cfg: TrainConfig) -> Path:
-    """runs/<run_name> unless given; a finished or started run is only reused with resume."""
-    name = cfg.run_name or f"{cfg.task}-{cfg.weighting}-{datetime.now():%Y%m%d-%H%M%S}"
-    run_dir = Path(cfg.run_dir or Path("runs") / name)
-    if (run_dir / "meta.json").exists() and not cfg.resume:
-        raise ValueError(f"run directory {run_dir} already holds a run; pass resume=true to continue it "
-                         "or choose another run_dir")
-    return run_dir
-
-
-def _resume_state(cfg: TrainConfig, run_dir: Path) -> dict:
-    state = load_trainer_state(run_dir)
-    saved = make_config(state["config"])
-    changed = sorted(k for k, v in cfg.to_dict().items() if k not in RESUMABLE_KEYS and getattr(saved, k) != v)
-    if changed:
-        raise ValueError(f"cannot resume {run_dir}: config keys {changed} differ from the checkpoint's")
-    if state["step"] + 1 >= cfg.steps:
-        raise ValueError(f"cannot resume {run_dir}: its checkpoint is at step {state['step']} and steps={cfg.steps}; "
-                         "raise steps to train further")
-    return state
 
 
 # ---- entry points ---------------------------------------------------------------------------------
