@@ -15,7 +15,6 @@ from tokengrad.queries import ABS_COEF
 
 NO_BUCKETS = ("Record it with `Recorder(..., bucket_every=N)` or train with `bucket_every=N` "
               "(one extra backward per bucket on every N-th step).")
-NO_TOKENS = "Record per-token rows with `st.track(logprobs, token_ids=..., mask=..., logits=...)`."
 OVER_STEPS = (BUCKET.update_share, BUCKET.grad_norm, BUCKET.token_share, BUCKET.cos_to_total)
 GRAD_VALUES = {  # per-token norm -> how the (1 - p) references are scaled (see make_grad_vs_prob_figure)
     TOK.logit_grad_unit: "exact bounds: |d(-log p)/dlogits| per unit coef",
@@ -47,7 +46,7 @@ def _bucket_sections(run: str, step_range: tuple[int, int] | None) -> None:
 def _token_sections(run: str, step_range: tuple[int, int] | None) -> None:
     name = common.run_name(run)
     if not data.has_table(run, "tokens"):
-        common.empty(f"No token table in {name}.", NO_TOKENS)
+        common.empty(f"No token table in {name}.", common.NO_TOKENS)
         return
     c1, c2 = st.columns([1, 2])
     bins = c1.slider("Probability bins", 5, 50, 20, 5, key="bk_bins")

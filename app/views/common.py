@@ -64,6 +64,18 @@ def pick_one(runs: list[str], key: str, label: str = "Run") -> str:
     return st.selectbox(label, runs, format_func=run_name, key=key)
 
 
+NO_TOKENS = "Record per-token rows with `st.track(logprobs, token_ids=..., mask=..., logits=...)`."
+
+
+def pick_token_run(runs: list[str], key: str) -> str | None:
+    """The single run a token page shows; None (after saying what is missing) when it has no token table."""
+    run = pick_one(runs, key)
+    if data.has_table(run, "tokens"):
+        return run
+    empty(f"No token table in {run_name(run)}.", NO_TOKENS)
+    return None
+
+
 def step_bounds(run_dir: str) -> tuple[int, int] | None:
     """First and last step of the run: from the steps table, else from the token rows."""
     steps = data.table(run_dir, "steps")

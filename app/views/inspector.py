@@ -16,7 +16,6 @@ COLOR_BY = (TOK.prob, TOK.weight, TOK.coef, TOK.logit_grad_norm, TOK.head_grad_n
             TOK.advantage, TOK.logprob, TOK.ratio)
 RANK_BY = (TOK.logit_grad_norm, TOK.head_grad_norm, TOK.logit_grad_unit)
 SHARE = {"share": st.column_config.ProgressColumn("share", format="percent", min_value=0.0, max_value=1.0)}
-NO_TOKENS = "Record per-token rows with `st.track(logprobs, token_ids=..., mask=..., logits=...)`."
 
 
 def _spike_steps(run: str) -> list[int]:
@@ -102,19 +101,16 @@ def _completion(run: str, step: int) -> None:
 def render() -> None:
     st.title("Token inspector")
     runs = common.require_runs()
-    run = common.pick_one(runs, "in_run")
-    if not data.has_table(run, "tokens"):
-        common.empty(f"No token table in {common.run_name(run)}.", NO_TOKENS)
-        common.show_run_warnings(runs)
-        return
-    with common.guard("Step"):
-        step = _step_ui(run)
-        st.subheader(f"Spike forensics: step {step}")
-        with common.guard("Spike forensics"):
-            _forensics(run, step)
-        st.subheader("Completion")
-        with common.guard("Completion"):
-            _completion(run, step)
+    run = common.pick_token_run(runs, "in_run")
+    if run is not None:
+        with common.guard("Step"):
+            step = _step_ui(run)
+            st.subheader(f"Spike forensics: step {step}")
+            with common.guard("Spike forensics"):
+                _forensics(run, step)
+            st.subheader("Completion")
+            with common.guard("Completion"):
+                _completion(run, step)
     common.show_run_warnings(runs)
 
 

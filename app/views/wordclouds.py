@@ -9,7 +9,6 @@ from app.views import common
 from tokengrad.wordclouds import make_high_low_wordcloud_figure, prepare_frequencies
 
 ADV_SIGNS = {"all tokens": None, "positive advantage": 1, "negative advantage": -1}
-NO_TOKENS = "Record per-token rows with `st.track(logprobs, token_ids=..., mask=..., logits=...)`."
 
 
 def _filters_ui(run: str) -> dict:
@@ -48,10 +47,8 @@ def _clouds(run: str, f: dict) -> None:
 def render() -> None:
     st.title("Word clouds")
     runs = common.require_runs()
-    run = common.pick_one(runs, "wc_run")
-    if not data.has_table(run, "tokens"):
-        common.empty(f"No token table in {common.run_name(run)}.", NO_TOKENS)
-    else:
+    run = common.pick_token_run(runs, "wc_run")
+    if run is not None:
         with common.guard("Word clouds"):
             _clouds(run, _filters_ui(run))
     common.show_run_warnings(runs)
