@@ -134,6 +134,7 @@ def test_grad_accumulation_two_passes_one_update(tmp_path, tiny_model, batch):
     assert b["update_share"].sum() == pytest.approx(1.0, abs=1e-5)
     assert b[b.bucket == "residual"]["grad_norm"].iloc[0] < 1e-6 * total
     assert run.steps["grad_norm"].iloc[0] == pytest.approx(total)
+    assert run.steps["n_tokens"].iloc[0] == int(mask.sum()) == 8 * 4 - 3      # sample 1 is 3 tokens shorter
 
 
 def test_scale_grad_changes_gradients_exactly_by_the_weights(tmp_path, batch):
@@ -198,3 +199,16 @@ def test_clip_grad_norm_matches_torch(tmp_path, batch):
     assert total == pytest.approx(float(ref), rel=1e-5) and total > 0.1
     for a, b in zip(m1.parameters(), m2.parameters()):
         assert torch.allclose(a.grad, b.grad, rtol=1e-5, atol=1e-9)
+
+
+def test_tokens_tracked_in_two_updates_count_once(tmp_path, tiny_model, batch):
+    ids, mask, adv = batch
+    with Recorder(tmp_path / "mu", model=tiny_model) as rec, rec.step(0) as st:
+        for update_id in (0, 1):                                              # mu = 2 passes over one batch
+            _, lp, _, tgt = forward_logprobs(tiny_model, ids)
+            st.track(lp, token_ids=tgt, mask=mask, advantages=adv, update_id=update_id)
+            st.backward(-(lp * adv[:, None] * mask).sum())
+            st.record_grad_norms(update_id)
+    run = load_run(tmp_path / "mu")
+    assert len(run.tokens()) == 2 * 29 and run.steps["n_tokens"].iloc[0] == 29
+    assert run.steps["n_updates"].iloc[0] == 2

@@ -20,6 +20,7 @@ set on the user's modules.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import warnings
@@ -194,7 +195,6 @@ class Recorder:
         meta = dict(self._meta)
         if path.exists():  # keep the creation time of a resumed run
             try:
-                import json
                 meta["created"] = json.loads(path.read_text()).get("created", meta["created"])
             except ValueError:
                 pass

@@ -96,11 +96,10 @@ def step_derived(batches: list[CapturedBatch]) -> dict[str, float]:
         return np.concatenate(arrs) if arrs else np.empty(0)
     ent, w = cat("entropy"), cat("weight")
     clipped = [b.clipped[m] for b, m in sel if b.clipped is not None]
-    distinct = set()
-    for b, m in sel:
-        r, p = np.nonzero(m)
-        distinct.update(zip(b.sample_ids[r].tolist(), p.tolist()))
-    out = {"n_tokens": len(distinct), "n_nonfinite": int(sum(_nonfinite(b) for b in batches))}
+    # a token tracked in several passes (mu > 1, Lopti phases) counts once: distinct (sample_id, position)
+    keys = [np.stack([b.sample_ids[r], p], 1) for b, m in sel for r, p in [np.nonzero(m)]]
+    n_tokens = len(np.unique(np.concatenate(keys), axis=0)) if keys else 0
+    out = {"n_tokens": n_tokens, "n_nonfinite": int(sum(_nonfinite(b) for b in batches))}
     out["entropy_mean"] = _nanmean(ent)
     if w.size:
         out.update(weight_mean=_nanmean(w), weight_min=float(np.nanmin(w)), weight_max=float(np.nanmax(w)))
