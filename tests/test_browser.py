@@ -24,14 +24,22 @@ REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "artifacts" / "dashboard"
 PAGES = {"overview": "", "buckets": "buckets", "wordclouds": "wordclouds", "inspector": "inspector",
          "evaluation": "evaluation"}
-# Charts each page shows on the synthetic runs (at least): overview 4, buckets 7, clouds 1, inspector 1, eval 2.
+# Charts each page shows on the synthetic runs (at least): overview 4, buckets 7, clouds 1, inspector 1,
+# eval 2.
 MIN_CHARTS = {"overview": 4, "buckets": 7, "wordclouds": 1, "inspector": 1, "evaluation": 2}
 LIVE_STEPS = 6
 # The largest label on the page's first slider's tick bar (the last step of the run on the step-range slider).
-TICK_MAX_JS = ("(document.querySelector('[data-testid=stMain] [data-testid=stSliderTickBar]')?.innerText || '')"
-               ".trim().split(/\\s+/).pop()")
-LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-               "--disable-sync"]
+TICK_MAX_JS = (
+    "(document.querySelector('[data-testid=stMain] [data-testid=stSliderTickBar]')?.innerText || '')"
+    ".trim().split(/\\s+/).pop()"
+)
+LAUNCH_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 pytestmark = [
     pytest.mark.browser,
@@ -46,7 +54,9 @@ class Server(NamedTuple):
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_dashboard", REPO / "benchmarks" / "bench_dashboard.py")
+    spec = importlib.util.spec_from_file_location(
+        "bench_dashboard", REPO / "benchmarks" / "bench_dashboard.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -80,12 +90,20 @@ def server(tmp_path_factory):
     bench.write_synthetic_run(root / "tr_grpo", n_steps=40, n_samples=8, n_tok=24, seed=1)
     bench.write_synthetic_run(root / "live", n_steps=LIVE_STEPS, n_samples=2, n_tok=8, seed=2)
     port = _free_port()
-    cmd = [sys.executable, "-c", "import sys; from tokengrad.cli import main; sys.exit(main())",
-           "dashboard", str(root), "--port", str(port)]
+    cmd = [
+        sys.executable,
+        "-c",
+        "import sys; from tokengrad.cli import main; sys.exit(main())",
+        "dashboard",
+        str(root),
+        "--port",
+        str(port),
+    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     # Own process group: the CLI starts streamlit as a child; stopping the group stops both.
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(url, proc)
@@ -116,7 +134,8 @@ def _settle(page, min_charts: int, timeout_ms: int = 60_000) -> None:
     page.wait_for_selector("[data-testid=stPlotlyChart] .main-svg", state="attached", timeout=timeout_ms)
     page.wait_for_function(
         f"document.querySelectorAll('[data-testid=stPlotlyChart] .main-svg').length >= {min_charts}",
-        timeout=timeout_ms)
+        timeout=timeout_ms,
+    )
     page.wait_for_function("!document.querySelector('[data-testid=stStatusWidget]')", timeout=timeout_ms)
     page.wait_for_timeout(800)  # plotly finishes layout after the element appears
 
@@ -204,6 +223,9 @@ def test_server_binds_localhost_only(server):
     """The default bind address is 127.0.0.1: the listening socket is on loopback, no other interface."""
     psutil = pytest.importorskip("psutil")
     port = int(server.url.rsplit(":", 1)[1])
-    listening = [c.laddr.ip for c in psutil.net_connections(kind="inet")
-                 if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
+    listening = [
+        c.laddr.ip
+        for c in psutil.net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+    ]
     assert listening and set(listening) <= {"127.0.0.1"}, listening

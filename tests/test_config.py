@@ -1,4 +1,5 @@
-"""tokengrad.config: flat TOML/YAML configs, key=value overrides, and clear errors before any work starts."""
+"""tokengrad.train.config: flat TOML/YAML configs, key=value overrides, and clear errors before any work
+starts."""
 
 from __future__ import annotations
 
@@ -6,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from tokengrad.config import FIELDS, TrainConfig, describe_config, load_config, make_config, parse_override
+from tokengrad.train.config import (
+    FIELDS,
+    TrainConfig,
+    describe_config,
+    load_config,
+    make_config,
+    parse_override,
+)
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.*"))
 
@@ -21,22 +29,39 @@ def test_defaults_are_valid_and_every_key_is_documented():
 
 def test_toml_file_and_typed_overrides(tmp_path):
     path = tmp_path / "c.toml"
-    path.write_text('model = "tiny"\ntask = "kk"\nsteps = 7\nlr = 3e-5\ntask_params = { n_people = [2, 3] }\n'
-                    'weighting = "ar"\nweighting_params = { alpha = 0.2 }\n')
-    cfg = load_config(path, ["steps=9", "bf16=false", "weighting_params.alpha=0.1", "task_params.data_seed=5",
-                             "eps_high=1", "run_name=123"])
+    path.write_text(
+        'model = "tiny"\ntask = "kk"\nsteps = 7\nlr = 3e-5\ntask_params = { n_people = [2, 3] }\n'
+        'weighting = "ar"\nweighting_params = { alpha = 0.2 }\n'
+    )
+    cfg = load_config(
+        path,
+        [
+            "steps=9",
+            "bf16=false",
+            "weighting_params.alpha=0.1",
+            "task_params.data_seed=5",
+            "eps_high=1",
+            "run_name=123",
+        ],
+    )
     assert cfg.steps == 9 and cfg.lr == 3e-5 and cfg.bf16 is False
     assert cfg.weighting_params == {"alpha": 0.1}
     assert cfg.task_params == {"n_people": [2, 3], "data_seed": 5}
-    assert cfg.eps_high == 1.0 and isinstance(cfg.eps_high, float)     # an int is accepted for a float key
-    assert cfg.run_name == "123"                                         # string keys keep the raw text
+    assert cfg.eps_high == 1.0 and isinstance(cfg.eps_high, float)  # an int is accepted for a float key
+    assert cfg.run_name == "123"  # string keys keep the raw text
 
 
 def test_yaml_file_and_dict_overrides(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("task: countdown\naggregation: dr_grpo\nadv_scale: none\ngroup_size: 4\n")
     cfg = load_config(path, {"steps": 3, "weighting_params.alpha": 0.5, "weighting": "ar"})
-    assert (cfg.task, cfg.aggregation, cfg.adv_scale, cfg.group_size, cfg.steps) == ("countdown", "dr_grpo", "none", 4, 3)
+    assert (cfg.task, cfg.aggregation, cfg.adv_scale, cfg.group_size, cfg.steps) == (
+        "countdown",
+        "dr_grpo",
+        "none",
+        4,
+        3,
+    )
     assert cfg.weighting_params == {"alpha": 0.5}
 
 
@@ -50,22 +75,40 @@ def test_parse_override_reads_toml_values_and_falls_back_to_text():
         parse_override("steps")
 
 
-@pytest.mark.parametrize("values, message", [
-    ({"stepz": 3}, r"unknown config key\(s\) 'stepz' \(did you mean 'steps'\?\); known keys: \['adv_scale'"),
-    ({"steps": 0}, r"config key 'steps' = 0: must be >= 1"),
-    ({"group_size": 1}, r"config key 'group_size' = 1: must be >= 2"),
-    ({"lr": "fast"}, r"config key 'lr' must be float, got str 'fast'"),
-    ({"bf16": 1}, r"config key 'bf16' must be bool, got int 1"),
-    ({"steps": 2.5}, r"config key 'steps' must be int, got float 2.5"),
-    ({"steps": True}, r"config key 'steps' must be int, got bool True"),
-    ({"top_p": 1.5}, r"config key 'top_p' = 1.5: must be in \(0, 1\]"),
-    ({"weighting": "tr-grpo"}, r"config key 'weighting' = 'tr-grpo': unknown name 'tr-grpo'; known: \['ar', 'ar_lopti'"),
-    ({"aggregation": "mean"}, r"unknown name 'mean'; known: \['dapo', 'dr_grpo', 'grpo'\]"),
-    ({"task": "gsm8k"}, r"config key 'task' = 'gsm8k': unknown name 'gsm8k'; known: \['arithmetic', 'countdown', 'kk'"),
-    ({"model": "gpt-9"}, r"config key 'model' = 'gpt-9': model must be one of \['smollm2-135m-instruct', 'tiny'\]"),
-    ({"weighting": "ar", "weighting_params": {"eta": 0.5}}, r"'weighting_params': weighting rule 'ar' has no parameters \['eta'\]"),
-    ({"task_params": 3}, r"config key 'task_params' must be dict, got int 3"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        (
+            {"stepz": 3},
+            r"unknown config key\(s\) 'stepz' \(did you mean 'steps'\?\); known keys: \['adv_scale'",
+        ),
+        ({"steps": 0}, r"config key 'steps' = 0: must be >= 1"),
+        ({"group_size": 1}, r"config key 'group_size' = 1: must be >= 2"),
+        ({"lr": "fast"}, r"config key 'lr' must be float, got str 'fast'"),
+        ({"bf16": 1}, r"config key 'bf16' must be bool, got int 1"),
+        ({"steps": 2.5}, r"config key 'steps' must be int, got float 2.5"),
+        ({"steps": True}, r"config key 'steps' must be int, got bool True"),
+        ({"top_p": 1.5}, r"config key 'top_p' = 1.5: must be in \(0, 1\]"),
+        (
+            {"weighting": "tr-grpo"},
+            r"config key 'weighting' = 'tr-grpo': unknown name 'tr-grpo'; known: \['ar', 'ar_lopti'",
+        ),
+        ({"aggregation": "mean"}, r"unknown name 'mean'; known: \['dapo', 'dr_grpo', 'grpo'\]"),
+        (
+            {"task": "gsm8k"},
+            r"config key 'task' = 'gsm8k': unknown name 'gsm8k'; known: \['arithmetic', 'countdown', 'kk'",
+        ),
+        (
+            {"model": "gpt-9"},
+            r"config key 'model' = 'gpt-9': model must be one of \['smollm2-135m-instruct', 'tiny'\]",
+        ),
+        (
+            {"weighting": "ar", "weighting_params": {"eta": 0.5}},
+            r"'weighting_params': weighting rule 'ar' has no parameters \['eta'\]",
+        ),
+        ({"task_params": 3}, r"config key 'task_params' must be dict, got int 3"),
+    ],
+)
 def test_bad_configs_name_the_key(values, message):
     with pytest.raises(ValueError, match=message):
         make_config(values)

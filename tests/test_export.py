@@ -4,25 +4,32 @@ import struct
 
 import plotly.graph_objects as go
 import pytest
-
 from test_queries import make_tiny_run
-from tokengrad import export
-from tokengrad.export import cli_export, figure_to_bytes, find_browser
+
+from tokengrad.figures import export
+from tokengrad.figures.export import cli_export, figure_to_bytes, find_browser
 
 MAGIC = {"png": b"\x89PNG\r\n\x1a\n", "svg": b"<svg", "pdf": b"%PDF-"}
-needs_browser = pytest.mark.skipif(find_browser() is None, reason="no Chrome/Chromium (apt-get install -y chromium)")
+needs_browser = pytest.mark.skipif(
+    find_browser() is None, reason="no Chrome/Chromium (apt-get install -y chromium)"
+)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     other = {"name": "grpo", "params": {}}
-    return [make_tiny_run(root / "tr", name="tr_grpo"), make_tiny_run(root / "grpo", name="grpo", weighting=other)]
+    return [
+        make_tiny_run(root / "tr", name="tr_grpo"),
+        make_tiny_run(root / "grpo", name="grpo", weighting=other),
+    ]
 
 
 EXPECTED = {"reward", "grad_norm", "accuracy_by_difficulty", "weight_curves"} | {
-    f"{kind}_{run}" for kind in ("bucket_shares", "bucket_update_share", "grad_vs_prob", "wordcloud")
-    for run in ("tr_grpo", "grpo")}
+    f"{kind}_{run}"
+    for kind in ("bucket_shares", "bucket_update_share", "grad_vs_prob", "wordcloud")
+    for run in ("tr_grpo", "grpo")
+}
 
 
 @needs_browser
@@ -31,7 +38,9 @@ def test_export_png_svg_pdf_with_one_browser(runs, tmp_path, capsys):
     argv = [str(runs[1]), "--out", str(tmp_path), "--format", "png", "svg", "pdf"]
     assert cli_export(argv) == 0
     files = sorted(tmp_path.iterdir())
-    expected = {n for n in EXPECTED if not n.endswith("tr_grpo")} - {"weight_curves"}  # grpo has no w(p) curve
+    expected = {n for n in EXPECTED if not n.endswith("tr_grpo")} - {
+        "weight_curves"
+    }  # grpo has no w(p) curve
     assert {p.stem for p in files} == expected and len(files) == 3 * len(expected)
     for p in files:
         assert MAGIC[p.suffix[1:]] in p.read_bytes()[:200], p.name
@@ -68,7 +77,9 @@ def test_no_browser_writes_html_and_says_how_to_install(runs, tmp_path, monkeypa
     assert names == {f"{n}.html" for n in EXPECTED} | {"plotly.min.js"}
     html = (tmp_path / "reward.html").read_text()
     assert '"name":"tr_grpo"' in html and '"name":"grpo"' in html  # both runs overlaid
-    assert 'src="plotly.min.js"' in (tmp_path / "reward.html").read_text()  # offline: the bundle sits alongside
+    assert (
+        'src="plotly.min.js"' in (tmp_path / "reward.html").read_text()
+    )  # offline: the bundle sits alongside
 
 
 def test_find_browser_prefers_browser_path(monkeypatch, tmp_path):

@@ -11,15 +11,37 @@ import pandas as pd
 import pytest
 from plotly.colors import sample_colorscale
 
-from tokengrad.figures import (bucket_shares, debiased_ema, find_spikes, make_accuracy_by_difficulty_figure,
-                               make_accuracy_over_steps_figure, make_bucket_dprob_figure, make_bucket_share_figure,
-                               make_bucket_steps_figure, make_grad_norm_figure, make_grad_vs_prob_figure,
-                               make_layer_heatmap_figure, make_metric_figure, make_overview_figure,
-                               make_prob_histogram_figure, make_summary_table, make_token_figure,
-                               make_weight_curve_figure, paper_style, reference_curves, run_color, token_html)
+from tokengrad.figures import (
+    bucket_shares,
+    debiased_ema,
+    find_spikes,
+    make_accuracy_by_difficulty_figure,
+    make_accuracy_over_steps_figure,
+    make_bucket_dprob_figure,
+    make_bucket_share_figure,
+    make_bucket_steps_figure,
+    make_grad_norm_figure,
+    make_grad_vs_prob_figure,
+    make_layer_heatmap_figure,
+    make_metric_figure,
+    make_overview_figure,
+    make_prob_histogram_figure,
+    make_summary_table,
+    make_token_figure,
+    make_weight_curve_figure,
+    paper_style,
+    reference_curves,
+    run_color,
+    token_html,
+)
 from tokengrad.figures.style import RUN_PALETTE
-from tokengrad.wordclouds import (clean_token, find_font, make_high_low_wordcloud_figure, prepare_frequencies,
-                                  wordcloud_png)
+from tokengrad.figures.wordclouds import (
+    clean_token,
+    find_font,
+    make_high_low_wordcloud_figure,
+    prepare_frequencies,
+    wordcloud_png,
+)
 
 
 def _steps(values, ranks=1, column="reward_mean"):
@@ -72,7 +94,9 @@ def test_run_color_is_stable_across_calls_and_processes():
     code = f"from tokengrad.figures.style import run_color; print(','.join(run_color(n) for n in {names!r}))"
     for seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        )
         assert out.stdout.strip().split(",") == here
 
 
@@ -89,27 +113,36 @@ def test_paper_style_sizes_and_strips_title():
 
 # ---- overview ------------------------------------------------------------------------------------------
 
+
 def test_metric_figure_overlays_runs_with_raw_and_smoothed_traces():
-    fig = make_metric_figure({"a": _steps([1.0, 2.0, 4.0], ranks=2), "b": _steps([0.0, 1.0])}, "reward_mean",
-                             smoothing=0.5)
+    fig = make_metric_figure(
+        {"a": _steps([1.0, 2.0, 4.0], ranks=2), "b": _steps([0.0, 1.0])}, "reward_mean", smoothing=0.5
+    )
     assert [t.name for t in fig.data] == ["a raw", "a", "b raw", "b"]
     a_raw, a_smooth = fig.data[0], fig.data[1]
     np.testing.assert_allclose(a_raw.y, [1.0, 2.0, 4.0])  # mean over the two ranks (v - .5, v + .5)
     np.testing.assert_allclose(a_smooth.y, [1.0, 5 / 3, 3.0])  # debiased EMA by hand, see above
     assert list(a_raw.x) == [0, 1, 2]
-    assert a_smooth.line.color == a_raw.line.color == run_color("a") and fig.data[3].line.color == run_color("b")
+    assert a_smooth.line.color == a_raw.line.color == run_color("a") and fig.data[3].line.color == run_color(
+        "b"
+    )
     assert not a_raw.showlegend and a_smooth.showlegend and a_raw.legendgroup == "a"
     assert make_metric_figure({"a": _steps([1.0])}, "reward_mean", log_y=True).layout.yaxis.type == "log"
     assert len(make_metric_figure({"a": _steps([1.0])}, "kl").data) == 0  # no such values: empty figure
 
 
 def test_grad_norm_figure_takes_max_over_updates_and_marks_spikes():
-    rows = [{"step": s, "rank": 0, "update_id": u, "layer": layer, "grad_norm": v * (u + 1) * m}
-            for s, v in enumerate([1, 1.1, 0.9, 1.0, 10, 1.05, 0.95]) for u in (0, 1)
-            for layer, m in (("total", 1.0), ("model.layers.0", 0.1))]
+    rows = [
+        {"step": s, "rank": 0, "update_id": u, "layer": layer, "grad_norm": v * (u + 1) * m}
+        for s, v in enumerate([1, 1.1, 0.9, 1.0, 10, 1.05, 0.95])
+        for u in (0, 1)
+        for layer, m in (("total", 1.0), ("model.layers.0", 0.1))
+    ]
     fig = make_grad_norm_figure({"r": pd.DataFrame(rows)}, smoothing=0.0)
     assert [t.name for t in fig.data] == ["r", "r spikes"]
-    np.testing.assert_allclose(fig.data[0].y, 2 * np.array([1, 1.1, 0.9, 1.0, 10, 1.05, 0.95]))  # update 1 = 2x
+    np.testing.assert_allclose(
+        fig.data[0].y, 2 * np.array([1, 1.1, 0.9, 1.0, 10, 1.05, 0.95])
+    )  # update 1 = 2x
     assert list(fig.data[1].x) == [4] and list(fig.data[1].y) == [20.0]
     assert fig.layout.yaxis.type == "log"
     heat = make_layer_heatmap_figure(pd.DataFrame(rows))
@@ -129,11 +162,25 @@ def test_summary_table_by_hand():
     class R:
         name = "r"
         meta = {"weighting": {"name": "tr_grpo", "params": {"alpha": 0.5, "tau": 1}}}
-        steps = pd.DataFrame({"step": range(20), "rank": 0, "reward_mean": np.arange(20) / 10.0,
-                              "grad_norm": [1.0, 2.0, 3.0] * 6 + [1.0, 50.0]})
+        steps = pd.DataFrame(
+            {
+                "step": range(20),
+                "rank": 0,
+                "reward_mean": np.arange(20) / 10.0,
+                "grad_norm": [1.0, 2.0, 3.0] * 6 + [1.0, 50.0],
+            }
+        )
         layers = pd.DataFrame()
-        evals = pd.DataFrame({"step": [5, 19, 19], "rank": 0, "task": "kk", "difficulty": ["3", "3", "5"],
-                              "accuracy": [0.1, 0.5, 0.2], "n": [10, 30, 10]})
+        evals = pd.DataFrame(
+            {
+                "step": [5, 19, 19],
+                "rank": 0,
+                "task": "kk",
+                "difficulty": ["3", "3", "5"],
+                "accuracy": [0.1, 0.5, 0.2],
+                "n": [10, 30, 10],
+            }
+        )
 
     row = make_summary_table([R()]).iloc[0]
     assert (row["run"], row["rule"], row["params"], row["steps"]) == ("r", "tr_grpo", "alpha=0.5, tau=1", 20)
@@ -146,22 +193,54 @@ def test_summary_table_by_hand():
 
 # ---- buckets -------------------------------------------------------------------------------------------
 
+
 def _buckets():
     rows = []
     for step, (n_lo, n_hi, u_lo, u_hi) in enumerate([(1, 3, 0.6, 0.5), (3, 3, 0.8, 0.3)]):
-        rows += [{"step": step, "rank": 0, "update_id": 0, "bucket": "[0.50,1.00)", "lo": 0.5, "hi": 1.0,
-                  "n_tokens": n_hi, "grad_norm": 1.0, "update_share": u_hi, "dprob_mean": 0.02, "correct_ratio": 0.4},
-                 {"step": step, "rank": 0, "update_id": 0, "bucket": "[0.00,0.50)", "lo": 0.0, "hi": 0.5,
-                  "n_tokens": n_lo, "grad_norm": 3.0, "update_share": u_lo, "dprob_mean": 0.1, "correct_ratio": 0.6},
-                 {"step": step, "rank": 0, "update_id": 0, "bucket": "residual", "n_tokens": 0,
-                  "update_share": 1 - u_lo - u_hi}]
+        rows += [
+            {
+                "step": step,
+                "rank": 0,
+                "update_id": 0,
+                "bucket": "[0.50,1.00)",
+                "lo": 0.5,
+                "hi": 1.0,
+                "n_tokens": n_hi,
+                "grad_norm": 1.0,
+                "update_share": u_hi,
+                "dprob_mean": 0.02,
+                "correct_ratio": 0.4,
+            },
+            {
+                "step": step,
+                "rank": 0,
+                "update_id": 0,
+                "bucket": "[0.00,0.50)",
+                "lo": 0.0,
+                "hi": 0.5,
+                "n_tokens": n_lo,
+                "grad_norm": 3.0,
+                "update_share": u_lo,
+                "dprob_mean": 0.1,
+                "correct_ratio": 0.6,
+            },
+            {
+                "step": step,
+                "rank": 0,
+                "update_id": 0,
+                "bucket": "residual",
+                "n_tokens": 0,
+                "update_share": 1 - u_lo - u_hi,
+            },
+        ]
     return pd.DataFrame(rows)
 
 
 def test_bucket_shares_by_hand():
     s = bucket_shares(_buckets())
     assert list(s["bucket"]) == ["[0.00,0.50)", "[0.50,1.00)", "residual"]  # by lower edge, residual last
-    # tokens: low 1 + 3 = 4, high 3 + 3 = 6 -> shares .4, .6; update shares: mean(.6, .8) = .7, mean(.5, .3) = .4
+    # tokens: low 1 + 3 = 4, high 3 + 3 = 6 -> shares .4, .6;
+    # update shares: mean(.6, .8) = .7, mean(.5, .3) = .4
     np.testing.assert_allclose(s["token_share"], [0.4, 0.6, 0.0])
     np.testing.assert_allclose(s["update_share"], [0.7, 0.4, -0.1])
     np.testing.assert_allclose(bucket_shares(_buckets(), step_range=(1, 1))["token_share"], [0.5, 0.5, 0.0])
@@ -193,8 +272,15 @@ def test_reference_curves_and_grad_vs_prob_figure():
     ref = reference_curves([0.0, 0.5, 1.0])
     np.testing.assert_allclose(ref["(1 − p)"], [1.0, 0.5, 0.0])
     np.testing.assert_allclose(ref["√2 (1 − p)"], [1.41421356, 0.70710678, 0.0])
-    binned = pd.DataFrame({"lo": [0.0, 0.5], "hi": [0.5, 1.0], "count": [3, 0], "prob": [0.2, np.nan],
-                           "logit_grad_unit": [0.9, np.nan]})
+    binned = pd.DataFrame(
+        {
+            "lo": [0.0, 0.5],
+            "hi": [0.5, 1.0],
+            "count": [3, 0],
+            "prob": [0.2, np.nan],
+            "logit_grad_unit": [0.9, np.nan],
+        }
+    )
     fig = make_grad_vs_prob_figure(binned, ref_scale=2.0)
     assert [t.name for t in fig.data] == ["(1 − p)", "√2 (1 − p)", "mean logit_grad_unit"]
     assert fig.data[0].y[50] == pytest.approx(2 * 0.5) and fig.data[1].y[0] == pytest.approx(2 * np.sqrt(2))
@@ -211,8 +297,10 @@ def test_prob_histogram_figure_normalises():
 
 
 def test_weight_curve_from_meta():
-    metas = {"tr": {"weighting": {"name": "tr_grpo", "curve": {"p": [0, 0.5, 1], "w": [0.5, 1.0, 1.5]}}},
-             "grpo": {"weighting": {"name": "grpo"}}}
+    metas = {
+        "tr": {"weighting": {"name": "tr_grpo", "curve": {"p": [0, 0.5, 1], "w": [0.5, 1.0, 1.5]}}},
+        "grpo": {"weighting": {"name": "grpo"}},
+    }
     fig = make_weight_curve_figure(metas)
     assert [t.name for t in fig.data] == ["tr"] and list(fig.data[0].y) == [0.5, 1.0, 1.5]
     assert fig.data[0].line.color == run_color("tr")
@@ -222,10 +310,18 @@ def test_weight_curve_from_meta():
 
 # ---- evals ---------------------------------------------------------------------------------------------
 
+
 def _evals():
-    return pd.DataFrame({"step": [0, 0, 10, 10, 10, 10], "rank": [0, 0, 0, 1, 0, 0], "task": "kk",
-                         "difficulty": ["3", "10", "3", "3", "10", "2"],
-                         "accuracy": [0.1, 0.0, 0.5, 1.0, 0.2, 0.9], "n": [10, 10, 10, 30, 10, 10]})
+    return pd.DataFrame(
+        {
+            "step": [0, 0, 10, 10, 10, 10],
+            "rank": [0, 0, 0, 1, 0, 0],
+            "task": "kk",
+            "difficulty": ["3", "10", "3", "3", "10", "2"],
+            "accuracy": [0.1, 0.0, 0.5, 1.0, 0.2, 0.9],
+            "n": [10, 10, 10, 30, 10, 10],
+        }
+    )
 
 
 def test_accuracy_by_difficulty_uses_last_step_weighted_by_n():
@@ -243,9 +339,17 @@ def test_accuracy_by_difficulty_uses_last_step_weighted_by_n():
 
 # ---- token inspector -----------------------------------------------------------------------------------
 
+
 def _completion():
-    return pd.DataFrame({"position": [1, 0, 2], "token": ["<b>", "Hi", "\n"], "prob": [0.25, 1.0, 0.5],
-                         "coef": [-2.0, 0.0, 1.0], "in_loss": [True, True, False]})
+    return pd.DataFrame(
+        {
+            "position": [1, 0, 2],
+            "token": ["<b>", "Hi", "\n"],
+            "prob": [0.25, 1.0, 0.5],
+            "coef": [-2.0, 0.0, 1.0],
+            "in_loss": [True, True, False],
+        }
+    )
 
 
 def test_token_html_colours_escapes_and_hovers():
@@ -274,14 +378,19 @@ def test_token_figure_grid():
 
 # ---- word clouds ---------------------------------------------------------------------------------------
 
+
 def test_clean_token_and_frequencies():
     assert clean_token("Ġthe") == "the" and clean_token("▁cat") == "cat" and clean_token(" dog ") == "dog"
     assert clean_token("Ċ") == "↵" and clean_token("  ") == "␣␣" and clean_token("\t") == "⇥"
     assert clean_token("Ġ", show_whitespace=False) is None and clean_token("") is None
-    freqs = pd.DataFrame({"token": ["Ġthe", "the", "<|im_end|>", "Ċ", "∇", "and"], "count": [3, 2, 9, 1, 4, 5]})
+    freqs = pd.DataFrame(
+        {"token": ["Ġthe", "the", "<|im_end|>", "Ċ", "∇", "and"], "count": [3, 2, 9, 1, 4, 5]}
+    )
     assert prepare_frequencies(freqs) == {"the": 5.0, "and": 5.0, "∇": 4.0, "↵": 1.0}
-    assert prepare_frequencies(freqs, show_whitespace=False, stop_tokens={"and"}, max_words=2) == {"the": 5.0,
-                                                                                                    "∇": 4.0}
+    assert prepare_frequencies(freqs, show_whitespace=False, stop_tokens={"and"}, max_words=2) == {
+        "the": 5.0,
+        "∇": 4.0,
+    }
     with pytest.raises(ValueError, match="missing"):
         prepare_frequencies(pd.DataFrame({"word": ["a"]}))
 
@@ -293,7 +402,10 @@ def test_wordcloud_figure_two_png_panels():
     high = pd.DataFrame({"token": ["Ġthe", "∇", "π"], "count": [10, 5, 3]})
     fig = make_high_low_wordcloud_figure(high, high.iloc[:0], width=200, height=100)
     assert [t.type for t in fig.data] == ["image", "image"]
-    assert [a.text for a in fig.layout.annotations][:2] == ["high-probability tokens", "low-probability tokens"]
+    assert [a.text for a in fig.layout.annotations][:2] == [
+        "high-probability tokens",
+        "low-probability tokens",
+    ]
     assert "no tokens" in [a.text for a in fig.layout.annotations]
     png = base64.b64decode(fig.data[0].source.split(",", 1)[1])
     img = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
@@ -305,8 +417,9 @@ def test_wordcloud_figure_two_png_panels():
 
 def test_runs_shown_together_get_distinct_colours():
     from tokengrad.figures.style import RUN_PALETTE, run_colors
+
     names = [f"run{i}" for i in range(8)]
     cmap = run_colors(names)
     assert len(set(cmap.values())) == 8 and set(cmap.values()) <= set(RUN_PALETTE)
-    assert run_colors(list(reversed(names))) == cmap                     # order of selection does not matter
+    assert run_colors(list(reversed(names))) == cmap  # order of selection does not matter
     assert run_colors(names, {"run3": "#000000"})["run3"] == "#000000"

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from tokengrad.loss import AGGREGATIONS, k3_kl, phase_masks, policy_loss
-from tokengrad.weighting import TokenBatch, TokenWeights, get_weighting
+from tokengrad.train.loss import AGGREGATIONS, k3_kl, phase_masks, policy_loss
+from tokengrad.train.weighting import TokenBatch, TokenWeights, get_weighting
 
 F64 = torch.float64
 
@@ -159,7 +159,9 @@ def test_lopti_phases_with_full_norm_mask_sum_to_single_update(aggregation):
     weights = get_weighting("lopti")(TokenBatch(lp, old, adv, mask))
     phases = phase_masks(weights, mask)
     assert len(phases) == 2
-    total = sum(policy_loss(lp, old, adv, p, weights, norm_mask=mask, aggregation=aggregation).loss for p in phases)
+    total = sum(
+        policy_loss(lp, old, adv, p, weights, norm_mask=mask, aggregation=aggregation).loss for p in phases
+    )
     single = policy_loss(lp, old, adv, mask, aggregation=aggregation).loss
     assert total.item() == pytest.approx(single.item(), abs=1e-12)
     assert phase_masks(TokenWeights(), mask) == [mask]

@@ -1,5 +1,6 @@
 """Runs under torchrun (2 processes, gloo on CPU): every rank writes its own files, the reader merges them,
-per-step gradient norms are the global ones (equal to one process on the whole batch), nothing is written twice."""
+per-step gradient norms are the global ones (equal to one process on the whole batch), nothing is written
+twice."""
 
 import importlib.util
 import json
@@ -19,9 +20,21 @@ WORLD = 2
 
 
 def torchrun(script: str | Path, *args: str, timeout: int = 240) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(WORLD),
-           str(ROOT / "scripts" / script), *args]                     # an absolute `script` path stays as it is
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(WORLD),
+        str(ROOT / "scripts" / script),
+        *args,
+    ]  # an absolute `script` path stays as it is
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
@@ -43,6 +56,7 @@ def assert_rank_files_disjoint(run, tables=("tokens", "steps", "layers", "sample
         assert sorted(frame["rank"].unique()) == list(range(WORLD)), table
         for f in run.files(table):
             import pyarrow.parquet as pq
+
             ranks = set(pq.read_table(f, columns=["rank"]).column("rank").to_pylist())
             assert ranks == {int(Path(f).parent.name[4:])}, f
     status = run.rank_status
@@ -52,7 +66,7 @@ def assert_rank_files_disjoint(run, tables=("tokens", "steps", "layers", "sample
 
 def test_ddp_loop_matches_one_process_on_the_concatenated_batch(tmp_path):
     torchrun("ddp_example.py", "--run-dir", str(tmp_path / "ddp"), "--steps", "2")
-    load_script("ddp_example.py").main(str(tmp_path / "single"), steps=2)   # same global batch, one process
+    load_script("ddp_example.py").main(str(tmp_path / "single"), steps=2)  # same global batch, one process
     ddp, single = load_run(tmp_path / "ddp"), load_run(tmp_path / "single")
     assert_rank_files_disjoint(ddp)
 
@@ -98,15 +112,17 @@ def test_trl_under_torchrun_writes_per_rank_files_with_global_grad_norms(tmp_pat
     tokens = run.tokens(columns=["step", "rank", "sample_id", "position"])
     assert tokens.set_index(["step", "sample_id", "position"]).index.is_unique
     per_sample = tokens.groupby(["step", "sample_id"]).size()
-    assert per_sample.tolist() == samples.set_index(["step", "sample_id"]).length.loc[per_sample.index].tolist()
+    assert (
+        per_sample.tolist() == samples.set_index(["step", "sample_id"]).length.loc[per_sample.index].tolist()
+    )
 
 
 FSDP_SCRIPT = """
 import json, os, sys, torch
 from torch.distributed.fsdp import fully_shard
-from tokengrad import distributed as dist
-from tokengrad.gradnorms import grad_norms, trainable_params
-from tokengrad.models import make_tiny_model
+from tokengrad.train import distributed as dist
+from tokengrad.record.gradnorms import grad_norms, trainable_params
+from tokengrad.train.models import make_tiny_model
 
 def loss_of(model, ids):
     return model(ids).logits.float().logsumexp(-1).mean()
@@ -147,18 +163,18 @@ def test_global_grad_norms_sum_fsdp_shards(tmp_path):
         assert blocks.keys() == ref_blocks.keys()
         for b in ref_blocks:
             assert blocks[b] == pytest.approx(ref_blocks[b], rel=1e-5), b
-        assert out["local_total"] < 0.99 * ref_total            # one shard alone is not the gradient
+        assert out["local_total"] < 0.99 * ref_total  # one shard alone is not the gradient
 
 
 def test_distributed_helpers_in_one_process(monkeypatch, tiny_model, batch):
-    from tokengrad import distributed as dist
-    from tokengrad.gradnorms import grad_norms, trainable_params
+    from tokengrad.record.gradnorms import grad_norms, trainable_params
+    from tokengrad.train import distributed as dist
 
     assert (dist.rank(), dist.world_size(), dist.is_main()) == (0, 1, True)
     monkeypatch.setenv("RANK", "3")
-    monkeypatch.setenv("WORLD_SIZE", "4")               # set by torchrun before the process group exists
+    monkeypatch.setenv("WORLD_SIZE", "4")  # set by torchrun before the process group exists
     assert (dist.rank(), dist.world_size(), dist.is_main()) == (3, 4, False)
-    assert dist.all_reduce([1.5, 2.0]).tolist() == [1.5, 2.0]    # no process group: the values themselves
+    assert dist.all_reduce([1.5, 2.0]).tolist() == [1.5, 2.0]  # no process group: the values themselves
     with pytest.raises(ValueError, match="unknown reduce op 'mean'"):
         dist.all_reduce([1.0], op="mean")
     ids, _, _ = batch
@@ -173,7 +189,7 @@ def test_distributed_helpers_in_one_process(monkeypatch, tiny_model, batch):
 
 # ---- the built-in trainer under torchrun ---------------------------------------------------------------
 RAGGED_TASK = '''
-from tokengrad.tasks import TASKS, Problem, register_task
+from tokengrad.train.tasks import TASKS, Problem, register_task
 
 
 class RaggedTask:
@@ -210,25 +226,28 @@ if "ragged" not in TASKS:
 
 # `tokengrad train` through the CLI entry point; keeps what each rank sampled at each step, so that one
 # process can replay the same global batch.
-TRAIN_SCRIPT = RAGGED_TASK + '''
+TRAIN_SCRIPT = (
+    RAGGED_TASK
+    + """
 import json, os, sys
-import tokengrad.trainer
+import tokengrad.train.trainer
 from tokengrad.cli import main
 
-sampled, generate = [], tokengrad.trainer.generate_completions
+sampled, generate = [], tokengrad.train.trainer.generate_completions
 
 def keep(*args):
     comps = generate(*args)
     sampled.append(comps._asdict())
     return comps
 
-tokengrad.trainer.generate_completions = keep
+tokengrad.train.trainer.generate_completions = keep
 code = main(["train", *sys.argv[2:]])
 json.dump(sampled, open(f"{sys.argv[1]}.rank{os.environ['RANK']}.json", "w"))
 sys.exit(code)
-'''
+"""
+)
 
-DDP_CONFIG = '''
+DDP_CONFIG = """
 model = "tiny"
 task = "ragged"
 steps = 2
@@ -243,13 +262,14 @@ weighting_params = { eta = 0.004 }
 grad_accum = 2
 dynamic_sampling = true
 progress = false
-'''
+"""
 
 
 def replay(sampled: list[list[dict]]):
     """A generate_completions stand-in returning, call by call (step by step), the ranks' samples joined in
     rank order: the global batch of that step."""
-    from tokengrad.rollout import Completions, encode_prompt
+    from tokengrad.train.rollout import Completions, encode_prompt
+
     steps = iter(zip(*sampled))
 
     def generate(model, tok, prompts, n_samples, *args):
@@ -257,20 +277,29 @@ def replay(sampled: list[list[dict]]):
         comps = Completions(*([x for part in parts for x in part[field]] for field in Completions._fields))
         assert comps.prompt_ids == [encode_prompt(tok, p) for p in prompts for _ in range(n_samples)]
         return comps
+
     return generate
 
 
 def test_builtin_trainer_under_torchrun_equals_one_process_on_the_global_batch(tmp_path, monkeypatch):
-    import tokengrad.trainer
+    import tokengrad.train.trainer
     from tokengrad import schema
-    from tokengrad.config import read_config_file
+    from tokengrad.train.config import read_config_file
 
     script, config = tmp_path / "train_ddp.py", tmp_path / "ddp.toml"
     script.write_text(TRAIN_SCRIPT)
     config.write_text(DDP_CONFIG)
-    proc = torchrun(script, str(tmp_path / "sampled"), str(config), "--run-dir", str(tmp_path / "ddp"),
-                    "eval_every=2", "eval_per_difficulty=2", "bucket_every=1")
-    assert proc.stdout.split() == [str(tmp_path / "ddp")]               # the run directory, printed once
+    proc = torchrun(
+        script,
+        str(tmp_path / "sampled"),
+        str(config),
+        "--run-dir",
+        str(tmp_path / "ddp"),
+        "eval_every=2",
+        "eval_per_difficulty=2",
+        "bucket_every=1",
+    )
+    assert proc.stdout.split() == [str(tmp_path / "ddp")]  # the run directory, printed once
     run = load_run(tmp_path / "ddp")
     assert_rank_files_disjoint(run)
     assert (run.path / "checkpoint" / "trainer.pt").exists()
@@ -278,18 +307,29 @@ def test_builtin_trainer_under_torchrun_equals_one_process_on_the_global_batch(t
     # one process, same config, replaying the same global batch at every step
     exec(RAGGED_TASK, {})
     sampled = [json.loads((tmp_path / f"sampled.rank{r}.json").read_text()) for r in range(WORLD)]
-    monkeypatch.setattr(tokengrad.trainer, "generate_completions", replay(sampled))
-    single = load_run(tokengrad.trainer.train({**read_config_file(config), "run_dir": str(tmp_path / "single"),
-                                               "checkpoint": False, "eval_every": 2, "eval_per_difficulty": 2}))
+    monkeypatch.setattr(tokengrad.train.trainer, "generate_completions", replay(sampled))
+    single = load_run(
+        tokengrad.train.trainer.train(
+            {
+                **read_config_file(config),
+                "run_dir": str(tmp_path / "single"),
+                "checkpoint": False,
+                "eval_every": 2,
+                "eval_per_difficulty": 2,
+            }
+        )
+    )
 
     tokens = run.tokens(columns=["step", "rank", "update_id", "pass_id", "sample_id", "position"])
     assert not tokens.duplicated(["step", "rank", "sample_id", "position", "pass_id"]).any()
-    assert not tokens.duplicated(["step", "sample_id", "position", "pass_id"]).any()   # ids unique over ranks
-    samples = run.samples            # rank r holds prompts 2r, 2r + 1 of each step: samples 4r .. 4r + 3
-    assert (samples.sample_id // 4 == samples["rank"]).all() and (samples.group_id == samples.sample_id // 2).all()
+    assert not tokens.duplicated(["step", "sample_id", "position", "pass_id"]).any()  # ids unique over ranks
+    samples = run.samples  # rank r holds prompts 2r, 2r + 1 of each step: samples 4r .. 4r + 3
+    assert (samples.sample_id // 4 == samples["rank"]).all() and (
+        samples.group_id == samples.sample_id // 2
+    ).all()
     # what the loss weights must get right: at step 0 the ranks train on different numbers of tokens
     # (token-mean loss); at step 1 dynamic sampling drops all of rank 1's groups and rank 0 trains alone
-    n_tok = tokens[tokens.update_id == 0].groupby(["step", "rank"]).size()     # every token once per update
+    n_tok = tokens[tokens.update_id == 0].groupby(["step", "rank"]).size()  # every token once per update
     assert n_tok[(0, 0)] != n_tok[(0, 1)] and (1, 1) not in n_tok.index and n_tok[(1, 0)] > 0
     assert samples[(samples.step == 1) & (samples["rank"] == 1)].in_update.eq(0).all()
 
@@ -299,7 +339,7 @@ def test_builtin_trainer_under_torchrun_equals_one_process_on_the_global_batch(t
         per_rank = steps[col].unstack("rank")
         np.testing.assert_array_equal(per_rank[0], per_rank[1], err_msg=col)
         np.testing.assert_allclose(per_rank[0], ref[col], rtol=1e-4, err_msg=col)
-    assert steps.n_updates.tolist() == [2, 2, 2, 2]                     # Lopti: two updates, every rank
+    assert steps.n_updates.tolist() == [2, 2, 2, 2]  # Lopti: two updates, every rank
     # the global norm of every update, on both ranks, equals the one process's
     layers = run.layers[run.layers.layer == schema.TOTAL_LAYER]
     total = layers.pivot_table(index=["step", "update_id"], columns="rank", values="grad_norm")
@@ -308,7 +348,9 @@ def test_builtin_trainer_under_torchrun_equals_one_process_on_the_global_batch(t
     np.testing.assert_allclose(total[0], want.loc[total.index], rtol=1e-4)
 
     # bucket figures are all-reduced (identical on both ranks); skipped at step 1, where rank 1 had no tokens
-    buckets = run.buckets.pivot_table(index=["step", "update_id", "bucket"], columns="rank", values="grad_norm")
+    buckets = run.buckets.pivot_table(
+        index=["step", "update_id", "bucket"], columns="rank", values="grad_norm"
+    )
     assert buckets.index.get_level_values("step").unique().tolist() == [0]
     np.testing.assert_allclose(buckets[0], buckets[1], rtol=1e-6)
     # evaluation split over the ranks, written once, by rank 0: 2 problems per difficulty after the last step,
@@ -321,31 +363,32 @@ def test_builtin_trainer_under_torchrun_equals_one_process_on_the_global_batch(t
 
 def test_loss_weights_turn_per_rank_means_into_the_global_mean(monkeypatch):
     """Two simulated ranks with unequal rows and tokens (as after dynamic sampling): each rank's micro-batch
-    losses, weighted by micro_batch_share x rank_weight and averaged over ranks as DDP averages gradients,
+    losses, weighted by micro_batch_share x rank_scale and averaged over ranks as DDP averages gradients,
     have the gradient of the loss over the whole batch, for every aggregation."""
-    from tokengrad import distributed as dist
-    from tokengrad.loss import policy_loss
-    from tokengrad.trainer import micro_batch_share, normaliser
+    from tokengrad.train import distributed as dist
+    from tokengrad.train.loss import micro_batch_share, normaliser, policy_loss
 
     g = torch.Generator().manual_seed(0)
     N, T = 5, 6
-    old = -torch.rand(N, T, generator=g) * 3                                                 # [N, T]
-    adv = torch.randn(N, generator=g)                                                        # [N]
-    mask = (torch.arange(T)[None, :] < torch.tensor([6, 2, 4, 1, 5])[:, None]).float()       # [N, T] 18 tokens
-    ranks = [[[0, 1], [2]], [[3, 4]]]            # rank 0: rows 0-2 in two micro-batches; rank 1: rows 3-4
+    old = -torch.rand(N, T, generator=g) * 3  # [N, T]
+    adv = torch.randn(N, generator=g)  # [N]
+    mask = (torch.arange(T)[None, :] < torch.tensor([6, 2, 4, 1, 5])[:, None]).float()  # [N, T] 18 tokens
+    ranks = [[[0, 1], [2]], [[3, 4]]]  # rank 0: rows 0-2 in two micro-batches; rank 1: rows 3-4
     monkeypatch.setattr(dist, "world_size", lambda: 2)
     for agg in ("grpo", "dapo", "dr_grpo"):
-        lp = (old + 0.1 * torch.randn(N, T, generator=g)).requires_grad_()                  # [N, T]
+        lp = (old + 0.1 * torch.randn(N, T, generator=g)).requires_grad_()  # [N, T]
         policy_loss(lp, old, adv, mask, aggregation=agg, max_len=T).loss.backward()
         want, lp.grad = lp.grad.clone(), None
         # all ranks' counts: rows 3 + 2 = 5 (grpo, dr_grpo); loss tokens (6 + 2 + 4) + (1 + 5) = 18 (dapo)
         total = sum(normaliser(agg, mask[sum(micro, [])]) for micro in ranks)
         assert total == (18 if agg == "dapo" else 5)
-        monkeypatch.setattr(dist, "all_reduce", lambda values, op="sum": torch.tensor([total], dtype=torch.float64))
+        monkeypatch.setattr(
+            dist, "all_reduce", lambda values, op="sum": torch.tensor([total], dtype=torch.float64)
+        )
         naive = torch.zeros(N, T)
         for micro in ranks:
             rows = sum(micro, [])
-            weight = dist.rank_weight(normaliser(agg, mask[rows]))
+            weight = dist.rank_scale(normaliser(agg, mask[rows]))
             for m in micro:
                 loss = policy_loss(lp[m], old[m], adv[m], mask[m], aggregation=agg, max_len=T).loss
                 share = micro_batch_share(agg, mask[m], mask[rows])
@@ -353,13 +396,16 @@ def test_loss_weights_turn_per_rank_means_into_the_global_mean(monkeypatch):
                 (loss * share * weight).backward()
         # DDP averages the ranks' gradients: each rank's coefficients count 1 / world_size
         torch.testing.assert_close(lp.grad / 2, want, rtol=1e-5, atol=1e-7)
-        assert not torch.allclose(naive / 2, want, atol=1e-4), agg      # unweighted per-rank means are off
+        assert not torch.allclose(naive / 2, want, atol=1e-4), agg  # unweighted per-rank means are off
 
 
 def test_prompts_must_split_evenly_over_processes(tmp_path, monkeypatch):
-    from tokengrad.trainer import train
-    monkeypatch.setenv("WORLD_SIZE", "2")            # as torchrun sets it, before any process group exists
+    from tokengrad.train.trainer import train
+
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun sets it, before any process group exists
     monkeypatch.setenv("RANK", "0")
-    with pytest.raises(ValueError, match=r"prompts_per_step = 3 must be divisible by the number of processes \(2\)"):
+    with pytest.raises(
+        ValueError, match=r"prompts_per_step = 3 must be divisible by the number of processes \(2\)"
+    ):
         train(dict(model="tiny", task="kk", prompts_per_step=3, run_dir=str(tmp_path / "run")))
     assert not (tmp_path / "run").exists()

@@ -8,8 +8,16 @@ import pyarrow.parquet as pq
 import pytest
 
 from tokengrad import load_run, schema
-from tokengrad.queries import (bin_edges, grad_norm_by_prob, prob_histogram, sample_tokens, token_frequencies,
-                               token_steps, top_samples, top_tokens)
+from tokengrad.queries import (
+    bin_edges,
+    grad_norm_by_prob,
+    prob_histogram,
+    sample_tokens,
+    token_frequencies,
+    token_steps,
+    top_samples,
+    top_tokens,
+)
 
 # Step 0, update 0: two completions of four tokens. Token 7 of sample 1 is not in the loss.
 #            sample  pos token    prob  adv   coef  in_loss
@@ -35,10 +43,28 @@ def _token_rows(step, update_id, spec, vocab=("Ġthe", "cat", "sat", "dog", "<to
     rows = []
     for sample, pos, tok, p, adv, coef, in_loss in spec:
         unit = float(np.sqrt(2.0) * (1 - p) * 0.9)  # inside the Prop 4.2 wedge
-        rows.append(dict(step=step, rank=0, update_id=update_id, pass_id=update_id, sample_id=sample, group_id=7,
-                         position=pos, token_id=vocab.index(tok), token=tok, in_loss=in_loss, prob=p,
-                         logprob=float(np.log(p)), advantage=adv, weight=1.0, coef=coef, logit_grad_unit=unit,
-                         logit_grad_norm=abs(coef) * unit, entropy=0.5))
+        rows.append(
+            dict(
+                step=step,
+                rank=0,
+                update_id=update_id,
+                pass_id=update_id,
+                sample_id=sample,
+                group_id=7,
+                position=pos,
+                token_id=vocab.index(tok),
+                token=tok,
+                in_loss=in_loss,
+                prob=p,
+                logprob=float(np.log(p)),
+                advantage=adv,
+                weight=1.0,
+                coef=coef,
+                logit_grad_unit=unit,
+                logit_grad_norm=abs(coef) * unit,
+                entropy=0.5,
+            )
+        )
     return rows
 
 
@@ -46,30 +72,92 @@ def make_tiny_run(run_dir, name="tiny", n_steps=6, weighting=None):
     """A complete run written with pyarrow from schema.py: tokens (steps 0-1, step 0 with a second update
     that queries must ignore), steps, layers, buckets, samples and evals for `n_steps` steps."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    meta = {"schema_version": schema.SCHEMA_VERSION, "run_name": name,
-            "weighting": weighting or {"name": "tr_grpo", "params": {"alpha": 1.0},
-                                       "curve": {"p": [0.0, 0.5, 1.0], "w": [0.5, 1.0, 1.5]}}}
+    meta = {
+        "schema_version": schema.SCHEMA_VERSION,
+        "run_name": name,
+        "weighting": weighting
+        or {
+            "name": "tr_grpo",
+            "params": {"alpha": 1.0},
+            "curve": {"p": [0.0, 0.5, 1.0], "w": [0.5, 1.0, 1.5]},
+        },
+    }
     (run_dir / schema.META_FILE).write_text(json.dumps(meta))
     step1 = [(s, pos, tok, 0.5, adv, coef, True) for s, pos, tok, _, adv, coef, _ in _STEP0[:4]]
     _write(run_dir, "tokens", _token_rows(0, 0, _STEP0) + _token_rows(0, 1, _STEP0[:2]), seq=0)
     _write(run_dir, "tokens", _token_rows(1, 0, step1), seq=1)
     rng = np.random.default_rng(0)
-    steps = [dict(step=s, rank=0, loss=1.0 / (s + 1), grad_norm=1.0 + 0.1 * s, reward_mean=0.1 * s,
-                  entropy_mean=0.5, kl=0.01 * s, clip_frac=0.0, weight_mean=1.0) for s in range(n_steps)]
-    layers = [dict(step=s, rank=0, update_id=u, layer=layer, grad_norm=(10.0 if s == 3 else 1.0) * (1 + u) * k)
-              for s in range(n_steps) for u in (0, 1) for layer, k in (("total", 1.0), ("model.layers.0", 0.5))]
-    buckets = [dict(step=s, rank=0, update_id=0, bucket=schema.bucket_label(lo, lo + 0.5), lo=lo, hi=lo + 0.5,
-                    n_tokens=n, token_share=n / 4, grad_norm=g, update_share=u, cos_to_total=0.5,
-                    dprob_mean=0.01, correct_ratio=0.5)
-               for s in range(n_steps) for lo, n, g, u in ((0.0, 1, 2.0, 0.8), (0.5, 3, 1.0, 0.3))]
-    buckets += [dict(step=s, rank=0, update_id=0, bucket=schema.RESIDUAL_BUCKET, n_tokens=0, update_share=-0.1)
-                for s in range(n_steps)]
-    samples = [dict(step=0, rank=0, sample_id=i, group_id=7, prompt="p", completion=f"c{i}", reward=float(1 - i),
-                    advantage=float(1 - 2 * i), length=4, task="kk", difficulty="3") for i in (0, 1)]
-    evals = [dict(step=s, rank=0, task="kk", difficulty=d, accuracy=float(rng.uniform()), n=10)
-             for s in (0, n_steps - 1) for d in ("3", "5")]
-    for table, rows in (("steps", steps), ("layers", layers), ("buckets", buckets), ("samples", samples),
-                        ("evals", evals)):
+    steps = [
+        dict(
+            step=s,
+            rank=0,
+            loss=1.0 / (s + 1),
+            grad_norm=1.0 + 0.1 * s,
+            reward_mean=0.1 * s,
+            entropy_mean=0.5,
+            kl=0.01 * s,
+            clip_frac=0.0,
+            weight_mean=1.0,
+        )
+        for s in range(n_steps)
+    ]
+    layers = [
+        dict(step=s, rank=0, update_id=u, layer=layer, grad_norm=(10.0 if s == 3 else 1.0) * (1 + u) * k)
+        for s in range(n_steps)
+        for u in (0, 1)
+        for layer, k in (("total", 1.0), ("model.layers.0", 0.5))
+    ]
+    buckets = [
+        dict(
+            step=s,
+            rank=0,
+            update_id=0,
+            bucket=schema.bucket_label(lo, lo + 0.5),
+            lo=lo,
+            hi=lo + 0.5,
+            n_tokens=n,
+            token_share=n / 4,
+            grad_norm=g,
+            update_share=u,
+            cos_to_total=0.5,
+            dprob_mean=0.01,
+            correct_ratio=0.5,
+        )
+        for s in range(n_steps)
+        for lo, n, g, u in ((0.0, 1, 2.0, 0.8), (0.5, 3, 1.0, 0.3))
+    ]
+    buckets += [
+        dict(step=s, rank=0, update_id=0, bucket=schema.RESIDUAL_BUCKET, n_tokens=0, update_share=-0.1)
+        for s in range(n_steps)
+    ]
+    samples = [
+        dict(
+            step=0,
+            rank=0,
+            sample_id=i,
+            group_id=7,
+            prompt="p",
+            completion=f"c{i}",
+            reward=float(1 - i),
+            advantage=float(1 - 2 * i),
+            length=4,
+            task="kk",
+            difficulty="3",
+        )
+        for i in (0, 1)
+    ]
+    evals = [
+        dict(step=s, rank=0, task="kk", difficulty=d, accuracy=float(rng.uniform()), n=10)
+        for s in (0, n_steps - 1)
+        for d in ("3", "5")
+    ]
+    for table, rows in (
+        ("steps", steps),
+        ("layers", layers),
+        ("buckets", buckets),
+        ("samples", samples),
+        ("evals", evals),
+    ):
         _write(run_dir, table, rows)
     return run_dir
 
@@ -93,7 +181,8 @@ def run(tmp_path):
 
 def test_token_frequencies_counts_update_zero_loss_tokens(run):
     df = token_frequencies(run, update_id=0)
-    # step 0: Ġthe x4 (sample 0 pos 0,2; sample 1 pos 0,2), cat, sat, dog; the <tool> token is not in the loss;
+    # step 0: Ġthe x4 (sample 0 pos 0,2; sample 1 pos 0,2), cat, sat, dog;
+    # the <tool> token is not in the loss;
     # step 1: Ġthe, cat, Ġthe, sat; update 1 of step 0 (a second pass over the same tokens) is ignored.
     assert dict(zip(df["token"], df["count"])) == {"Ġthe": 6, "cat": 2, "sat": 2, "dog": 1}
     assert list(df["token"]) == ["Ġthe", "cat", "sat", "dog"]  # count desc, then token
@@ -105,7 +194,10 @@ def test_token_frequencies_counts_update_zero_loss_tokens(run):
 
 def test_token_frequencies_filters_prob_step_and_advantage(run):
     hi = token_frequencies(run, 0.75, 1.0, step_range=(0, 0), update_id=0)
-    assert dict(zip(hi["token"], hi["count"])) == {"Ġthe": 2, "sat": 1}  # 0.80, 1.00 (top edge inclusive), 0.95
+    assert dict(zip(hi["token"], hi["count"])) == {
+        "Ġthe": 2,
+        "sat": 1,
+    }  # 0.80, 1.00 (top edge inclusive), 0.95
     lo = token_frequencies(run, 0.0, 0.25, step_range=(0, 0), update_id=0)
     assert dict(zip(lo["token"], lo["count"])) == {"Ġthe": 2}  # 0.05, 0.10
     neg = token_frequencies(run, adv_sign=-1, update_id=0)
@@ -136,14 +228,17 @@ def test_grad_norm_by_prob_means(run):
     assert g["count"].tolist() == [3, 4]
     np.testing.assert_allclose(g["prob"], [0.15, 0.8375], rtol=1e-6)
     # logit_grad_unit = 0.9 sqrt2 (1 - p) is linear in p, so its bin mean is 0.9 sqrt2 (1 - mean p)
-    np.testing.assert_allclose(g["logit_grad_unit"], 0.9 * np.sqrt(2) * (1 - np.array([0.15, 0.8375])), rtol=1e-5)
+    np.testing.assert_allclose(
+        g["logit_grad_unit"], 0.9 * np.sqrt(2) * (1 - np.array([0.15, 0.8375])), rtol=1e-5
+    )
     # |coef|: 0.5, 0.5, 0.25 -> 0.41667 ; 0.5, 0.5, 0.25, 0.25 -> 0.375
     np.testing.assert_allclose(g["abs_coef"], [1.25 / 3, 0.375], rtol=1e-6)
 
 
 def test_top_tokens_and_samples_share_of_step(run):
     t = top_tokens(run, 0, k=3)
-    # logit_grad_norm = |coef| 0.9 sqrt2 (1 - p); the largest: sample 0 p=.05 (.95*.5), p=.30 (.7*.5), s1 p=.10 (.9*.25)
+    # logit_grad_norm = |coef| 0.9 sqrt2 (1 - p);
+    # the largest: sample 0 p=.05 (.95*.5), p=.30 (.7*.5), s1 p=.10 (.9*.25)
     assert list(zip(t["sample_id"], t["position"])) == [(0, 0), (0, 1), (1, 0)]
     c = 0.9 * np.sqrt(2)
     # step total: sample 0 0.5 (0.95 + 0.70 + 0.20 + 0.05) = 0.95; sample 1 0.25 (0.90 + 0.40 + 0) = 0.325,
@@ -151,7 +246,11 @@ def test_top_tokens_and_samples_share_of_step(run):
     total = c * 1.275
     np.testing.assert_allclose(t["share"], c * np.array([0.475, 0.35, 0.225]) / total, rtol=1e-5)
     s = top_samples(run, 0)
-    assert list(s["sample_id"]) == [0, 1] and list(s["reward"]) == [1.0, 0.0] and list(s["completion"]) == ["c0", "c1"]
+    assert (
+        list(s["sample_id"]) == [0, 1]
+        and list(s["reward"]) == [1.0, 0.0]
+        and list(s["completion"]) == ["c0", "c1"]
+    )
     np.testing.assert_allclose(s["share"], [0.95 / 1.275, 0.325 / 1.275], rtol=1e-5)
     assert list(s["n_tokens"]) == [4, 4]
     with pytest.raises(ValueError, match="not a tokens column"):
@@ -168,8 +267,8 @@ def test_recorded_run_obeys_the_one_minus_p_wedge(tmp_path, tiny_model):
     """On a run recorded by the Recorder, per-bin means respect Prop. 4.2's linear bounds (AR-Lopti
     arXiv 2505.12929): sqrt(V/(V-1)) (1 - mean p) <= mean |p - e_y| <= sqrt2 (1 - mean p)."""
     import torch
-
     from conftest import TINY_V, forward_logprobs
+
     from tokengrad import Recorder
 
     g = torch.Generator().manual_seed(0)
@@ -179,8 +278,14 @@ def test_recorded_run_obeys_the_one_minus_p_wedge(tmp_path, tiny_model):
                 ids = torch.randint(0, TINY_V, (3, 8), generator=g)
                 logits, lp, _, tgt = forward_logprobs(tiny_model, ids)
                 adv = torch.tensor([1.0, -1.0, 0.5])
-                st.track(lp, token_ids=tgt, advantages=adv, logits=logits, sample_ids=torch.arange(3),
-                         group_ids=torch.zeros(3, dtype=torch.long))
+                st.track(
+                    lp,
+                    token_ids=tgt,
+                    advantages=adv,
+                    logits=logits,
+                    sample_ids=torch.arange(3),
+                    group_ids=torch.zeros(3, dtype=torch.long),
+                )
                 st.backward(-(lp * adv[:, None]).mean())
     recorded = load_run(tmp_path / "rec")
     h = prob_histogram(recorded, 10)

@@ -45,14 +45,19 @@ def test_api_page_carries_the_current_schema():
 
 def test_readme_weighting_example_registers_a_working_rule():
     import torch
-    from tokengrad.weighting import TokenBatch, WEIGHTINGS
-    block = next(b for b in re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S) if "sqrt_p" in b)
+
+    from tokengrad.train.weighting import WEIGHTINGS, TokenBatch
+    block = next(
+        b for b in re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S) if "sqrt_p" in b
+    )
     WEIGHTINGS.pop("sqrt_p", None)
     try:
         ns: dict = {}
         exec(block, ns)
         lp = torch.log(torch.tensor([[0.04, 0.81]]))
         w = WEIGHTINGS["sqrt_p"](TokenBatch(lp, lp, torch.ones(1, 2), torch.ones(1, 2)))
-        assert torch.allclose(w.loss_weight, torch.tensor([[0.5, 0.9]]))    # sqrt(.04)=.2 -> floor .5; sqrt(.81)=.9
+        assert torch.allclose(
+            w.loss_weight, torch.tensor([[0.5, 0.9]])
+        )  # sqrt(.04)=.2 -> floor .5; sqrt(.81)=.9
     finally:
         WEIGHTINGS.pop("sqrt_p", None)

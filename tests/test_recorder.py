@@ -5,9 +5,9 @@ import warnings
 
 import pytest
 import torch
+from conftest import forward_logprobs
 
 from tokengrad import Recorder, load_run
-from conftest import forward_logprobs
 
 EPS_LOW, EPS_HIGH, BETA = 0.2, 0.28, 0.05
 
@@ -26,7 +26,7 @@ def ppo_kl_loss(lp, old, ref, adv, mask, weight=None):
 
 def _off_policy(lp, seed=3):
     g = torch.Generator().manual_seed(seed)
-    old = lp.detach() + 0.3 * torch.randn(lp.shape, generator=g)             # ratios both inside and outside the clip
+    old = lp.detach() + 0.3 * torch.randn(lp.shape, generator=g)  # ratios both inside and outside the clip
     ref = lp.detach() + 0.1 * torch.randn(lp.shape, generator=g)
     return old, ref
 
@@ -39,8 +39,16 @@ def test_coef_head_norm_and_grad_norm_match_autograd(tmp_path, tiny_model, batch
         loss = ppo_kl_loss(lp, old, ref, adv, mask)
         # reference first: every backward through a tracked tensor adds to its coef
         (coef_ref,) = torch.autograd.grad(loss, lp, retain_graph=True)
-        st.track(lp, token_ids=tgt, mask=mask, old_logprobs=old, ref_logprobs=ref, advantages=adv,
-                 logits=logits, hidden=hidden)
+        st.track(
+            lp,
+            token_ids=tgt,
+            mask=mask,
+            old_logprobs=old,
+            ref_logprobs=ref,
+            advantages=adv,
+            logits=logits,
+            hidden=hidden,
+        )
         st.backward(loss)
         total = st.record_grad_norms()
         clip_total = torch.nn.utils.clip_grad_norm_(tiny_model.parameters(), 1e9)
@@ -63,7 +71,9 @@ def test_coef_head_norm_and_grad_norm_match_autograd(tmp_path, tiny_model, batch
         (g,) = torch.autograd.grad(coef_ref[n, t] * lp_t, W)
         ref_norms.append(g.norm())
     ref_norms = torch.stack(ref_norms)
-    assert torch.allclose(torch.tensor(tok["head_grad_norm"].to_numpy()), ref_norms.float(), rtol=1e-4, atol=1e-10)
+    assert torch.allclose(
+        torch.tensor(tok["head_grad_norm"].to_numpy()), ref_norms.float(), rtol=1e-4, atol=1e-10
+    )
     # logit_grad_norm = |coef| * sqrt(1 - 2p + sum p^2)
     got = torch.tensor(tok["logit_grad_norm"].to_numpy())
     want = coef_ref[m].abs() * torch.tensor(tok["logit_grad_unit"].to_numpy())
@@ -75,7 +85,9 @@ def _bucket_step(tmp_path, model, ids, mask, adv, entropy_coef=0.0):
     with Recorder(tmp_path / "b", model=model, bucket_every=1, bucket_edges=edges) as rec, rec.step(0) as st:
         logits, lp, _, tgt = forward_logprobs(model, ids)
         old, ref = _off_policy(lp)
-        st.track(lp, token_ids=tgt, mask=mask, old_logprobs=old, ref_logprobs=ref, advantages=adv, logits=logits)
+        st.track(
+            lp, token_ids=tgt, mask=mask, old_logprobs=old, ref_logprobs=ref, advantages=adv, logits=logits
+        )
         loss = ppo_kl_loss(lp, old, ref, adv, mask)
         if entropy_coef:  # a term not built on log pi -> residual
             ent = -(torch.softmax(logits.float(), -1) * torch.log_softmax(logits.float(), -1)).sum(-1)
@@ -101,11 +113,14 @@ def test_bucket_gradients_match_masked_backward(tmp_path, tiny_model, batch):
         _, lp, _, _ = forward_logprobs(tiny_model, ids)
         ratio = (lp - old).exp()
         a = adv.unsqueeze(1)
-        per_tok = -torch.minimum(ratio * a, ratio.clamp(1 - EPS_LOW, 1 + EPS_HIGH) * a) + \
-            BETA * ((ref - lp).exp() - (ref - lp) - 1)
-        loss_b = ((per_tok * in_b).sum(1) / mask.sum(1)).mean()   # same denominators as the full loss
+        per_tok = -torch.minimum(ratio * a, ratio.clamp(1 - EPS_LOW, 1 + EPS_HIGH) * a) + BETA * (
+            (ref - lp).exp() - (ref - lp) - 1
+        )
+        loss_b = ((per_tok * in_b).sum(1) / mask.sum(1)).mean()  # same denominators as the full loss
         loss_b.backward()
-        gnorm = math.sqrt(sum(float(q.grad.pow(2).sum()) for q in tiny_model.parameters() if q.grad is not None))
+        gnorm = math.sqrt(
+            sum(float(q.grad.pow(2).sum()) for q in tiny_model.parameters() if q.grad is not None)
+        )
         assert rows.loc[i, "grad_norm"] == pytest.approx(gnorm, rel=1e-4)
         assert rows.loc[i, "n_tokens"] == int(in_b.sum())
 
@@ -114,18 +129,28 @@ def test_residual_from_terms_not_built_on_logprobs(tmp_path, tiny_model, batch):
     ids, mask, adv = batch
     buckets, _, _ = _bucket_step(tmp_path, tiny_model, ids, mask, adv, entropy_coef=0.5)
     shares = buckets["update_share"].sum()
-    assert shares == pytest.approx(1.0, abs=1e-6)           # buckets + residual = 1 exactly
+    assert shares == pytest.approx(1.0, abs=1e-6)  # buckets + residual = 1 exactly
     resid = buckets[buckets.bucket == "residual"].iloc[0]
-    assert abs(resid["update_share"]) > 1e-3                 # the entropy bonus shows up as residual
+    assert abs(resid["update_share"]) > 1e-3  # the entropy bonus shows up as residual
 
 
 def test_grad_accumulation_two_passes_one_update(tmp_path, tiny_model, batch):
     ids, mask, adv = batch
-    with Recorder(tmp_path / "ga", model=tiny_model, bucket_every=1, bucket_edges=(0, .02, 1)) as rec, rec.step(0) as st:
+    with (
+        Recorder(tmp_path / "ga", model=tiny_model, bucket_every=1, bucket_edges=(0, 0.02, 1)) as rec,
+        rec.step(0) as st,
+    ):
         for half in (slice(0, 2), slice(2, 4)):  # two micro-batches
             logits, lp, _, tgt = forward_logprobs(tiny_model, ids[half])
-            st.track(lp, token_ids=tgt, mask=mask[half], advantages=adv[half], logits=logits,
-                     sample_ids=torch.arange(4)[half], update_id=0)
+            st.track(
+                lp,
+                token_ids=tgt,
+                mask=mask[half],
+                advantages=adv[half],
+                logits=logits,
+                sample_ids=torch.arange(4)[half],
+                update_id=0,
+            )
             st.backward(-(lp * adv[half, None] * mask[half]).sum() / mask.sum())
         total = st.record_grad_norms()
     run = load_run(tmp_path / "ga")
@@ -134,13 +159,14 @@ def test_grad_accumulation_two_passes_one_update(tmp_path, tiny_model, batch):
     assert b["update_share"].sum() == pytest.approx(1.0, abs=1e-5)
     assert b[b.bucket == "residual"]["grad_norm"].iloc[0] < 1e-6 * total
     assert run.steps["grad_norm"].iloc[0] == pytest.approx(total)
-    assert run.steps["n_tokens"].iloc[0] == int(mask.sum()) == 8 * 4 - 3      # sample 1 is 3 tokens shorter
+    assert run.steps["n_tokens"].iloc[0] == int(mask.sum()) == 8 * 4 - 3  # sample 1 is 3 tokens shorter
 
 
 def test_scale_grad_changes_gradients_exactly_by_the_weights(tmp_path, batch):
     from conftest import make_model
+
     ids, mask, adv = batch
-    w = torch.linspace(0.5, 1.5, 8).repeat(4, 1)                             # [N, T]
+    w = torch.linspace(0.5, 1.5, 8).repeat(4, 1)  # [N, T]
     m1, m2 = make_model(seed=5), make_model(seed=5)
     with Recorder(tmp_path / "s", model=m1) as rec, rec.step(0) as st:
         _, lp, _, tgt = forward_logprobs(m1, ids)
@@ -186,6 +212,7 @@ def test_bad_inputs_raise_value_error_naming_the_tensor(tmp_path, tiny_model, ba
 
 def test_clip_grad_norm_matches_torch(tmp_path, batch):
     from conftest import make_model
+
     ids, mask, adv = batch
     m1, m2 = make_model(seed=7), make_model(seed=7)
     with Recorder(tmp_path / "c", model=m1) as rec, rec.step(0) as st:
@@ -204,7 +231,7 @@ def test_clip_grad_norm_matches_torch(tmp_path, batch):
 def test_tokens_tracked_in_two_updates_count_once(tmp_path, tiny_model, batch):
     ids, mask, adv = batch
     with Recorder(tmp_path / "mu", model=tiny_model) as rec, rec.step(0) as st:
-        for update_id in (0, 1):                                              # mu = 2 passes over one batch
+        for update_id in (0, 1):  # mu = 2 passes over one batch
             _, lp, _, tgt = forward_logprobs(tiny_model, ids)
             st.track(lp, token_ids=tgt, mask=mask, advantages=adv, update_id=update_id)
             st.backward(-(lp * adv[:, None] * mask).sum())

@@ -15,28 +15,46 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import torch
-
-from tokengrad import Recorder, load_run, list_runs, schema
-from tokengrad.runs import SchemaVersionError
 from conftest import forward_logprobs
+
+from tokengrad import Recorder, list_runs, load_run, schema
+from tokengrad.runs import SchemaVersionError
 
 
 def _record(run_dir, model, n_steps=3, **kw):
     g = torch.Generator().manual_seed(0)
-    with Recorder(run_dir, model=model, config={"lr": 1e-3}, weighting={"name": "grpo", "params": {}}, **kw) as rec:
+    with Recorder(
+        run_dir, model=model, config={"lr": 1e-3}, weighting={"name": "grpo", "params": {}}, **kw
+    ) as rec:
         for step in range(n_steps):
             with rec.step(step) as st:
                 ids = torch.randint(0, 64, (2, 6), generator=g)
                 logits, lp, _, tgt = forward_logprobs(model, ids)
                 adv = torch.tensor([1.0, -1.0])
-                st.track(lp, token_ids=tgt, advantages=adv, logits=logits, sample_ids=torch.tensor([10, 11]),
-                         group_ids=torch.tensor([5, 5]), extra={"my_score": torch.full(tgt.shape, 2.0)})
+                st.track(
+                    lp,
+                    token_ids=tgt,
+                    advantages=adv,
+                    logits=logits,
+                    sample_ids=torch.tensor([10, 11]),
+                    group_ids=torch.tensor([5, 5]),
+                    extra={"my_score": torch.full(tgt.shape, 2.0)},
+                )
                 st.backward(-(lp * adv[:, None]).mean())
                 st.record_grad_norms()
                 st.log(loss=0.5 + step, lr=1e-3, my_scalar=step * 2)
-                st.samples(sample_ids=[10, 11], group_ids=[5, 5], prompts=["p", "p"], completions=["a", "b"],
-                           rewards=[1.0, 0.0], advantages=[1.0, -1.0], lengths=[5, 5], task="kk",
-                           difficulty=["2", "2"], n_people=[2, 2])
+                st.samples(
+                    sample_ids=[10, 11],
+                    group_ids=[5, 5],
+                    prompts=["p", "p"],
+                    completions=["a", "b"],
+                    rewards=[1.0, 0.0],
+                    advantages=[1.0, -1.0],
+                    lengths=[5, 5],
+                    task="kk",
+                    difficulty=["2", "2"],
+                    n_people=[2, 2],
+                )
             rec.log_eval(step, task="kk", difficulty="2", accuracy=0.25 * step, n=4)
     return run_dir
 
@@ -62,6 +80,7 @@ def test_round_trip_all_tables_and_extra_columns(tmp_path, tiny_model):
 
 def test_direct_readers_pandas_duckdb_polars(tmp_path, tiny_model):
     import polars as pl
+
     d = _record(tmp_path / "r", tiny_model)
     glob = str(d / "tokens" / "*" / "*.parquet")
     n_duck = duckdb.sql(f"SELECT count(*) FROM read_parquet('{glob}')").fetchall()[0][0]
@@ -107,12 +126,15 @@ def test_newer_schema_version_is_refused(tmp_path, tiny_model):
 
 
 def test_writer_failure_counts_rows_and_training_goes_on(tmp_path, tiny_model, monkeypatch):
-    import tokengrad.writer as w
+    import tokengrad.record.writer as w
+
     real = w.pq.write_table
+
     def failing(table, where, **kw):
         if "tokens" in str(where):
             raise OSError(28, "No space left on device")
         return real(table, where, **kw)
+
     monkeypatch.setattr(w.pq, "write_table", failing)
     with pytest.warns(RuntimeWarning, match="No space left"):
         d = _record(tmp_path / "f", tiny_model)
@@ -123,7 +145,8 @@ def test_writer_failure_counts_rows_and_training_goes_on(tmp_path, tiny_model, m
 
 
 def test_writer_failure_can_raise(tmp_path, tiny_model, monkeypatch):
-    import tokengrad.writer as w
+    import tokengrad.record.writer as w
+
     monkeypatch.setattr(w.pq, "write_table", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -179,11 +202,11 @@ def test_sigkill_mid_run_leaves_completed_steps_readable(tmp_path):
     assert run.meta["finished"] is False
     n = run.sql("SELECT count(DISTINCT step) AS n FROM tokens")["n"][0]
     assert n >= done
-    assert run.warnings == []                                      # no truncated file: commits are atomic
+    assert run.warnings == []  # no truncated file: commits are atomic
 
 
 def test_resume_step_drops_rows_recorded_after_the_checkpoint(tmp_path, tiny_model):
-    d = _record(tmp_path / "res", tiny_model, n_steps=5, compact_every=2)     # compacted and small files
+    d = _record(tmp_path / "res", tiny_model, n_steps=5, compact_every=2)  # compacted and small files
     with pytest.warns(RuntimeWarning, match="resuming at step 3: removed"):
         with Recorder(d, model=tiny_model, resume_step=3) as rec:
             for step in (3, 4):
@@ -192,22 +215,26 @@ def test_resume_step_drops_rows_recorded_after_the_checkpoint(tmp_path, tiny_mod
     run = load_run(d)
     assert run.steps["step"].tolist() == [0, 1, 2, 3, 4]
     assert run.steps["loss"].tolist() == [0.5, 1.5, 2.5, 103.0, 104.0]
-    assert sorted(run.tokens()["step"].unique()) == [0, 1, 2]                 # old rows of 3, 4 are gone
+    assert sorted(run.tokens()["step"].unique()) == [0, 1, 2]  # old rows of 3, 4 are gone
     assert run.evals["step"].tolist() == [0, 1, 2]
 
 
 def test_queued_bundles_are_committed_together_and_read_exactly(tmp_path):
-    from tokengrad.rows import scalar_table
-    from tokengrad.writer import RunWriter
+    from tokengrad.record.rows import scalar_table
+    from tokengrad.record.writer import RunWriter
+
     (tmp_path / "q").mkdir()
     (tmp_path / "q" / "meta.json").write_text(json.dumps({"schema_version": schema.SCHEMA_VERSION}))
     import threading
+
     w = RunWriter(tmp_path / "q", compact_every=1000)
     started, release = threading.Event(), threading.Event()
+
     def slow():  # keeps the writer busy (after it took this bundle alone) while the next ones queue up
         started.set()
         release.wait(10)
         return scalar_table("steps", [{"step": 0, "rank": 0, "loss": 0.0}])
+
     w.submit({"steps": slow})
     assert started.wait(10)
     for s in range(1, 6):
@@ -215,7 +242,7 @@ def test_queued_bundles_are_committed_together_and_read_exactly(tmp_path):
     release.set()
     w.flush()
     names = sorted(p.name for p in (tmp_path / "q" / "steps" / "rank000").glob("*.parquet"))
-    assert names == [schema.file_name(0, 0), schema.file_name(1, 5)]   # five queued bundles, one file
+    assert names == [schema.file_name(0, 0), schema.file_name(1, 5)]  # five queued bundles, one file
     assert load_run(tmp_path / "q").steps["loss"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
     w.close()
     assert load_run(tmp_path / "q").steps["step"].tolist() == [0, 1, 2, 3, 4, 5]

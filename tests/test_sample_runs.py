@@ -41,7 +41,9 @@ def test_every_file_has_the_fixed_columns_with_their_dtypes(runs, table):
             got = pq.read_schema(path)
             for field in want:
                 assert field.name in got.names, f"{path}: column {field.name} missing"
-                assert got.field(field.name).type == field.type, f"{path}: {field.name} is {got.field(field.name).type}"
+                assert got.field(field.name).type == field.type, (
+                    f"{path}: {field.name} is {got.field(field.name).type}"
+                )
 
 
 def test_runs_are_long_enough_and_analysed(runs):
@@ -76,8 +78,12 @@ def test_token_gradient_norm_is_coef_times_unit_norm(runs):
     for name, run in runs.items():
         t = run.tokens(columns=["coef", "logit_grad_unit", "logit_grad_norm", "prob", "sum_p2"], steps=(0, 5))
         assert len(t) > 0, name
-        np.testing.assert_allclose(t["logit_grad_norm"], t["coef"].abs() * t["logit_grad_unit"], rtol=1e-4, atol=1e-7)
-        np.testing.assert_allclose(t["logit_grad_unit"] ** 2, 1 - 2 * t["prob"] + t["sum_p2"], rtol=1e-3, atol=1e-5)
+        np.testing.assert_allclose(
+            t["logit_grad_norm"], t["coef"].abs() * t["logit_grad_unit"], rtol=1e-4, atol=1e-7
+        )
+        np.testing.assert_allclose(
+            t["logit_grad_unit"] ** 2, 1 - 2 * t["prob"] + t["sum_p2"], rtol=1e-3, atol=1e-5
+        )
 
 
 def test_lopti_makes_two_updates_and_the_others_one(runs):
@@ -88,8 +94,11 @@ def test_lopti_makes_two_updates_and_the_others_one(runs):
 
 
 def test_same_seed_same_first_prompts(runs):
-    # The runs differ only in the rule: step 0 samples the same prompts and (same policy) the same completions.
-    first = {name: run.samples[run.samples["step"] == 0].sort_values("sample_id") for name, run in runs.items()}
+    # The runs differ only in the rule: step 0 samples the same prompts and (same policy) the same
+    # completions.
+    first = {
+        name: run.samples[run.samples["step"] == 0].sort_values("sample_id") for name, run in runs.items()
+    }
     ref = first["grpo"]
     for name, s in first.items():
         assert s["prompt"].tolist() == ref["prompt"].tolist(), name
@@ -97,11 +106,13 @@ def test_same_seed_same_first_prompts(runs):
 
 
 def test_every_export_figure_has_data(runs):
-    from tokengrad.export import build_figure_set
+    from tokengrad.figures.export import build_figure_set
 
     specs, notes = build_figure_set(runs, max_words=30)
     # The only figure a run may lack: update shares, when each of its analysed steps had zero gradient.
-    no_shares = {f"bucket_update_share_{n}: no data" for n, r in runs.items() if _updates_with_gradient(r).empty}
+    no_shares = {
+        f"bucket_update_share_{n}: no data" for n, r in runs.items() if _updates_with_gradient(r).empty
+    }
     assert set(notes) <= no_shares
     assert len(specs) + len(notes) == 4 + 4 * len(runs)
 

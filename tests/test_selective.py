@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from tokengrad.selective import logprobs_with_stats
-from tokengrad.stats import token_stats
+from tokengrad.record.fused_logprobs import logprobs_with_stats
+from tokengrad.record.stats import token_stats
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

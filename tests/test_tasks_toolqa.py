@@ -4,9 +4,15 @@ import re
 
 import pytest
 
-from tokengrad.tasks import get_task
-from tokengrad.tasks.base import is_held_out
-from tokengrad.tasks.toolqa import INVALID_ACTION, QUESTIONS, exact_match, generate_world, normalize_answer
+from tokengrad.train.tasks import get_task
+from tokengrad.train.tasks.base import is_held_out
+from tokengrad.train.tasks.toolqa import (
+    INVALID_ACTION,
+    QUESTIONS,
+    exact_match,
+    generate_world,
+    normalize_answer,
+)
 
 SIZES = dict(n_people=60, n_cities=12, n_companies=20, n_rivers=5)
 
@@ -42,8 +48,10 @@ def test_world_is_deterministic_and_consistent():
 def test_tool_returns_search_r1_information(task):
     company = next(e for e in task.world.values() if e.kind == "company")
     observation = search(task, f"Who runs {company.name}?")
-    assert observation.startswith("\n\n<information>Doc 1(Title: ") and observation.endswith("</information>\n\n")
-    assert len(titles(observation)) == 3                               # top_k = 3
+    assert observation.startswith("\n\n<information>Doc 1(Title: ") and observation.endswith(
+        "</information>\n\n"
+    )
+    assert len(titles(observation)) == 3  # top_k = 3
     assert titles(observation)[0] == company.name
     body = company.passage.split("\n", 1)[1]
     assert f"Doc 1(Title: {company.name}) {body}\nDoc 2(Title: " in observation
@@ -51,14 +59,16 @@ def test_tool_returns_search_r1_information(task):
 
 def test_tool_edge_cases(task):
     assert task.tool_stop == "</search>"
-    assert task.tool("<think> the answer is </think><answer> Paris </answer>") is None    # no search call
+    assert task.tool("<think> the answer is </think><answer> Paris </answer>") is None  # no search call
     assert task.tool("<search>   </search>") == INVALID_ACTION
     assert task.tool("</search>") == INVALID_ACTION
-    assert len(titles(task.tool("<search> qqqq zzzz </search>"))) == 3    # unknown words still return docs
+    assert len(titles(task.tool("<search> qqqq zzzz </search>"))) == 3  # unknown words still return docs
     # Only the last query counts, and queries inside earlier observations are ignored.
     first = search(task, "river")
     city = next(e for e in task.world.values() if e.kind == "city")
-    assert titles(task.tool(f"<search> river </search>{first}<search> {city.name} </search>\n"))[0] == city.name
+    assert (
+        titles(task.tool(f"<search> river </search>{first}<search> {city.name} </search>\n"))[0] == city.name
+    )
 
 
 def test_one_hop_answers_are_one_search_away(task):
@@ -82,15 +92,21 @@ def test_two_hop_answers_are_two_searches_away(task):
         assert str(gold) in task.world[bridge].passage
 
 
-@pytest.mark.parametrize("completion, reward", [
-    ("<think> found it </think><answer> Velo River </answer>", 1.0),
-    ("<answer>the velo river.</answer>", 1.0),                       # articles, case and punctuation
-    ("<answer> Velo </answer>", 1.0),                                # alias
-    ("<answer> Velo Stream </answer>", 0.0),
-    ("<answer>Velo River</answer> wait <answer>Mar River</answer>", 0.0),   # the last answer counts
-    ("<search> velo </search>\n\n<information>Doc 1(Title: x) <answer>Velo</answer></information>\n\n", 0.0),
-    ("Velo River", 0.0),                                             # no tags
-])
+@pytest.mark.parametrize(
+    "completion, reward",
+    [
+        ("<think> found it </think><answer> Velo River </answer>", 1.0),
+        ("<answer>the velo river.</answer>", 1.0),  # articles, case and punctuation
+        ("<answer> Velo </answer>", 1.0),  # alias
+        ("<answer> Velo Stream </answer>", 0.0),
+        ("<answer>Velo River</answer> wait <answer>Mar River</answer>", 0.0),  # the last answer counts
+        (
+            "<search> velo </search>\n\n<information>Doc 1(Title: x) <answer>Velo</answer></information>\n\n",
+            0.0,
+        ),
+        ("Velo River", 0.0),  # no tags
+    ],
+)
 def test_exact_match_reward(completion, reward):
     assert exact_match(completion, ("Velo River", "Velo")) == reward
 
@@ -103,8 +119,10 @@ def test_normalize_answer():
 def test_full_trajectory_reward(task):
     problem = next(p for p in task.train_problems(50, seed=1) if p.meta["hops"] == 2)
     observation = search(task, problem.meta["question"])
-    trajectory = (f"<think> search </think>\n<search> {problem.meta['question']} </search>{observation}"
-                  f"<think> got it </think>\n<answer> {problem.answer[0]} </answer>")
+    trajectory = (
+        f"<think> search </think>\n<search> {problem.meta['question']} </search>{observation}"
+        f"<think> got it </think>\n<answer> {problem.answer[0]} </answer>"
+    )
     assert task.reward(problem, trajectory) == 1.0 and task.is_correct(problem, trajectory)
     assert task.reward(problem, trajectory.replace(problem.answer[0], "Nowhere")) == 0.0
 
@@ -122,15 +140,18 @@ def test_splits(task):
     assert get_task("toolqa", hops=2, **SIZES).eval_problems(5, seed=0) == evals[15:20]
 
 
-@pytest.mark.parametrize("params, message", [
-    (dict(hops=3), "hops"),
-    (dict(hops=(2, 1)), "hops"),
-    (dict(n_people=0), "n_people"),
-    (dict(n_cities=True), "n_cities"),
-    (dict(world_seed=-1), "world_seed"),
-    (dict(top_k=0), "top_k"),
-    (dict(max_tool_calls=-1), "max_tool_calls"),
-])
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        (dict(hops=3), "hops"),
+        (dict(hops=(2, 1)), "hops"),
+        (dict(n_people=0), "n_people"),
+        (dict(n_cities=True), "n_cities"),
+        (dict(world_seed=-1), "world_seed"),
+        (dict(top_k=0), "top_k"),
+        (dict(max_tool_calls=-1), "max_tool_calls"),
+    ],
+)
 def test_bad_params(params, message):
     with pytest.raises(ValueError, match=message):
         get_task("toolqa", **params)

@@ -11,12 +11,19 @@ import pytest
 import torch
 
 from tokengrad import load_run, schema
-from tokengrad.models import load_model
-from tokengrad.rollout import (gather_logprobs, generate_completions, make_rollout, policy_forward, render_prompt,
-                               sampling_kwargs)
-from tokengrad.tasks import TASKS, Problem, register_task
-from tokengrad.trainer import cli_train, micro_batch_share, train
-from tokengrad.weighting import WEIGHTINGS
+from tokengrad.train.loss import micro_batch_share
+from tokengrad.train.models import load_model
+from tokengrad.train.rollout import (
+    gather_logprobs,
+    generate_completions,
+    make_rollout,
+    policy_forward,
+    render_prompt,
+    sampling_kwargs,
+)
+from tokengrad.train.tasks import TASKS, Problem, register_task
+from tokengrad.train.trainer import cli_train, train
+from tokengrad.train.weighting import WEIGHTINGS
 
 TIMING = ["time_step", "time_record", "time_generate", "time_score", "time_update"]
 
@@ -102,7 +109,9 @@ def test_two_step_smoke_run_for_every_weighting_rule(tmp_path, rule):
 def test_weighting_meta_holds_the_rules_params_and_curve(tmp_path):
     run = load_run(train(tiny(tmp_path, weighting="tr_grpo", weighting_params={"upper": 1.2}, steps=1)))
     w = run.meta["weighting"]
-    assert w["params"] == {"alpha": 2.0, "k": 9.0, "mu": 0.25, "lower": 1.0, "upper": 1.2, "placement": "loss"}
+    assert w["params"] == {
+        "alpha": 2.0, "k": 9.0, "mu": 0.25, "lower": 1.0, "upper": 1.2, "placement": "loss"
+    }
     p, curve = w["curve"]["p"], w["curve"]["w"]
     assert len(p) == 101 and curve[0] == 1.0 and curve[-1] == pytest.approx(1.2)
     # w(0.2) = clip(2 * (sigmoid(1.8) - 0.25), 1, 1.2) = clip(2 * (0.85815 - 0.25), 1, 1.2) = 1.2163 -> 1.2
@@ -113,16 +122,16 @@ def test_weighting_meta_holds_the_rules_params_and_curve(tmp_path):
 
 def test_first_update_is_on_policy_and_lopti_phases_split_at_eta(tmp_path):
     run = load_run(train(tiny(tmp_path, weighting="lopti", weighting_params={"eta": 0.004})))
-    tok = run.tokens(where="in_loss AND step = 1")          # step 0 has all rewards 0, so no gradient
+    tok = run.tokens(where="in_loss AND step = 1")  # step 0 has all rewards 0, so no gradient
     assert (tok["advantage"] != 0).any()
     first = tok[tok.update_id == 0]
     # pi_old is scored with the weights of the first update, so its ratio is exactly 1
     assert (first["ratio"] - 1).abs().max() < 1e-6
-    assert (first["old_logprob"].map(torch.tensor).map(torch.exp) < 0.004).all()      # phase 1: p_old < eta
+    assert (first["old_logprob"].map(torch.tensor).map(torch.exp) < 0.004).all()  # phase 1: p_old < eta
     second = tok[tok.update_id == 1]
     assert len(first) > 0 and len(second) > 0
     assert (second["old_logprob"].map(lambda x: float(torch.tensor(x).exp())) >= 0.004).all()
-    assert (second["ratio"] - 1).abs().max() > 1e-4               # after the first update the policy moved
+    assert (second["ratio"] - 1).abs().max() > 1e-4  # after the first update the policy moved
 
 
 def test_same_seed_same_run_and_another_seed_differs(tmp_path):
@@ -157,17 +166,27 @@ def test_tool_output_tokens_are_recorded_but_out_of_the_loss(tmp_path):
     task = LettersTask()
     prompt = render_prompt(tok, task.train_problems(1, 0)[0])
     first = generate_completions(model, tok, [prompt], 1, 1, sampling_kwargs(0.0, 1.0)).completion_ids[0]
-    stop = tok.decode(first)        # greedy decoding emits this first, so every first turn calls the tool
+    stop = tok.decode(first)  # greedy decoding emits this first, so every first turn calls the tool
     reply = " <info>ok</info> "
-    run = load_run(train(tiny(tmp_path, steps=1, prompts_per_step=1, temperature=0.0, max_turns=2,
-                              task_params={"tool_stop": stop, "reply": reply, "noisy": True})))
+    run = load_run(
+        train(
+            tiny(
+                tmp_path,
+                steps=1,
+                prompts_per_step=1,
+                temperature=0.0,
+                max_turns=2,
+                task_params={"tool_stop": stop, "reply": reply, "noisy": True},
+            )
+        )
+    )
     rows = run.tokens().sort_values(["sample_id", "position"])
     info = rows[~rows.in_loss]
-    n_reply = len(tok(reply, add_special_tokens=False).input_ids)            # 17 bytes -> 17 tokens
-    assert len(info) == 2 * n_reply                                           # both samples got one reply
+    n_reply = len(tok(reply, add_special_tokens=False).input_ids)  # 17 bytes -> 17 tokens
+    assert len(info) == 2 * n_reply  # both samples got one reply
     assert "".join(info[info.sample_id == 0]["token"]) == reply
     assert (info["coef"] == 0).all() and (rows[rows.in_loss]["coef"] != 0).any()
-    assert info["position"].min() == 1                                        # right after the stop token
+    assert info["position"].min() == 1  # right after the stop token
     assert run.samples["n_tool_calls"].tolist() == [1, 1]
     assert (run.samples["completion"].str.contains("<info>ok</info>")).all()
 
@@ -177,23 +196,25 @@ def test_packed_left_padded_logprobs_match_each_sequence_alone():
     task = LettersTask()
     problems = [Problem("a", "", "1"), Problem("a much longer prompt than the first", "", "1")]
     torch.manual_seed(0)
-    comps = generate_completions(model, tok, [render_prompt(tok, p) for p in problems], 2, 6, sampling_kwargs(1.0, 1.0))
+    comps = generate_completions(
+        model, tok, [render_prompt(tok, p) for p in problems], 2, 6, sampling_kwargs(1.0, 1.0)
+    )
     r = make_rollout(comps, task, problems, tok)
     assert r.prompt_len == max(len(p) for p in comps.prompt_ids) and r.rewards.shape == (2, 2)
     with torch.no_grad():
         logits, hidden = policy_forward(model, r.input_ids, r.attention_mask, r.prompt_len)
-        packed = gather_logprobs(logits, r.completion_ids)                          # [N, T]
+        packed = gather_logprobs(logits, r.completion_ids)  # [N, T]
         for i, (p, c) in enumerate(zip(comps.prompt_ids, comps.completion_ids)):
-            alone = model(torch.tensor([p + c])).logits[0].log_softmax(-1)          # [P_i + T_i, V]
-            want = alone[len(p) - 1:-1].gather(-1, torch.tensor(c)[:, None])[:, 0]  # [T_i]
-            assert torch.allclose(packed[i, :len(c)], want, atol=1e-5)
+            alone = model(torch.tensor([p + c])).logits[0].log_softmax(-1)  # [P_i + T_i, V]
+            want = alone[len(p) - 1 : -1].gather(-1, torch.tensor(c)[:, None])[:, 0]  # [T_i]
+            assert torch.allclose(packed[i, : len(c)], want, atol=1e-5)
             assert r.mask[i].sum() == len(c)
 
 
 def test_sampling_ignores_the_checkpoints_generation_defaults():
     model, tok = load_model("tiny", seed=0)
     greedy = generate_completions(model, tok, ["hello"], 1, 6, sampling_kwargs(0.0, 1.0)).completion_ids
-    model.generation_config.repetition_penalty = 5.0       # would change what greedy decoding picks
+    model.generation_config.repetition_penalty = 5.0  # would change what greedy decoding picks
     again = generate_completions(model, tok, ["hello"], 1, 6, sampling_kwargs(0.0, 1.0)).completion_ids
     assert again == greedy and model.generation_config.repetition_penalty == 5.0
 
@@ -202,8 +223,19 @@ def test_grad_accumulation_gives_the_gradient_of_one_pass(tmp_path):
     for aggregation in ("grpo", "dapo", "dr_grpo"):
         norms = []
         for accum in (1, 2):
-            run = load_run(train(tiny(tmp_path, name=f"{aggregation}{accum}", steps=1, group_size=4,
-                                      grad_accum=accum, aggregation=aggregation, max_new_tokens=6)))
+            run = load_run(
+                train(
+                    tiny(
+                        tmp_path,
+                        name=f"{aggregation}{accum}",
+                        steps=1,
+                        group_size=4,
+                        grad_accum=accum,
+                        aggregation=aggregation,
+                        max_new_tokens=6,
+                    )
+                )
+            )
             layers = run.layers
             norms.append(layers[layers.layer == schema.TOTAL_LAYER]["grad_norm"].item())
             assert run.tokens()["pass_id"].nunique() == accum and run.steps["n_updates"].item() == 1
@@ -211,15 +243,15 @@ def test_grad_accumulation_gives_the_gradient_of_one_pass(tmp_path):
 
 
 def test_micro_batch_share_by_aggregation():
-    full = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]]).float()   # 8 loss tokens in 3 rows
-    micro = full[:2]                                                            # 4 tokens in 2 rows
+    full = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]]).float()  # 8 loss tokens in 3 rows
+    micro = full[:2]  # 4 tokens in 2 rows
     assert micro_batch_share("dapo", micro, full) == pytest.approx(4 / 8)
     assert micro_batch_share("grpo", micro, full) == pytest.approx(2 / 3)
     assert micro_batch_share("dr_grpo", micro, full) == pytest.approx(2 / 3)
 
 
 def test_mu_passes_and_kl_to_the_reference(tmp_path):
-    run = load_run(train(tiny(tmp_path, mu=2, beta=0.1)))
+    run = load_run(train(tiny(tmp_path, num_iterations=2, beta=0.1)))
     assert run.steps["n_updates"].tolist() == [2, 2]
     tok = run.tokens(where="step = 0")
     assert sorted(tok["update_id"].unique()) == [0, 1]
@@ -229,7 +261,9 @@ def test_mu_passes_and_kl_to_the_reference(tmp_path):
 
 
 def test_dynamic_sampling_drops_groups_with_equal_rewards(tmp_path):
-    run = load_run(train(tiny(tmp_path, dynamic_sampling=True, task_params={"constant": True}, checkpoint=False)))
+    run = load_run(
+        train(tiny(tmp_path, dynamic_sampling=True, task_params={"constant": True}, checkpoint=False))
+    )
     assert not (tmp_path / "run" / "checkpoint").exists()
     assert run.steps["n_updates"].tolist() == [0, 0]
     assert run.files("tokens") == []
@@ -237,9 +271,20 @@ def test_dynamic_sampling_drops_groups_with_equal_rewards(tmp_path):
 
 
 def test_warmup_lr_evals_buckets_and_samples(tmp_path):
-    run = load_run(train(tiny(tmp_path, steps=3, warmup_steps=2, lr=0.01, eval_every=2, eval_per_difficulty=2,
-                              bucket_every=2)))
-    assert run.steps["lr"].tolist() == pytest.approx([0.005, 0.01, 0.01])     # lr * min(1, (step + 1) / 2)
+    run = load_run(
+        train(
+            tiny(
+                tmp_path,
+                steps=3,
+                warmup_steps=2,
+                lr=0.01,
+                eval_every=2,
+                eval_per_difficulty=2,
+                bucket_every=2,
+            )
+        )
+    )
+    assert run.steps["lr"].tolist() == pytest.approx([0.005, 0.01, 0.01])  # lr * min(1, (step + 1) / 2)
     ev = run.evals
     assert ev["step"].tolist() == [1, 1, 2, 2] and ev["difficulty"].tolist() == ["1", "2", "1", "2"]
     assert (ev["n"] == 2).all() and ev["accuracy"].between(0, 1).all()
@@ -249,23 +294,45 @@ def test_warmup_lr_evals_buckets_and_samples(tmp_path):
     assert set(s.columns) >= {"correct", "answer", "meta_round", "n_tool_calls", "in_update"}
     assert s["task"].eq("letters").all() and s["length"].between(1, 8).all()
     steps = run.steps
-    assert {"time_generate", "time_score", "time_update", "time_record", "reward_mean", "reward_std",
-            "clip_frac", "weight_mean", "grad_norm", "loss"} <= set(steps.columns)
+    assert {
+        "time_generate",
+        "time_score",
+        "time_update",
+        "time_record",
+        "reward_mean",
+        "reward_std",
+        "clip_frac",
+        "weight_mean",
+        "grad_norm",
+        "loss",
+    } <= set(steps.columns)
     assert steps["reward_mean"].tolist() == pytest.approx(s.groupby("step")["reward"].mean().tolist())
 
 
 def test_real_task_kk_with_eval_by_number_of_people(tmp_path):
-    run_dir = train(tiny(tmp_path, task="kk", task_params={"n_people": [2, 3]}, eval_every=1, eval_per_difficulty=1,
-                         steps=1, prompts_per_step=1, max_new_tokens=4, bf16=True))
+    run_dir = train(
+        tiny(
+            tmp_path,
+            task="kk",
+            task_params={"n_people": [2, 3]},
+            eval_every=1,
+            eval_per_difficulty=1,
+            steps=1,
+            prompts_per_step=1,
+            max_new_tokens=4,
+            bf16=True,
+        )
+    )
     check_run(run_dir, steps=1)
     run = load_run(run_dir)
     assert run.evals["difficulty"].tolist() == ["2", "3"] and run.evals["task"].eq("kk").all()
-    assert (run.samples["reward"] == -3).all()             # Logic-RL's format penalty for random text
+    assert (run.samples["reward"] == -3).all()  # Logic-RL's format penalty for random text
 
 
 def test_real_tool_task_runs(tmp_path):
-    run_dir = train(tiny(tmp_path, task="toolqa", steps=1, prompts_per_step=1, max_new_tokens=4, max_turns=2,
-                         bf16=True))
+    run_dir = train(
+        tiny(tmp_path, task="toolqa", steps=1, prompts_per_step=1, max_new_tokens=4, max_turns=2, bf16=True)
+    )
     check_run(run_dir, steps=1)
 
 
@@ -281,8 +348,10 @@ def test_errors_before_any_work(tmp_path):
 
 def test_cli_train(tmp_path, capsys):
     cfg = tmp_path / "c.toml"
-    cfg.write_text('model = "tiny"\ntask = "letters"\nsteps = 1\nprompts_per_step = 1\ngroup_size = 2\n'
-                   'max_new_tokens = 4\nprogress = false\n')
+    cfg.write_text(
+        'model = "tiny"\ntask = "letters"\nsteps = 1\nprompts_per_step = 1\ngroup_size = 2\n'
+        "max_new_tokens = 4\nprogress = false\n"
+    )
     assert cli_train([str(cfg), "weighting=ar", "--run-dir", str(tmp_path / "cli")]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "cli")
     assert load_run(tmp_path / "cli").meta["weighting"]["name"] == "ar"

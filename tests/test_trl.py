@@ -12,8 +12,8 @@ trl = pytest.importorskip("trl")
 
 from tokengrad import load_run  # noqa: E402
 from tokengrad.integrations import trl as tg_trl  # noqa: E402
-from tokengrad.models import make_tiny_model, make_tiny_tokenizer  # noqa: E402
-from tokengrad.stats import token_stats  # noqa: E402
+from tokengrad.record.stats import token_stats  # noqa: E402
+from tokengrad.train.models import make_tiny_model, make_tiny_tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.trl
 PROMPTS = ["abc", "hello", "x=1+", "what?"]
@@ -39,9 +39,13 @@ def make_trainer(tmp_path, loss_type="dapo", reward_funcs=(distinct_chars,), **o
         model.config._name_or_path = str(tmp_path / "tiny")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        return trl.GRPOTrainer(model=model, reward_funcs=list(reward_funcs),
-                               args=trl.GRPOConfig(**cfg), train_dataset=Dataset.from_dict({"prompt": PROMPTS * 4}),
-                               processing_class=tok)
+        return trl.GRPOTrainer(
+            model=model,
+            reward_funcs=list(reward_funcs),
+            args=trl.GRPOConfig(**cfg),
+            train_dataset=Dataset.from_dict({"prompt": PROMPTS * 4}),
+            processing_class=tok,
+        )
 
 
 def recompute(trainer, model, inputs):
@@ -71,9 +75,9 @@ def brute_force_stats(trainer, inputs):
     T = inputs["completion_ids"].size(1)
     with torch.no_grad():
         out = model(input_ids=ids, attention_mask=att, output_hidden_states=True)
-    logits = out.logits[:, -T - 1:-1].float() / trainer.temperature              # [B, T, V]
+    logits = out.logits[:, -T - 1 : -1].float() / trainer.temperature  # [B, T, V]
     stats = token_stats(logits, inputs["completion_ids"])
-    return stats, out.hidden_states[-1][:, -T - 1:-1].norm(dim=-1) / trainer.temperature
+    return stats, out.hidden_states[-1][:, -T - 1 : -1].norm(dim=-1) / trainer.temperature
 
 
 def capture_passes(trainer, weights_fn=None):
@@ -91,8 +95,9 @@ def capture_passes(trainer, weights_fn=None):
                 params = [p for p in trainer.model.parameters() if p.requires_grad]
                 w = weights_fn(lp.detach())
                 entry["w"] = w
-                entry["grad_weighted"] = torch.autograd.grad((w * coef).detach().mul(lp).sum(), params,
-                                                             retain_graph=True)
+                entry["grad_weighted"] = torch.autograd.grad(
+                    (w * coef).detach().mul(lp).sum(), params, retain_graph=True
+                )
                 entry["grad_plain"] = torch.autograd.grad(ref_loss, params)
             passes.append(entry)
         return loss
@@ -137,8 +142,8 @@ def test_recorded_coef_equals_autograd_of_trl_loss(tmp_path, loss_type):
     run = load_run(tmp_path / "run")
     tokens = run.tokens()
     ga, mu = trainer.args.gradient_accumulation_steps, trainer.num_iterations
-    assert len(passes) == 2 * ga                                    # 2 optimizer steps x GA micro-batches
-    assert len(run.steps) == math.ceil(2 / mu)                     # one tokengrad step per generation batch
+    assert len(passes) == 2 * ga  # 2 optimizer steps x GA micro-batches
+    assert len(run.steps) == math.ceil(2 / mu)  # one tokengrad step per generation batch
     checked = 0
     for k, p in enumerate(passes):
         step, pass_id = divmod(k, ga * mu)
@@ -153,23 +158,36 @@ def test_recorded_coef_equals_autograd_of_trl_loss(tmp_path, loss_type):
         lp = as_matrix(rows, "logprob", sid, mask.shape)
         torch.testing.assert_close(lp[mask], p["lp"][mask].double(), rtol=1e-6, atol=1e-6)
         old = inp.get("old_per_token_logps", p["lp"])
-        torch.testing.assert_close(as_matrix(rows, "old_logprob", sid, mask.shape)[mask], old[mask].double(),
-                                   rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(
+            as_matrix(rows, "old_logprob", sid, mask.shape)[mask], old[mask].double(), rtol=1e-6, atol=1e-6
+        )
         adv = inp["advantages"][:, None].expand_as(mask)
         torch.testing.assert_close(as_matrix(rows, "advantage", sid, mask.shape)[mask], adv[mask].double())
         stats, hnorm = p["stats"]
         for col in ("prob", "entropy", "sum_p2"):
-            torch.testing.assert_close(as_matrix(rows, col, sid, mask.shape)[mask],
-                                       getattr(stats, col)[mask].double(), rtol=1e-4, atol=1e-6)
-        head = stats.logit_grad_unit * p["coef"].abs() * hnorm                       # [B, T]
-        torch.testing.assert_close(as_matrix(rows, "head_grad_norm", sid, mask.shape)[mask],
-                                   head[mask].double(), rtol=1e-4, atol=1e-9)
+            torch.testing.assert_close(
+                as_matrix(rows, col, sid, mask.shape)[mask],
+                getattr(stats, col)[mask].double(),
+                rtol=1e-4,
+                atol=1e-6,
+            )
+        head = stats.logit_grad_unit * p["coef"].abs() * hnorm  # [B, T]
+        torch.testing.assert_close(
+            as_matrix(rows, "head_grad_norm", sid, mask.shape)[mask],
+            head[mask].double(),
+            rtol=1e-4,
+            atol=1e-9,
+        )
         if "ref_per_token_logps" in inp:
-            torch.testing.assert_close(as_matrix(rows, "ref_logprob", sid, mask.shape)[mask],
-                                       inp["ref_per_token_logps"][mask].double(), rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(
+                as_matrix(rows, "ref_logprob", sid, mask.shape)[mask],
+                inp["ref_per_token_logps"][mask].double(),
+                rtol=1e-6,
+                atol=1e-6,
+            )
         checked += int(mask.sum())
-    assert checked == len(tokens)                                    # every recorded token was compared
-    if mu > 1:                                                      # later updates are off-policy: ratio != 1
+    assert checked == len(tokens)  # every recorded token was compared
+    if mu > 1:  # later updates are off-policy: ratio != 1
         assert (tokens.ratio - 1).abs().max() > 1e-4
 
 
@@ -192,14 +210,14 @@ def test_grad_norms_samples_and_metrics_match_trl(tmp_path):
     # group-normalised advantages (TRL's scale_rewards="group"): zero mean within the group
     assert abs(samples.advantage.mean()) < 1e-6
     tokens = run.tokens(columns=["sample_id", "position", "pass_id"])
-    lengths = tokens[tokens.pass_id == 0].groupby("sample_id").size()   # the second pass re-scores them
+    lengths = tokens[tokens.pass_id == 0].groupby("sample_id").size()  # the second pass re-scores them
     assert lengths.tolist() == samples.length.tolist()
-    assert run.steps.trl_global_step.tolist() == [2]                # the step's last update is TRL's step 2
+    assert run.steps.trl_global_step.tolist() == [2]  # the step's last update is TRL's step 2
     assert run.steps.reward_mean.iloc[0] == pytest.approx(samples.reward.mean(), rel=1e-6)
 
 
 def tr_grpo_reference(lp):
-    """TR-GRPO default weights from the formula, independently of tokengrad.weighting:
+    """TR-GRPO default weights from the formula, independently of tokengrad.train.weighting:
     w = clip(2 (sigmoid(9 p) - 0.25), 1, 1.4); e.g. p = 0.2: 2 (0.858 - 0.25) = 1.216."""
     return (2.0 * (torch.sigmoid(9.0 * lp.exp()) - 0.25)).clamp(1.0, 1.4)
 
@@ -227,22 +245,29 @@ def test_tr_grpo_attach_scales_gradients_exactly_by_the_weights(tmp_path):
         sid = p["inputs"][tg_trl.SAMPLE_KEY]
         w = as_matrix(rows, "weight", sid, mask.shape)
         torch.testing.assert_close(w[mask], p["w"][mask].double(), rtol=1e-6, atol=1e-6)
-        torch.testing.assert_close(as_matrix(rows, "coef", sid, mask.shape)[mask],
-                                   (p["w"] * p["coef"])[mask].double(), rtol=1e-5, atol=1e-9)
+        torch.testing.assert_close(
+            as_matrix(rows, "coef", sid, mask.shape)[mask],
+            (p["w"] * p["coef"])[mask].double(),
+            rtol=1e-5,
+            atol=1e-9,
+        )
         for got, want in zip(g, p["grad_weighted"]):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
-    assert w[mask].min() < 1.2 and w[mask].max() > 1.2              # weights really differ between tokens
+    assert w[mask].min() < 1.2 and w[mask].max() > 1.2  # weights really differ between tokens
     diff = max(float((a - b).abs().max()) for a, b in zip(grads[-1], passes[-1]["grad_plain"]))
-    assert diff > 1e-4                                              # ... so the gradient is not TRL's plain one
+    assert diff > 1e-4  # ... so the gradient is not TRL's plain one
     meta = load_run(tmp_path / "run").meta["weighting"]
     assert meta["name"] == "tr_grpo" and meta["params"]["k"] == 9.0 and meta["applied_as"] == "grad_scale"
 
 
-@pytest.mark.parametrize("name, params, field", [
-    ("lopti", {}, "phases"),
-    ("kl_cov", {}, "kl_cov_coef"),
-    ("tr_grpo", {"placement": "ratio"}, "ratio_weight"),
-])
+@pytest.mark.parametrize(
+    "name, params, field",
+    [
+        ("lopti", {}, "phases"),
+        ("kl_cov", {}, "kl_cov_coef"),
+        ("tr_grpo", {"placement": "ratio"}, "ratio_weight"),
+    ],
+)
 def test_rules_that_are_not_a_gradient_scale_are_refused(name, params, field):
     with pytest.raises(ValueError) as err:
         tg_trl.resolve_weighting(name, params)
@@ -252,7 +277,14 @@ def test_rules_that_are_not_a_gradient_scale_are_refused(name, params, field):
 
 
 def test_supported_weightings_are_exactly_the_scale_rules():
-    assert tg_trl.supported_weightings() == ["ar", "clip_cov", "cw_grpo", "grpo", "tr_grpo", "tr_grpo_reverse"]
+    assert tg_trl.supported_weightings() == [
+        "ar",
+        "clip_cov",
+        "cw_grpo",
+        "grpo",
+        "tr_grpo",
+        "tr_grpo_reverse",
+    ]
     with pytest.raises(ValueError, match="unknown weighting rule"):
         tg_trl.resolve_weighting("no_such_rule", {})
 
@@ -268,7 +300,7 @@ def test_version_outside_tested_range_is_refused():
 def test_liger_loss_path_and_double_attach_are_refused(tmp_path):
     trainer = make_trainer(tmp_path)
     trainer.args.use_liger_kernel = True
-    trainer.compute_liger_loss = lambda *a, **k: None               # a TRL whose liger path bypasses _compute_loss
+    trainer.compute_liger_loss = lambda *a, **k: None  # a TRL whose liger path bypasses _compute_loss
     with pytest.raises(ValueError, match="use_liger_kernel=True"):
         tg_trl.attach(trainer, tmp_path / "run")
     del trainer.compute_liger_loss
@@ -286,7 +318,9 @@ def test_train_end_restores_the_trainer(tmp_path):
     tg_trl.attach(trainer, tmp_path / "run")
     assert "compute_loss" in vars(trainer) and vars(trainer.model)["forward"] is not forward
     trainer.train()
-    assert not {"compute_loss", "train"} & set(vars(trainer)) and "clip_grad_norm_" not in vars(trainer.accelerator)
+    assert not {"compute_loss", "train"} & set(vars(trainer)) and "clip_grad_norm_" not in vars(
+        trainer.accelerator
+    )
     assert vars(trainer.model)["forward"] is forward
     assert not any(type(cb).__module__ == tg_trl.__name__ for cb in trainer.callback_handler.callbacks)
     assert load_run(tmp_path / "run").meta["finished"] is True
@@ -304,9 +338,9 @@ def test_bucket_analysis_inside_trl(tmp_path, entropy_coef):
     assert b.update_share.sum() == pytest.approx(1.0, abs=1e-4)
     assert b.n_tokens.sum() == int(run.tokens(columns=["in_loss"]).in_loss.sum())
     if entropy_coef == 0.0:
-        assert abs(residual) < 1e-5          # all of TRL's dapo loss reaches the parameters through log pi
+        assert abs(residual) < 1e-5  # all of TRL's dapo loss reaches the parameters through log pi
     else:
-        assert abs(residual) > 1e-3          # the entropy bonus does not: it is the residual
+        assert abs(residual) > 1e-3  # the entropy bonus does not: it is the residual
 
 
 def test_failing_train_keeps_finished_steps_and_restores_the_trainer(tmp_path):

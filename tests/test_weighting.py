@@ -5,10 +5,17 @@ import math
 import pytest
 import torch
 
-import tokengrad.weighting as weighting
-from tokengrad.loss import policy_loss
-from tokengrad.weighting import (TokenBatch, TokenWeights, get_weighting, register_weighting, rule_params,
-                                 validate_params, weight_curve)
+import tokengrad.train.weighting as weighting
+from tokengrad.train.loss import policy_loss
+from tokengrad.train.weighting import (
+    TokenBatch,
+    TokenWeights,
+    get_weighting,
+    register_weighting,
+    rule_params,
+    validate_params,
+    weight_curve,
+)
 
 F64 = torch.float64
 ALL_RULES = ["ar", "ar_lopti", "clip_cov", "cw_grpo", "grpo", "kl_cov", "lopti", "tr_grpo", "tr_grpo_reverse"]
@@ -27,7 +34,9 @@ def _prob_batch(p, p_old=None):
 
 def test_registry_lists_rules_and_unknown_name_error():
     assert sorted(weighting.WEIGHTINGS) == ALL_RULES
-    with pytest.raises(ValueError, match=r"unknown weighting rule 'tr-grpo'; known rules: \['ar', 'ar_lopti', "):
+    with pytest.raises(
+        ValueError, match=r"unknown weighting rule 'tr-grpo'; known rules: \['ar', 'ar_lopti', "
+    ):
         get_weighting("tr-grpo")
     assert rule_params("tr_grpo") == dict(alpha=2.0, k=9.0, mu=0.25, lower=1.0, upper=1.4, placement="loss")
     assert rule_params("ar") == {"alpha": 0.3} and rule_params("grpo") == {}
@@ -153,7 +162,9 @@ def test_cw_grpo_mean_one_and_degenerate_batch():
     g = torch.Generator().manual_seed(0)
     lp = -torch.rand(6, 9, generator=g, dtype=F64) * 4
     mask = (torch.rand(6, 9, generator=g) > 0.3).to(F64)
-    w = get_weighting("cw_grpo")(TokenBatch(lp, lp, torch.randn(6, generator=g, dtype=F64), mask)).advantage_weight
+    w = get_weighting("cw_grpo")(
+        TokenBatch(lp, lp, torch.randn(6, generator=g, dtype=F64), mask)
+    ).advantage_weight
     assert w[mask > 0].mean().item() == pytest.approx(1.0, abs=1e-12)
     assert w[mask > 0].std().item() > 0.05  # a real batch is actually reweighted
     # equal advantages -> every c is 0, sigma 0 -> all weights 1 instead of 0/0
@@ -218,8 +229,11 @@ def test_kl_cov_top_k_and_penalty_only_there():
     lp = _t([[-0.5, -2.5, 5.0], [-3, -2, 9.0]])
     mask = _t([[1, 1, 0], [1, 1, 0]])
     batch = TokenBatch(lp, lp, _t([2, -2]), mask)
-    assert get_weighting("kl_cov")(batch).kl_cov_coef.tolist() == [[1, 0, 0], [0, 0, 0]]  # max(floor(.008), 1)
-    w = get_weighting("kl_cov")(batch, fraction=0.5, beta=0.5)
+    assert get_weighting("kl_cov")(batch).kl_cov_coef.tolist() == [
+        [1, 0, 0],
+        [0, 0, 0],
+    ]  # max(floor(.008), 1)
+    w = get_weighting("kl_cov")(batch, fraction=0.5, kl_cov_coef=0.5)
     assert w.kl_cov_coef.tolist() == [[0.5, 0, 0], [0.5, 0, 0]]
     # in the loss: |log r| = 0.1 everywhere, so the penalty adds 0.5 * 0.1 = 0.05 on the top-k tokens only
     old = lp - 0.1
@@ -229,8 +243,12 @@ def test_kl_cov_top_k_and_penalty_only_there():
 
 
 def test_effective_weight_is_product():
-    w = TokenWeights(loss_weight=_t([[2.0]]), ratio_weight=_t([[3.0]]), advantage_weight=_t([[0.5]]),
-                     kl_cov_coef=_t([[7.0]]))
+    w = TokenWeights(
+        loss_weight=_t([[2.0]]),
+        ratio_weight=_t([[3.0]]),
+        advantage_weight=_t([[0.5]]),
+        kl_cov_coef=_t([[7.0]]),
+    )
     assert w.effective().item() == 3.0  # 2 * 3 * .5; the KL-Cov coefficient is not a weight
     assert TokenWeights().effective().item() == 1.0
 

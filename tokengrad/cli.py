@@ -6,26 +6,41 @@
     tokengrad inspect sample_runs/grpo            # summary of a run;  --schema prints the run format
 
 Each subcommand's own options: `tokengrad SUBCOMMAND --help`.
+
+One error boundary for every subcommand: a user error (a bad path, an invalid config value or file, a port
+out of range, an unreadable run) is one line on stderr, `tokengrad SUBCOMMAND: error: ...`, and exit code 2.
+Set TOKENGRAD_DEBUG=1 to see the traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # subcommand -> (module, function taking argv and returning an exit code, one-line help)
 SUBCOMMANDS = {
-    "train": ("tokengrad.trainer", "cli_train", "run the built-in GRPO / TR-GRPO trainer from a config file"),
-    "dashboard": ("tokengrad.dashboard", "cli_dashboard", "serve the Streamlit dashboard on a folder of runs"),
-    "export": ("tokengrad.export", "cli_export", "write the paper figure set of runs as PNG/SVG/PDF"),
+    "train": (
+        "tokengrad.train.trainer",
+        "cli_train",
+        "run the built-in GRPO / TR-GRPO trainer from a config file",
+    ),
+    "dashboard": (
+        "tokengrad.dashboard",
+        "cli_dashboard",
+        "serve the Streamlit dashboard on a folder of runs",
+    ),
+    "export": ("tokengrad.figures.export", "cli_export", "write the paper figure set of runs as PNG/SVG/PDF"),
     "inspect": ("tokengrad.cli", "cli_inspect", "print a run's summary, or the run-format schema"),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="tokengrad", description="Per-token gradient accounting for GRPO-style RL.")
+    parser = argparse.ArgumentParser(
+        prog="tokengrad", description="Per-token gradient accounting for GRPO-style RL."
+    )
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, _, help_) in SUBCOMMANDS.items():
@@ -34,18 +49,37 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     if argv[0] == "--version":
-        from . import __version__
+        from tokengrad import __version__
+
         print(__version__)
         return 0
     if argv[0] not in SUBCOMMANDS:
         parser.error(f"unknown command {argv[0]!r}; choose from {', '.join(SUBCOMMANDS)}")
     module, func, _ = SUBCOMMANDS[argv[0]]
-    return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)
+    try:
+        return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)
+    except USER_ERRORS as err:
+        if os.environ.get("TOKENGRAD_DEBUG"):
+            raise
+        print(f"tokengrad {argv[0]}: error: {_one_line(err)}", file=sys.stderr)
+        return 2
+
+
+# What a user can cause by what they typed or pointed at: bad values, missing/unreadable files. Anything
+# else is a bug in tokengrad and keeps its traceback.
+USER_ERRORS = (ValueError, OSError, KeyError)
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
+    if isinstance(err, OSError) and err.filename and str(err.filename) not in text:
+        text = f"{text}: {err.filename}"
+    return " ".join(text.split()) or type(err).__name__
 
 
 def cli_inspect(argv: list[str]) -> int:
-    from . import schema
-    from .runs import load_run
+    from tokengrad import schema
+    from tokengrad.runs import load_run
 
     p = argparse.ArgumentParser(prog="tokengrad inspect", description="Summarise a run directory.")
     p.add_argument("run", nargs="?", help="run directory")
@@ -63,15 +97,22 @@ def summarize(run) -> str:
     """A plain-text summary of a run (also used in tests)."""
     m = run.meta
     steps = run.steps
-    lines = [f"run        {run.name}  ({run.path})",
-             f"schema     v{m.get('schema_version')}  tokengrad {m.get('tokengrad_version')}  created {m.get('created')}",
-             f"model      {m.get('model')}  tokenizer {m.get('tokenizer')}  world_size {m.get('world_size')}",
-             f"weighting  {m.get('weighting', {}).get('name')} {m.get('weighting', {}).get('params', {})}",
-             f"finished   {m.get('finished')}  rows dropped {run.rows_dropped}"]
+    lines = [
+        f"run        {run.name}  ({run.path})",
+        (
+            f"schema     v{m.get('schema_version')}  tokengrad {m.get('tokengrad_version')}  "
+            f"created {m.get('created')}"
+        ),
+        f"model      {m.get('model')}  tokenizer {m.get('tokenizer')}  world_size {m.get('world_size')}",
+        f"weighting  {m.get('weighting', {}).get('name')} {m.get('weighting', {}).get('params', {})}",
+        f"finished   {m.get('finished')}  rows dropped {run.rows_dropped}",
+    ]
     if len(steps):
         last = steps.iloc[-1]
-        lines.append(f"steps      {steps['step'].nunique()} (last {int(last['step'])})  "
-                     f"grad_norm mean {steps['grad_norm'].mean():.4g}  reward_mean last {last['reward_mean']:.4g}")
+        lines.append(
+            f"steps      {steps['step'].nunique()} (last {int(last['step'])})  "
+            f"grad_norm mean {steps['grad_norm'].mean():.4g}  reward_mean last {last['reward_mean']:.4g}"
+        )
     n_tok = run.sql("SELECT count(*) AS n FROM tokens")["n"].iloc[0]
     lines.append(f"tokens     {n_tok} rows in {len(run.files('tokens'))} files")
     for table in ("layers", "buckets", "samples", "evals"):

@@ -1,4 +1,5 @@
-"""`tokengrad dashboard [RUNS_ROOT] [--port N] [--host ADDR]`: serve the Streamlit dashboard over a runs folder.
+"""`tokengrad dashboard [RUNS_ROOT] [--port N] [--host ADDR]`: serve the Streamlit dashboard over a runs
+folder.
 
     tokengrad dashboard                      # ./sample_runs if present, else the sample runs of the checkout
     tokengrad dashboard runs/ --port 8600    # every run directory (holding meta.json) under runs/
@@ -45,22 +46,57 @@ def app_path() -> Path:
     return path
 
 
+def _port(text: str) -> int:
+    """argparse type: a TCP port number."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is out of range 1-65535")
+    return port
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tokengrad dashboard", description="Serve the tokengrad dashboard.")
-    p.add_argument("root", nargs="?", default=None,
-                   help="folder of run directories, or one run directory (default: ./sample_runs, "
-                        "else the sample runs shipped next to the package)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
-    p.add_argument("--host", default=DEFAULT_HOST,
-                   help=f"address to bind (default {DEFAULT_HOST}; 0.0.0.0 exposes the dashboard to the network)")
+    p.add_argument(
+        "root",
+        nargs="?",
+        default=None,
+        help="folder of run directories, or one run directory (default: ./sample_runs, "
+        "else the sample runs shipped next to the package)",
+    )
+    p.add_argument("--port", type=_port, default=DEFAULT_PORT, help=f"port, 1-65535 (default {DEFAULT_PORT})")
+    p.add_argument(
+        "--host",
+        default=DEFAULT_HOST,
+        help=f"address to bind (default {DEFAULT_HOST}; 0.0.0.0 exposes the dashboard to the network)",
+    )
     return p
 
 
 def build_command(root: Path, host: str, port: int) -> list[str]:
     """The `python -m streamlit run ...` command line; everything after `--` goes to the app."""
-    return [sys.executable, "-m", "streamlit", "run", str(app_path()),
-            "--server.address", host, "--server.port", str(port), "--server.headless", "true",
-            "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal", "--", "--root", str(root)]
+    return [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(app_path()),
+        "--server.address",
+        host,
+        "--server.port",
+        str(port),
+        "--server.headless",
+        "true",
+        "--browser.gatherUsageStats",
+        "false",
+        "--client.toolbarMode",
+        "minimal",
+        "--",
+        "--root",
+        str(root),
+    ]
 
 
 def server_env() -> dict[str, str]:
@@ -75,13 +111,13 @@ def server_env() -> dict[str, str]:
 def cli_dashboard(argv: list[str]) -> int:
     """Entry point of `tokengrad dashboard`; returns the server's exit status."""
     args = build_parser().parse_args(argv)
-    if not 0 < args.port < 65536:
-        raise ValueError(f"--port must be in 1..65535, got {args.port}")
     root = resolve_root(args.root)
     if not root.exists():
-        print(f"tokengrad dashboard: runs root {root} does not exist; pass a folder of runs "
-              "(e.g. `tokengrad dashboard runs/`) or create sample runs with scripts/make_sample_runs.py",
-              file=sys.stderr)
+        print(
+            f"tokengrad dashboard: runs root {root} does not exist; pass a folder of runs "
+            "(e.g. `tokengrad dashboard runs/`) or create sample runs with scripts/make_sample_runs.py",
+            file=sys.stderr,
+        )
         return 2
     print(f"tokengrad dashboard: serving {root} at http://{args.host}:{args.port}", flush=True)
     try:

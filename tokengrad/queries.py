@@ -25,8 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from .figures.columns import BIN, SAMPLE, TOK
-from .schema import column_names
+from tokengrad.schema import BIN, SAMPLE, TOK, column_names
 
 ADV_SIGN_SQL = {1: f"{TOK.advantage} > 0", -1: f"{TOK.advantage} < 0", 0: f"{TOK.advantage} = 0"}
 # Per-token columns whose per-bin mean grad_norm_by_prob reports.
@@ -80,9 +79,17 @@ def _token_column(name: str) -> str:
     return name
 
 
-def token_frequencies(run, prob_lo: float = 0.0, prob_hi: float = 1.0, *, step_range: tuple[int, int] | None = None,
-                      adv_sign: int | None = None, limit: int = 200, loss_only: bool = True,
-                      update_id: int | None = None) -> pd.DataFrame:
+def token_frequencies(
+    run,
+    prob_lo: float = 0.0,
+    prob_hi: float = 1.0,
+    *,
+    step_range: tuple[int, int] | None = None,
+    adv_sign: int | None = None,
+    limit: int = 200,
+    loss_only: bool = True,
+    update_id: int | None = None,
+) -> pd.DataFrame:
     """[token, count] of the tokens with prob in [prob_lo, prob_hi), most frequent first.
 
     adv_sign 1 / -1 / 0 keeps tokens with positive / negative / zero advantage (None: all). Tokens with
@@ -97,8 +104,10 @@ def token_frequencies(run, prob_lo: float = 0.0, prob_hi: float = 1.0, *, step_r
         w.add(ADV_SIGN_SQL[adv_sign])
     # count per integer token_id first (cheap hash keys), name only the surviving groups
     name = f"coalesce(nullif(any_value({TOK.token}), ''), '#' || CAST({TOK.token_id} AS VARCHAR))"
-    q = (f"SELECT {name} AS {TOK.token}, count(*) AS {BIN.count} FROM tokens{w.sql()} "
-         f"GROUP BY {TOK.token_id} ORDER BY {BIN.count} DESC, {TOK.token} LIMIT ?")
+    q = (
+        f"SELECT {name} AS {TOK.token}, count(*) AS {BIN.count} FROM tokens{w.sql()} "
+        f"GROUP BY {TOK.token_id} ORDER BY {BIN.count} DESC, {TOK.token} LIMIT ?"
+    )
     return run.sql(q, w.params + [int(limit)])
 
 
@@ -123,8 +132,10 @@ def _binned(run, edges: np.ndarray, select: str, w: _Where) -> pd.DataFrame:
     inner = edges[1:-1].tolist()
     index = " + ".join([f"CAST({TOK.prob} >= ? AS INTEGER)"] * len(inner)) or "0"
     w.add(f"{TOK.prob} BETWEEN ? AND ?", float(edges[0]), float(edges[-1]))
-    q = (f"SELECT b, count(*) AS {BIN.count}{', ' + select if select else ''} FROM "
-         f"(SELECT {index} AS b, * FROM tokens{w.sql()}) GROUP BY b ORDER BY b")
+    q = (
+        f"SELECT b, count(*) AS {BIN.count}{', ' + select if select else ''} FROM "
+        f"(SELECT {index} AS b, * FROM tokens{w.sql()}) GROUP BY b ORDER BY b"
+    )
     got = run.sql(q, inner + w.params).set_index("b")
     frame = pd.DataFrame({BIN.lo: edges[:-1], BIN.hi: edges[1:]})
     out = frame.join(got, how="left")
@@ -132,14 +143,26 @@ def _binned(run, edges: np.ndarray, select: str, w: _Where) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-def prob_histogram(run, bins: int | Sequence[float] = 20, *, step_range: tuple[int, int] | None = None,
-                   loss_only: bool = True, update_id: int | None = None) -> pd.DataFrame:
+def prob_histogram(
+    run,
+    bins: int | Sequence[float] = 20,
+    *,
+    step_range: tuple[int, int] | None = None,
+    loss_only: bool = True,
+    update_id: int | None = None,
+) -> pd.DataFrame:
     """[lo, hi, count]: how many tokens fall in each probability bin."""
     return _binned(run, bin_edges(bins), "", _base(step_range, loss_only, update_id))
 
 
-def grad_norm_by_prob(run, bins: int | Sequence[float] = 20, *, step_range: tuple[int, int] | None = None,
-                      loss_only: bool = True, update_id: int | None = None) -> pd.DataFrame:
+def grad_norm_by_prob(
+    run,
+    bins: int | Sequence[float] = 20,
+    *,
+    step_range: tuple[int, int] | None = None,
+    loss_only: bool = True,
+    update_id: int | None = None,
+) -> pd.DataFrame:
     """[lo, hi, count, prob, logit_grad_unit, logit_grad_norm, head_grad_norm, entropy, abs_coef]: per-bin
     means of the per-token values (NaN where a bin is empty or the column was not recorded).
 
@@ -150,8 +173,15 @@ def grad_norm_by_prob(run, bins: int | Sequence[float] = 20, *, step_range: tupl
     return _binned(run, bin_edges(bins), means, _base(step_range, loss_only, update_id))
 
 
-def top_tokens(run, step: int, k: int = 20, *, value: str = TOK.logit_grad_norm,
-               update_id: int | None = 0, loss_only: bool = False) -> pd.DataFrame:
+def top_tokens(
+    run,
+    step: int,
+    k: int = 20,
+    *,
+    value: str = TOK.logit_grad_norm,
+    update_id: int | None = 0,
+    loss_only: bool = False,
+) -> pd.DataFrame:
     """The k tokens of a step with the largest `value`, and each one's share of the step's sum of it.
 
     share = value / sum over the step's tokens: with value = logit_grad_norm, how much of the summed
@@ -160,26 +190,37 @@ def top_tokens(run, step: int, k: int = 20, *, value: str = TOK.logit_grad_norm,
     v = _token_column(value)
     w = _base((step, step), loss_only, update_id).add(f"{v} IS NOT NULL")
     cols = ", ".join(c for c in FORENSIC_COLUMNS if c != v)
-    q = (f"SELECT {cols}, {v}, {v} / nullif(sum({v}) OVER (), 0) AS share FROM tokens{w.sql()} "
-         f"ORDER BY {v} DESC, {TOK.sample_id}, {TOK.position} LIMIT ?")
+    q = (
+        f"SELECT {cols}, {v}, {v} / nullif(sum({v}) OVER (), 0) AS share FROM tokens{w.sql()} "
+        f"ORDER BY {v} DESC, {TOK.sample_id}, {TOK.position} LIMIT ?"
+    )
     return run.sql(q, w.params + [int(k)])
 
 
-def top_samples(run, step: int, k: int = 10, *, value: str = TOK.logit_grad_norm,
-                update_id: int | None = 0, loss_only: bool = False) -> pd.DataFrame:
+def top_samples(
+    run,
+    step: int,
+    k: int = 10,
+    *,
+    value: str = TOK.logit_grad_norm,
+    update_id: int | None = 0,
+    loss_only: bool = False,
+) -> pd.DataFrame:
     """The k completions of a step with the largest summed `value`, with their share of the step's sum,
     token count, mean prob and (from the samples table) reward and completion text."""
     v = _token_column(value)
     w = _base((step, step), loss_only, update_id).add(f"{v} IS NOT NULL")
-    q = (f"WITH t AS (SELECT {TOK.sample_id}, any_value({TOK.group_id}) AS {TOK.group_id}, "
-         f"count(*) AS n_tokens, avg({TOK.prob}) AS prob_mean, avg({TOK.advantage}) AS {TOK.advantage}, "
-         f"sum({v}) AS {v}_sum FROM tokens{w.sql()} GROUP BY {TOK.sample_id}) "
-         f"SELECT t.*, t.{v}_sum / nullif(sum(t.{v}_sum) OVER (), 0) AS share, "
-         f"s.{SAMPLE.reward}, s.{SAMPLE.completion} FROM t LEFT JOIN "
-         f"(SELECT {SAMPLE.sample_id}, any_value({SAMPLE.reward}) AS {SAMPLE.reward}, "
-         f"any_value({SAMPLE.completion}) AS {SAMPLE.completion} FROM samples WHERE {SAMPLE.step} = ? "
-         f"GROUP BY {SAMPLE.sample_id}) s USING ({TOK.sample_id}) "
-         f"ORDER BY t.{v}_sum DESC, t.{TOK.sample_id} LIMIT ?")
+    q = (
+        f"WITH t AS (SELECT {TOK.sample_id}, any_value({TOK.group_id}) AS {TOK.group_id}, "
+        f"count(*) AS n_tokens, avg({TOK.prob}) AS prob_mean, avg({TOK.advantage}) AS {TOK.advantage}, "
+        f"sum({v}) AS {v}_sum FROM tokens{w.sql()} GROUP BY {TOK.sample_id}) "
+        f"SELECT t.*, t.{v}_sum / nullif(sum(t.{v}_sum) OVER (), 0) AS share, "
+        f"s.{SAMPLE.reward}, s.{SAMPLE.completion} FROM t LEFT JOIN "
+        f"(SELECT {SAMPLE.sample_id}, any_value({SAMPLE.reward}) AS {SAMPLE.reward}, "
+        f"any_value({SAMPLE.completion}) AS {SAMPLE.completion} FROM samples WHERE {SAMPLE.step} = ? "
+        f"GROUP BY {SAMPLE.sample_id}) s USING ({TOK.sample_id}) "
+        f"ORDER BY t.{v}_sum DESC, t.{TOK.sample_id} LIMIT ?"
+    )
     return run.sql(q, w.params + [int(step), int(k)])
 
 

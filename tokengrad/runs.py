@@ -23,7 +23,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import schema
+from tokengrad import schema
 
 
 class SchemaVersionError(ValueError):
@@ -60,7 +60,12 @@ class Run:
         meta_path = self.path / schema.META_FILE
         if not meta_path.exists():
             raise FileNotFoundError(f"{self.path} is not a tokengrad run: {schema.META_FILE} is missing")
-        self.meta: dict = json.loads(meta_path.read_text())
+        try:
+            self.meta: dict = json.loads(meta_path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{meta_path} is not valid JSON ({err}); the run's metadata is damaged") from None
+        if not isinstance(self.meta, dict):
+            raise ValueError(f"{meta_path} must hold a JSON object, got {type(self.meta).__name__}")
         version = self.meta.get("schema_version")
         if not isinstance(version, int) or version > schema.SCHEMA_VERSION:
             raise SchemaVersionError(
@@ -93,7 +98,8 @@ class Run:
 
     # ---- files ----------------------------------------------------------------------------------
     def files(self, table: str) -> list[str]:
-        """Readable parquet files of a table, all ranks, de-duplicated; corrupt ones skipped with a warning."""
+        """Readable parquet files of a table, all ranks, de-duplicated; corrupt ones skipped with a
+        warning."""
         schema.column_names(table)  # validates the table name
         out = []
         base = self.path / table
@@ -158,7 +164,9 @@ class Run:
                 lst = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
                 con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet([{lst}], union_by_name=true)")
             else:
-                cols = ", ".join(f"CAST(NULL AS {_duck_type(c.type)}) AS {c.name}" for c in schema.TABLES[table])
+                cols = ", ".join(
+                    f"CAST(NULL AS {_duck_type(c.type)}) AS {c.name}" for c in schema.TABLES[table]
+                )
                 con.execute(f"CREATE VIEW {table} AS SELECT {cols} WHERE false")
         return con
 
@@ -169,8 +177,13 @@ class Run:
         finally:
             con.close()
 
-    def tokens(self, columns: list[str] | None = None, steps: tuple[int, int] | None = None,
-               where: str | None = None, limit: int | None = None) -> pd.DataFrame:
+    def tokens(
+        self,
+        columns: list[str] | None = None,
+        steps: tuple[int, int] | None = None,
+        where: str | None = None,
+        limit: int | None = None,
+    ) -> pd.DataFrame:
         """Token rows filtered in DuckDB (step range inclusive, optional SQL predicate), as pandas."""
         cols = ", ".join(f'"{c}"' for c in columns) if columns else "*"
         conds, params = [], []
@@ -192,8 +205,15 @@ def _has_keys(columns: list[str]) -> bool:
     return {"step", "rank", "pass_id", "sample_id", "position"} <= set(columns)
 
 
-_DUCK = {pa.int16(): "SMALLINT", pa.int32(): "INTEGER", pa.int64(): "BIGINT", pa.float32(): "FLOAT",
-         pa.float64(): "DOUBLE", pa.bool_(): "BOOLEAN", pa.string(): "VARCHAR"}
+_DUCK = {
+    pa.int16(): "SMALLINT",
+    pa.int32(): "INTEGER",
+    pa.int64(): "BIGINT",
+    pa.float32(): "FLOAT",
+    pa.float64(): "DOUBLE",
+    pa.bool_(): "BOOLEAN",
+    pa.string(): "VARCHAR",
+}
 
 
 def _duck_type(t: pa.DataType) -> str:

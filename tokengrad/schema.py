@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pyarrow as pa
 
@@ -56,7 +57,7 @@ _KEY = [
     _c("step", pa.int32(), "training step (one rollout batch; may hold several optimizer updates)", False),
     _c("rank", pa.int16(), "process rank that recorded the row", False),
 ]
-_UPDATE = _c("update_id", pa.int16(), "optimizer update within the step (mu > 1 passes, Lopti phases)", False)
+_UPDATE = _c("update_id", pa.int16(), "optimizer update within the step (num_iterations > 1, Lopti phases)", False)
 
 TOKENS = [
     *_KEY,
@@ -74,14 +75,26 @@ TOKENS = [
     _c("prob", pa.float32(), "softmax probability of the token (from logits, fp32)"),
     _c("entropy", pa.float32(), "entropy of the next-token distribution, nats"),
     _c("sum_p2", pa.float32(), "sum_j p_j^2 (collision probability)"),
-    _c("logit_grad_unit", pa.float32(), "sqrt(1 - 2 prob + sum_p2) = norm of d(-log p)/dlogits (arXiv 2505.12929 Prop 4.2)"),
+    _c(
+        "logit_grad_unit",
+        pa.float32(),
+        "sqrt(1 - 2 prob + sum_p2) = norm of d(-log p)/dlogits (arXiv 2505.12929 Prop 4.2)",
+    ),
     _c("advantage", pa.float32(), "advantage used for the token"),
     _c("weight", pa.float32(), "token weight of the weighting rule (1 = unweighted)"),
     _c("coef", pa.float32(), "dL/dlog pi for the token, exact (autograd hook)"),
     _c("ratio", pa.float32(), "exp(logprob - old_logprob)"),
     _c("clipped", pa.bool_(), "the PPO clip removed the token's policy gradient"),
-    _c("logit_grad_norm", pa.float32(), "abs(coef) * logit_grad_unit: exact norm of the token's gradient at its logits"),
-    _c("head_grad_norm", pa.float32(), "logit_grad_norm * norm(h_t): norm of the token's LM-head weight gradient"),
+    _c(
+        "logit_grad_norm",
+        pa.float32(),
+        "abs(coef) * logit_grad_unit: exact norm of the token's gradient at its logits",
+    ),
+    _c(
+        "head_grad_norm",
+        pa.float32(),
+        "logit_grad_norm * norm(h_t): norm of the token's LM-head weight gradient",
+    ),
 ]
 
 STEPS = [
@@ -148,7 +161,12 @@ EVALS = [
 ]
 
 TABLES: dict[str, list[Column]] = {
-    "tokens": TOKENS, "steps": STEPS, "layers": LAYERS, "buckets": BUCKETS, "samples": SAMPLES, "evals": EVALS,
+    "tokens": TOKENS,
+    "steps": STEPS,
+    "layers": LAYERS,
+    "buckets": BUCKETS,
+    "samples": SAMPLES,
+    "evals": EVALS,
 }
 # Tables that accept extra caller-defined columns (float/int/str), merged by name when read.
 EXTENSIBLE = frozenset({"tokens", "steps", "samples"})
@@ -193,3 +211,22 @@ def describe() -> str:
         out.append(f"\n## {table}\n\n| column | type | meaning |\n|---|---|---|")
         out += [f"| {c.name} | {c.type} | {c.doc} |" for c in cols]
     return "\n".join(out) + "\n"
+
+
+# ---- attribute-style column names -------------------------------------------------------------------
+# `df[TOK.prob]` is "prob"; a name missing from the schema raises AttributeError, so a renamed column fails
+# loudly wherever it is used instead of silently selecting nothing. Writer, reader, CLI, figures and app
+# share these.
+def _names(table: str) -> SimpleNamespace:
+    return SimpleNamespace(**{c: c for c in column_names(table)})
+
+
+TOK = _names("tokens")
+STEP = _names("steps")
+LAYER = _names("layers")
+BUCKET = _names("buckets")
+SAMPLE = _names("samples")
+EVAL = _names("evals")
+
+# Columns of the binned/aggregated frames that tokengrad.queries returns (not stored in the run format).
+BIN = SimpleNamespace(lo="lo", hi="hi", count="count")

@@ -1,4 +1,5 @@
-"""Probability buckets: which probability range of tokens makes the update (AR-Lopti arXiv 2505.12929 Fig. 1)."""
+"""Probability buckets: which probability range of tokens makes the update (AR-Lopti arXiv 2505.12929
+Fig. 1)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,22 @@ import streamlit as st
 from app import data
 from app.views import common
 from tokengrad.figures.buckets import (
-    BUCKET_LABELS, make_bucket_dprob_figure, make_bucket_grad_norm_figure, make_bucket_share_figure,
-    make_bucket_steps_figure, make_grad_vs_prob_figure, make_prob_histogram_figure, make_weight_curve_figure,
+    BUCKET_LABELS,
+    make_bucket_dprob_figure,
+    make_bucket_grad_norm_figure,
+    make_bucket_share_figure,
+    make_bucket_steps_figure,
+    make_grad_vs_prob_figure,
+    make_prob_histogram_figure,
+    make_weight_curve_figure,
 )
-from tokengrad.figures.columns import BIN, BUCKET, TOK
 from tokengrad.queries import ABS_COEF
+from tokengrad.schema import BIN, BUCKET, TOK
 
-NO_BUCKETS = ("Record it with `Recorder(..., bucket_every=N)` or train with `bucket_every=N` "
-              "(one extra backward per bucket on every N-th step).")
+NO_BUCKETS = (
+    "Record it with `Recorder(..., bucket_every=N)` or train with `bucket_every=N` "
+    "(one extra backward per bucket on every N-th step)."
+)
 OVER_STEPS = (BUCKET.update_share, BUCKET.grad_norm, BUCKET.token_share, BUCKET.cos_to_total)
 GRAD_VALUES = {  # per-token norm -> how the (1 - p) references are scaled (see make_grad_vs_prob_figure)
     TOK.logit_grad_unit: "exact bounds: |d(-log p)/dlogits| per unit coef",
@@ -30,17 +39,25 @@ def _bucket_sections(run: str, step_range: tuple[int, int] | None) -> None:
         return
     c1, c2 = st.columns(2)
     with c1:
-        common.chart(make_bucket_share_figure(buckets, step_range, title="Token share vs update share"),
-                     "bk_share", f"bucket_shares_{name}")
+        common.chart(
+            make_bucket_share_figure(buckets, step_range, title="Token share vs update share"),
+            "bk_share",
+            f"bucket_shares_{name}",
+        )
     with c2:
-        common.chart(make_bucket_grad_norm_figure(buckets, step_range, title="Bucket gradient norm"),
-                     "bk_norm", f"bucket_grad_norm_{name}")
+        common.chart(
+            make_bucket_grad_norm_figure(buckets, step_range, title="Bucket gradient norm"),
+            "bk_norm",
+            f"bucket_grad_norm_{name}",
+        )
     value = st.selectbox("Over steps", OVER_STEPS, format_func=BUCKET_LABELS.get, key="bk_value")
     shown = buckets if step_range is None else buckets[buckets[BUCKET.step].between(*step_range)]
-    common.chart(make_bucket_steps_figure(shown, value),
-                 "bk_steps", f"bucket_{value}_{name}")
-    common.chart(make_bucket_dprob_figure(buckets, step_range, title="Probability change after the update"),
-                 "bk_dprob", f"bucket_dprob_{name}")
+    common.chart(make_bucket_steps_figure(shown, value), "bk_steps", f"bucket_{value}_{name}")
+    common.chart(
+        make_bucket_dprob_figure(buckets, step_range, title="Probability change after the update"),
+        "bk_dprob",
+        f"bucket_dprob_{name}",
+    )
 
 
 def _token_sections(run: str, step_range: tuple[int, int] | None) -> None:
@@ -50,18 +67,29 @@ def _token_sections(run: str, step_range: tuple[int, int] | None) -> None:
         return
     c1, c2 = st.columns([1, 2])
     bins = c1.slider("Probability bins", 5, 50, 20, 5, key="bk_bins")
-    value = c2.radio("Per-token gradient norm", list(GRAD_VALUES), horizontal=True, key="bk_grad",
-                     captions=list(GRAD_VALUES.values()))
+    value = c2.radio(
+        "Per-token gradient norm",
+        list(GRAD_VALUES),
+        horizontal=True,
+        key="bk_grad",
+        captions=list(GRAD_VALUES.values()),
+    )
     # One scan of the token table serves both charts: the binned means carry the per-bin counts.
     binned = data.query(run, "grad_norm_by_prob", bins=bins, step_range=step_range)
     c1, c2 = st.columns(2)
     with c1:
-        common.chart(make_prob_histogram_figure(binned[[BIN.lo, BIN.hi, BIN.count]], title="Token probabilities"),
-                     "bk_hist", f"prob_hist_{name}")
+        common.chart(
+            make_prob_histogram_figure(binned[[BIN.lo, BIN.hi, BIN.count]], title="Token probabilities"),
+            "bk_hist",
+            f"prob_hist_{name}",
+        )
     with c2:
         scale = _coef_scale(binned) if value == TOK.logit_grad_norm else 1.0
-        common.chart(make_grad_vs_prob_figure(binned, value, ref_scale=scale, title="Gradient norm vs probability"),
-                     "bk_gvp", f"grad_vs_prob_{name}")
+        common.chart(
+            make_grad_vs_prob_figure(binned, value, ref_scale=scale, title="Gradient norm vs probability"),
+            "bk_gvp",
+            f"grad_vs_prob_{name}",
+        )
 
 
 def _coef_scale(binned) -> float:

@@ -15,7 +15,7 @@ import streamlit as st
 
 from app import data
 from app.views.sidebar import FORMAT_KEY, RUNS_KEY
-from tokengrad.export import figure_to_bytes, find_browser
+from tokengrad.figures.export import figure_to_bytes, find_browser
 
 MIME = {"png": "image/png", "svg": "image/svg+xml", "html": "text/html"}
 DOWNLOAD_WIDTH, DOWNLOAD_HEIGHT = 1100, 500  # CSS px of a downloaded chart (PNG at 300 dpi scale)

@@ -7,8 +7,8 @@ import streamlit as st
 
 from app import data
 from app.views import common
-from tokengrad.figures.columns import EVAL
 from tokengrad.figures.evals import make_accuracy_by_difficulty_figure, make_accuracy_over_steps_figure
+from tokengrad.schema import EVAL
 
 NO_EVALS = ("Evaluate with `rec.log_eval(step, task=..., difficulty=..., accuracy=..., n=...)`, or train "
             "with `eval_every=K`.")
@@ -32,13 +32,28 @@ def render() -> None:
         evals = {n: df for n, df in evals.items() if not df.empty}
         if evals:
             task = _task_ui(evals)
-            common.chart(make_accuracy_by_difficulty_figure(evals, task=task, colors=common.colors(), title="Accuracy by difficulty "
-                                                            "(last evaluation of each run)"),
-                         "ev_diff", "accuracy_by_difficulty")
+            common.chart(
+                make_accuracy_by_difficulty_figure(
+                    evals,
+                    task=task,
+                    colors=common.colors(),
+                    title="Accuracy by difficulty (last evaluation of each run)",
+                ),
+                "ev_diff",
+                "accuracy_by_difficulty",
+            )
             by_diff = st.toggle("One panel per difficulty", value=False, key="ev_by_diff")
-            common.chart(make_accuracy_over_steps_figure(evals, task=task, colors=common.colors(), by_difficulty=by_diff,
-                                                         title="Accuracy over training"),
-                         "ev_steps", "accuracy_over_steps")
+            common.chart(
+                make_accuracy_over_steps_figure(
+                    evals,
+                    task=task,
+                    colors=common.colors(),
+                    by_difficulty=by_diff,
+                    title="Accuracy over training",
+                ),
+                "ev_steps",
+                "accuracy_over_steps",
+            )
     common.show_run_warnings(runs)
 
 

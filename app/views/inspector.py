@@ -7,10 +7,10 @@ import streamlit as st
 
 from app import data
 from app.views import common
-from tokengrad.figures.columns import SAMPLE, STEP, TOK
 from tokengrad.figures.overview import grad_norm_series, step_series
 from tokengrad.figures.smoothing import find_spikes
 from tokengrad.figures.tokens import make_token_figure, token_html
+from tokengrad.schema import SAMPLE, STEP, TOK
 
 COLOR_BY = (TOK.prob, TOK.weight, TOK.coef, TOK.logit_grad_norm, TOK.head_grad_norm, TOK.entropy,
             TOK.advantage, TOK.logprob, TOK.ratio)
@@ -52,15 +52,48 @@ def _forensics(run: str, step: int) -> None:
     with c1:
         st.markdown("**Samples carrying most of the step's gradient**")
         samples = data.query(run, "top_samples", step=step, k=10, value=value)
-        st.dataframe(samples, hide_index=True, width="stretch", key="in_top_samples", column_config=SHARE,
-                     column_order=["sample_id", "share", SAMPLE.reward, "n_tokens", "prob_mean", TOK.advantage,
-                                   f"{value}_sum", TOK.group_id, SAMPLE.completion])
+        st.dataframe(
+            samples,
+            hide_index=True,
+            width="stretch",
+            key="in_top_samples",
+            column_config=SHARE,
+            column_order=[
+                "sample_id",
+                "share",
+                SAMPLE.reward,
+                "n_tokens",
+                "prob_mean",
+                TOK.advantage,
+                f"{value}_sum",
+                TOK.group_id,
+                SAMPLE.completion,
+            ],
+        )
     with c2:
         st.markdown("**Tokens carrying most of the step's gradient**")
         tokens = data.query(run, "top_tokens", step=step, k=20, value=value)
-        st.dataframe(tokens, hide_index=True, width="stretch", key="in_top_tokens", column_config=SHARE,
-                     column_order=[TOK.token, "share", TOK.prob, TOK.coef, TOK.weight, TOK.advantage, value,
-                                   TOK.sample_id, TOK.position, TOK.entropy, TOK.clipped, TOK.group_id])
+        st.dataframe(
+            tokens,
+            hide_index=True,
+            width="stretch",
+            key="in_top_tokens",
+            column_config=SHARE,
+            column_order=[
+                TOK.token,
+                "share",
+                TOK.prob,
+                TOK.coef,
+                TOK.weight,
+                TOK.advantage,
+                value,
+                TOK.sample_id,
+                TOK.position,
+                TOK.entropy,
+                TOK.clipped,
+                TOK.group_id,
+            ],
+        )
 
 
 def _pct(x) -> str:
@@ -76,11 +109,16 @@ def _completion(run: str, step: int) -> None:
     if ranked.empty:
         st.info(f"No token rows at step {step}.")
         return
-    labels = {int(r.sample_id): f"sample {int(r.sample_id)}: {_pct(r.share)} of the gradient, reward {_num(r.reward)}"
-              for r in ranked.itertuples()}
+    labels = {
+        int(
+            r.sample_id
+        ): f"sample {int(r.sample_id)}: {_pct(r.share)} of the gradient, reward {_num(r.reward)}"
+        for r in ranked.itertuples()
+    }
     c1, c2 = st.columns([3, 2])
-    sample = c1.selectbox("Completion (ranked by gradient share)", list(labels), format_func=labels.get,
-                          key="in_sample")
+    sample = c1.selectbox(
+        "Completion (ranked by gradient share)", list(labels), format_func=labels.get, key="in_sample"
+    )
     color_by = c2.selectbox("Colour tokens by", COLOR_BY, key="in_color")
     tokens = data.query(run, "sample_tokens", step=step, sample_id=sample)
     if tokens.empty or color_by not in tokens or tokens[color_by].isna().all():
@@ -94,8 +132,11 @@ def _completion(run: str, step: int) -> None:
         st.text(row[SAMPLE.prompt].iloc[0] if len(row) else "(no samples table row for this completion)")
         st.text(row[SAMPLE.completion].iloc[0] if len(row) else "")
     with st.expander("As a chart (for download)"):
-        common.chart(make_token_figure(tokens, color_by, title=f"step {step}, sample {sample}: {color_by}"),
-                     "in_tokens", f"tokens_{common.run_name(run)}_s{step}_{sample}_{color_by}")
+        common.chart(
+            make_token_figure(tokens, color_by, title=f"step {step}, sample {sample}: {color_by}"),
+            "in_tokens",
+            f"tokens_{common.run_name(run)}_s{step}_{sample}_{color_by}",
+        )
 
 
 def render() -> None:

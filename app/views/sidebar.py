@@ -38,7 +38,9 @@ def root_from_argv(argv: list[str]) -> str | None:
 def _root_ui() -> str:
     if ROOT_KEY not in st.session_state:
         st.session_state[ROOT_KEY] = str(resolve_root(root_from_argv(sys.argv[1:])))
-    return st.text_input("Runs folder", key=ROOT_KEY, help="A folder of run directories, or one run directory.")
+    return st.text_input(
+        "Runs folder", key=ROOT_KEY, help="A folder of run directories, or one run directory."
+    )
 
 
 def _runs_ui(root: str) -> list[str]:
@@ -51,8 +53,12 @@ def _runs_ui(root: str) -> list[str]:
     names = list(by_name)
     current = [n for n in st.session_state.get(PICK_KEY, names[:DEFAULT_PICK]) if n in by_name]
     st.session_state[PICK_KEY] = current  # drop runs that vanished from the folder
-    picked = st.multiselect("Runs", names, key=PICK_KEY, help="Pick several runs to overlay them; a run "
-                            "keeps its colour on every page.")
+    picked = st.multiselect(
+        "Runs",
+        names,
+        key=PICK_KEY,
+        help="Pick several runs to overlay them; a run keeps its colour on every page.",
+    )
     st.session_state[RUNS_KEY] = [by_name[n] for n in picked]
     return st.session_state[RUNS_KEY]
 
@@ -84,5 +90,10 @@ def render() -> None:
         root = _root_ui()
         run_dirs = _runs_ui(root)
         _live_ui(run_dirs)
-        st.radio("Download charts as", DOWNLOAD_FORMATS, key=FORMAT_KEY, horizontal=True,
-                 help="PNG and SVG need chromium (kaleido); without it the download is interactive HTML.")
+        st.radio(
+            "Download charts as",
+            DOWNLOAD_FORMATS,
+            key=FORMAT_KEY,
+            horizontal=True,
+            help="PNG and SVG need chromium (kaleido); without it the download is interactive HTML.",
+        )

@@ -17,9 +17,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..schema import RESIDUAL_BUCKET
-from .columns import BIN, BUCKET, TOK
-from .style import bucket_colors, dashboard_layout, empty_figure, run_colors
+from tokengrad.figures.style import bucket_colors, dashboard_layout, empty_figure, run_colors
+from tokengrad.schema import BIN, BUCKET, RESIDUAL_BUCKET, TOK
 
 _MEAN_COLUMNS = (BUCKET.grad_norm, BUCKET.update_share, BUCKET.cos_to_total, BUCKET.dprob_mean,
                  BUCKET.correct_ratio)
@@ -44,7 +43,12 @@ def _select_steps(df: pd.DataFrame, step_range: tuple[int, int] | None) -> pd.Da
 def _ordered(df: pd.DataFrame) -> pd.DataFrame:
     """Probability buckets by lower edge, the residual last."""
     key = df[BUCKET.bucket].eq(RESIDUAL_BUCKET).astype(int)
-    return df.assign(_r=key).sort_values(["_r", BUCKET.lo], kind="stable").drop(columns="_r").reset_index(drop=True)
+    return (
+        df.assign(_r=key)
+        .sort_values(["_r", BUCKET.lo], kind="stable")
+        .drop(columns="_r")
+        .reset_index(drop=True)
+    )
 
 
 def bucket_shares(buckets: pd.DataFrame, step_range: tuple[int, int] | None = None) -> pd.DataFrame:
@@ -69,8 +73,9 @@ def bucket_shares(buckets: pd.DataFrame, step_range: tuple[int, int] | None = No
     return _ordered(out.reset_index())[cols]
 
 
-def make_bucket_share_figure(buckets: pd.DataFrame, step_range: tuple[int, int] | None = None, *,
-                             title: str | None = None) -> go.Figure:
+def make_bucket_share_figure(
+    buckets: pd.DataFrame, step_range: tuple[int, int] | None = None, *, title: str | None = None
+) -> go.Figure:
     """Token share vs update share per probability bucket (grouped bars; AR-Lopti Fig. 1 view).
 
     The update share <g_B, g>/|g|² says how much of the step's update the bucket's tokens made; the
@@ -81,29 +86,49 @@ def make_bucket_share_figure(buckets: pd.DataFrame, step_range: tuple[int, int] 
         return empty_figure("no bucket analysis recorded (Recorder bucket_every=0)", title)
     fig = go.Figure()
     for col, color in ((BUCKET.token_share, "#9E9E9E"), (BUCKET.update_share, "#0072B2")):
-        fig.add_trace(go.Bar(x=s[BUCKET.bucket], y=s[col], name=BUCKET_LABELS[col].split(" <")[0],
-                             marker_color=color, texttemplate="%{y:.0%}", textposition="outside",
-                             hovertemplate="%{x}<br>%{y:.2%}<extra>%{fullData.name}</extra>"))
+        fig.add_trace(
+            go.Bar(
+                x=s[BUCKET.bucket],
+                y=s[col],
+                name=BUCKET_LABELS[col].split(" <")[0],
+                marker_color=color,
+                texttemplate="%{y:.0%}",
+                textposition="outside",
+                hovertemplate="%{x}<br>%{y:.2%}<extra>%{fullData.name}</extra>",
+            )
+        )
     fig.update_layout(barmode="group")
     fig.update_xaxes(title="probability bucket")
     fig.update_yaxes(title="share", tickformat=".0%")
     return dashboard_layout(fig, title)
 
 
-def make_bucket_grad_norm_figure(buckets: pd.DataFrame, step_range: tuple[int, int] | None = None, *,
-                                 total_grad_norm: float | None = None, title: str | None = None) -> go.Figure:
+def make_bucket_grad_norm_figure(
+    buckets: pd.DataFrame,
+    step_range: tuple[int, int] | None = None,
+    *,
+    total_grad_norm: float | None = None,
+    title: str | None = None,
+) -> go.Figure:
     """Mean gradient norm of each bucket's tokens alone, |g_B| (AR-Lopti Fig. 1d); optional total line."""
     s = bucket_shares(buckets, step_range)
     s = s[s[BUCKET.bucket] != RESIDUAL_BUCKET]
     if s.empty:
         return empty_figure("no bucket analysis recorded (Recorder bucket_every=0)", title)
     colors = bucket_colors(s[BUCKET.bucket].tolist())
-    fig = go.Figure(go.Bar(x=s[BUCKET.bucket], y=s[BUCKET.grad_norm], name="|g_B|",
-                           marker_color=[colors[b] for b in s[BUCKET.bucket]],
-                           hovertemplate="%{x}<br>|g_B| = %{y:.4g}<extra></extra>"))
+    fig = go.Figure(
+        go.Bar(
+            x=s[BUCKET.bucket],
+            y=s[BUCKET.grad_norm],
+            name="|g_B|",
+            marker_color=[colors[b] for b in s[BUCKET.bucket]],
+            hovertemplate="%{x}<br>|g_B| = %{y:.4g}<extra></extra>",
+        )
+    )
     if total_grad_norm is not None:
-        fig.add_hline(y=total_grad_norm, line_dash="dash", annotation_text="all tokens",
-                      annotation_position="top right")
+        fig.add_hline(
+            y=total_grad_norm, line_dash="dash", annotation_text="all tokens", annotation_position="top right"
+        )
     fig.update_xaxes(title="probability bucket")
     fig.update_yaxes(title=BUCKET_LABELS[BUCKET.grad_norm])
     return dashboard_layout(fig, title, showlegend=False)
@@ -119,8 +144,13 @@ def bucket_steps(buckets: pd.DataFrame, value: str) -> pd.DataFrame:
     return grid.reindex(columns=[b for b in order if b in grid.columns])
 
 
-def make_bucket_steps_figure(buckets: pd.DataFrame, value: str = BUCKET.update_share, *,
-                             stacked: bool | None = None, title: str | None = None) -> go.Figure:
+def make_bucket_steps_figure(
+    buckets: pd.DataFrame,
+    value: str = BUCKET.update_share,
+    *,
+    stacked: bool | None = None,
+    title: str | None = None,
+) -> go.Figure:
     """A bucket quantity over steps: shares as relative-stacked bars (negative parts stack below 0),
     norms and cosines as lines. `stacked` defaults to True for the share columns."""
     if buckets.empty:
@@ -133,7 +163,9 @@ def make_bucket_steps_figure(buckets: pd.DataFrame, value: str = BUCKET.update_s
         hover = f"step %{{x}}<br>{b}: %{{y:.4g}}<extra></extra>"
         trace = go.Bar if stacked else go.Scatter
         style = dict(marker_color=colors[b]) if stacked else dict(mode="lines+markers", line_color=colors[b])
-        fig.add_trace(trace(x=grid.index.to_numpy(), y=grid[b].to_numpy(), name=b, hovertemplate=hover, **style))
+        fig.add_trace(
+            trace(x=grid.index.to_numpy(), y=grid[b].to_numpy(), name=b, hovertemplate=hover, **style)
+        )
     if stacked:
         fig.update_layout(barmode="relative", bargap=0.05)
     fig.update_xaxes(title="step")
@@ -141,19 +173,31 @@ def make_bucket_steps_figure(buckets: pd.DataFrame, value: str = BUCKET.update_s
     return dashboard_layout(fig, title)
 
 
-def make_prob_histogram_figure(hist: pd.DataFrame, *, normalize: bool = True,
-                               title: str | None = None) -> go.Figure:
+def make_prob_histogram_figure(
+    hist: pd.DataFrame, *, normalize: bool = True, title: str | None = None
+) -> go.Figure:
     """Histogram of token probabilities from bins [lo, hi, count] (tokengrad.queries.prob_histogram)."""
     if hist.empty or hist[BIN.count].sum() == 0:
         return empty_figure("no tokens in the selection", title)
     y = hist[BIN.count] / hist[BIN.count].sum() if normalize else hist[BIN.count]
-    fig = go.Figure(go.Bar(
-        x=(hist[BIN.lo] + hist[BIN.hi]) / 2, y=y, width=hist[BIN.hi] - hist[BIN.lo],
-        customdata=hist[[BIN.lo, BIN.hi, BIN.count]],
-        marker_color="#0072B2", marker_line=dict(width=0.5, color="white"),
-        hovertemplate="p in [%{customdata[0]:.2f}, %{customdata[1]:.2f})<br>%{customdata[2]} tokens<extra></extra>"))
+    fig = go.Figure(
+        go.Bar(
+            x=(hist[BIN.lo] + hist[BIN.hi]) / 2,
+            y=y,
+            width=hist[BIN.hi] - hist[BIN.lo],
+            customdata=hist[[BIN.lo, BIN.hi, BIN.count]],
+            marker_color="#0072B2",
+            marker_line=dict(width=0.5, color="white"),
+            hovertemplate=(
+                "p in [%{customdata[0]:.2f}, %{customdata[1]:.2f})<br>"
+                "%{customdata[2]} tokens<extra></extra>"
+            ),
+        )
+    )
     fig.update_xaxes(title="token probability p", range=[0, 1])
-    fig.update_yaxes(title="share of tokens" if normalize else "tokens", tickformat=".0%" if normalize else None)
+    fig.update_yaxes(
+        title="share of tokens" if normalize else "tokens", tickformat=".0%" if normalize else None
+    )
     return dashboard_layout(fig, title, showlegend=False)
 
 
@@ -168,8 +212,13 @@ def reference_curves(p) -> dict[str, np.ndarray]:
     return {"(1 − p)": 1.0 - p, "√2 (1 − p)": np.sqrt(2.0) * (1.0 - p)}
 
 
-def make_grad_vs_prob_figure(binned: pd.DataFrame, value: str = TOK.logit_grad_unit, *, ref_scale: float = 1.0,
-                             title: str | None = None) -> go.Figure:
+def make_grad_vs_prob_figure(
+    binned: pd.DataFrame,
+    value: str = TOK.logit_grad_unit,
+    *,
+    ref_scale: float = 1.0,
+    title: str | None = None,
+) -> go.Figure:
     """Mean per-token gradient norm per probability bin against the bin's mean probability, with the
     (1 - p) and sqrt(2)(1 - p) reference curves times `ref_scale`.
 
@@ -185,21 +234,37 @@ def make_grad_vs_prob_figure(binned: pd.DataFrame, value: str = TOK.logit_grad_u
     fig = go.Figure()
     grid = np.linspace(0.0, 1.0, 101)
     for (name, curve), dash in zip(reference_curves(grid).items(), ("dot", "dash")):
-        fig.add_trace(go.Scatter(x=grid, y=ref_scale * curve, mode="lines", name=name,
-                                 line=dict(color="#666", dash=dash, width=1.2), hoverinfo="skip"))
-    fig.add_trace(go.Scatter(
-        x=b[TOK.prob], y=b[value], mode="markers+lines", name=f"mean {value}",
-        marker=dict(color="#D55E00", size=7), line=dict(color="#D55E00", width=1),
-        customdata=b[[BIN.lo, BIN.hi, BIN.count]],
-        hovertemplate="p in [%{customdata[0]:.2f}, %{customdata[1]:.2f}): mean p %{x:.3f}<br>"
-                      "mean %{y:.4g} over %{customdata[2]} tokens<extra></extra>"))
+        fig.add_trace(
+            go.Scatter(
+                x=grid,
+                y=ref_scale * curve,
+                mode="lines",
+                name=name,
+                line=dict(color="#666", dash=dash, width=1.2),
+                hoverinfo="skip",
+            )
+        )
+    fig.add_trace(
+        go.Scatter(
+            x=b[TOK.prob],
+            y=b[value],
+            mode="markers+lines",
+            name=f"mean {value}",
+            marker=dict(color="#D55E00", size=7),
+            line=dict(color="#D55E00", width=1),
+            customdata=b[[BIN.lo, BIN.hi, BIN.count]],
+            hovertemplate="p in [%{customdata[0]:.2f}, %{customdata[1]:.2f}): mean p %{x:.3f}<br>"
+            "mean %{y:.4g} over %{customdata[2]} tokens<extra></extra>",
+        )
+    )
     fig.update_xaxes(title="token probability p", range=[0, 1])
     fig.update_yaxes(title=value.replace("_", " "), rangemode="tozero")
     return dashboard_layout(fig, title)
 
 
-def make_bucket_dprob_figure(buckets: pd.DataFrame, step_range: tuple[int, int] | None = None, *,
-                             title: str | None = None) -> go.Figure:
+def make_bucket_dprob_figure(
+    buckets: pd.DataFrame, step_range: tuple[int, int] | None = None, *, title: str | None = None
+) -> go.Figure:
     """Mean probability change after the update and correct ratio (share of positive-advantage tokens
     whose probability rose) per bucket, side by side (AR-Lopti Fig. 1c and the correct-ratio view)."""
     s = bucket_shares(buckets, step_range)
@@ -207,11 +272,21 @@ def make_bucket_dprob_figure(buckets: pd.DataFrame, step_range: tuple[int, int] 
     if s.empty or s[[BUCKET.dprob_mean, BUCKET.correct_ratio]].isna().all().all():
         return empty_figure("no probability changes recorded (Step.record_prob_change)", title)
     colors = [bucket_colors(s[BUCKET.bucket].tolist())[b] for b in s[BUCKET.bucket]]
-    fig = make_subplots(rows=1, cols=2, subplot_titles=[BUCKET_LABELS[BUCKET.dprob_mean],
-                                                        BUCKET_LABELS[BUCKET.correct_ratio]])
+    fig = make_subplots(
+        rows=1, cols=2, subplot_titles=[BUCKET_LABELS[BUCKET.dprob_mean], BUCKET_LABELS[BUCKET.correct_ratio]]
+    )
     for col, c in ((1, BUCKET.dprob_mean), (2, BUCKET.correct_ratio)):
-        fig.add_trace(go.Bar(x=s[BUCKET.bucket], y=s[c], name=BUCKET_LABELS[c], marker_color=colors,
-                             hovertemplate="%{x}<br>%{y:.4g}<extra></extra>"), row=1, col=col)
+        fig.add_trace(
+            go.Bar(
+                x=s[BUCKET.bucket],
+                y=s[c],
+                name=BUCKET_LABELS[c],
+                marker_color=colors,
+                hovertemplate="%{x}<br>%{y:.4g}<extra></extra>",
+            ),
+            row=1,
+            col=col,
+        )
     fig.add_hline(y=0.5, line_dash="dash", line_color="#666", row=1, col=2)
     fig.update_xaxes(title="probability bucket")
     return dashboard_layout(fig, title, showlegend=False)
@@ -224,12 +299,15 @@ def weight_curve(meta: dict) -> pd.DataFrame | None:
         return None
     p, w = curve.get("p"), curve.get("w")
     if p is None or w is None or len(p) != len(w):
-        raise ValueError(f"meta weighting curve needs equal-length 'p' and 'w' lists, got keys {sorted(curve)}")
+        raise ValueError(
+            f"meta weighting curve needs equal-length 'p' and 'w' lists, got keys {sorted(curve)}"
+        )
     return pd.DataFrame({"p": np.asarray(p, dtype=float), "w": np.asarray(w, dtype=float)})
 
 
-def make_weight_curve_figure(metas: Mapping[str, dict], *, colors: Mapping[str, str] | None = None,
-                             title: str | None = None) -> go.Figure:
+def make_weight_curve_figure(
+    metas: Mapping[str, dict], *, colors: Mapping[str, str] | None = None, title: str | None = None
+) -> go.Figure:
     """Token weight w(p) of each run's weighting rule, with w = 1 (unweighted GRPO) dashed."""
     cmap = run_colors(metas, colors)
     fig = go.Figure()
@@ -237,9 +315,16 @@ def make_weight_curve_figure(metas: Mapping[str, dict], *, colors: Mapping[str, 
         curve = weight_curve(meta)
         if curve is not None:
             rule = (meta.get("weighting") or {}).get("name", "")
-            fig.add_trace(go.Scatter(x=curve["p"], y=curve["w"], mode="lines", name=name,
-                                     line=dict(color=cmap[name], width=2),
-                                     hovertemplate=f"{rule}<br>p %{{x:.3f}}<br>w %{{y:.4g}}<extra>{name}</extra>"))
+            fig.add_trace(
+                go.Scatter(
+                    x=curve["p"],
+                    y=curve["w"],
+                    mode="lines",
+                    name=name,
+                    line=dict(color=cmap[name], width=2),
+                    hovertemplate=f"{rule}<br>p %{{x:.3f}}<br>w %{{y:.4g}}<extra>{name}</extra>",
+                )
+            )
     if not fig.data:
         return empty_figure("no weight curve in the runs' meta", title)
     fig.add_hline(y=1.0, line_dash="dash", line_color="#999")

@@ -15,8 +15,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .columns import EVAL
-from .style import dashboard_layout, empty_figure, run_colors
+from tokengrad.figures.style import dashboard_layout, empty_figure, run_colors
+from tokengrad.schema import EVAL
 
 
 def difficulty_order(labels) -> list[str]:
@@ -41,22 +41,27 @@ def _task(evals: pd.DataFrame, task: str | None) -> pd.DataFrame:
     return evals if task is None else evals[evals[EVAL.task] == task]
 
 
-def accuracy_by_difficulty(evals: pd.DataFrame, step: int | None = None, task: str | None = None) -> pd.DataFrame:
+def accuracy_by_difficulty(
+    evals: pd.DataFrame, step: int | None = None, task: str | None = None
+) -> pd.DataFrame:
     """[difficulty, accuracy, n] at `step` (default: the last evaluated step), difficulties ordered."""
     df = _task(evals, task)
     if df.empty:
         return pd.DataFrame(columns=[EVAL.difficulty, EVAL.accuracy, EVAL.n])
     step = df[EVAL.step].max() if step is None else step
     df = df[df[EVAL.step] == step]
-    rows = [(d, _weighted_accuracy(g), int(pd.to_numeric(g[EVAL.n], errors="coerce").fillna(0).sum()))
-            for d, g in df.groupby(df[EVAL.difficulty].astype(str))]
+    rows = [
+        (d, _weighted_accuracy(g), int(pd.to_numeric(g[EVAL.n], errors="coerce").fillna(0).sum()))
+        for d, g in df.groupby(df[EVAL.difficulty].astype(str))
+    ]
     out = pd.DataFrame(rows, columns=[EVAL.difficulty, EVAL.accuracy, EVAL.n])
     order = difficulty_order(out[EVAL.difficulty])
     return out.set_index(EVAL.difficulty).loc[order].reset_index()
 
 
-def accuracy_over_steps(evals: pd.DataFrame, task: str | None = None,
-                        difficulty: str | None = None) -> pd.DataFrame:
+def accuracy_over_steps(
+    evals: pd.DataFrame, task: str | None = None, difficulty: str | None = None
+) -> pd.DataFrame:
     """[step, accuracy]: n-weighted accuracy over difficulties (or one difficulty) per evaluated step."""
     df = _task(evals, task)
     if difficulty is not None:
@@ -65,9 +70,14 @@ def accuracy_over_steps(evals: pd.DataFrame, task: str | None = None,
     return pd.DataFrame(rows, columns=[EVAL.step, EVAL.accuracy])
 
 
-def make_accuracy_by_difficulty_figure(evals: Mapping[str, pd.DataFrame], *, step: int | None = None,
-                                       task: str | None = None, colors: Mapping[str, str] | None = None,
-                                       title: str | None = None) -> go.Figure:
+def make_accuracy_by_difficulty_figure(
+    evals: Mapping[str, pd.DataFrame],
+    *,
+    step: int | None = None,
+    task: str | None = None,
+    colors: Mapping[str, str] | None = None,
+    title: str | None = None,
+) -> go.Figure:
     """Grouped bars: accuracy per difficulty, one bar colour per run, at each run's last eval (or `step`)."""
     cmap = run_colors(evals, colors)
     fig = go.Figure()
@@ -77,10 +87,17 @@ def make_accuracy_by_difficulty_figure(evals: Mapping[str, pd.DataFrame], *, ste
         if t.empty:
             continue
         order = difficulty_order(order + t[EVAL.difficulty].tolist())
-        fig.add_trace(go.Bar(x=t[EVAL.difficulty], y=t[EVAL.accuracy], name=name, marker_color=cmap[name],
-                             customdata=t[EVAL.n],
-                             hovertemplate="difficulty %{x}<br>accuracy %{y:.1%} (n=%{customdata})"
-                                           f"<extra>{name}</extra>"))
+        fig.add_trace(
+            go.Bar(
+                x=t[EVAL.difficulty],
+                y=t[EVAL.accuracy],
+                name=name,
+                marker_color=cmap[name],
+                customdata=t[EVAL.n],
+                hovertemplate="difficulty %{x}<br>accuracy %{y:.1%} (n=%{customdata})"
+                f"<extra>{name}</extra>",
+            )
+        )
     if not fig.data:
         return empty_figure("no evaluations recorded", title)
     fig.update_layout(barmode="group")
@@ -89,28 +106,50 @@ def make_accuracy_by_difficulty_figure(evals: Mapping[str, pd.DataFrame], *, ste
     return dashboard_layout(fig, title)
 
 
-def make_accuracy_over_steps_figure(evals: Mapping[str, pd.DataFrame], *, task: str | None = None,
-                                    by_difficulty: bool = False, colors: Mapping[str, str] | None = None,
-                                    title: str | None = None) -> go.Figure:
+def make_accuracy_over_steps_figure(
+    evals: Mapping[str, pd.DataFrame],
+    *,
+    task: str | None = None,
+    by_difficulty: bool = False,
+    colors: Mapping[str, str] | None = None,
+    title: str | None = None,
+) -> go.Figure:
     """Accuracy over training steps per run; with by_difficulty, one small multiple per difficulty."""
     cmap = run_colors(evals, colors)
     groups = [None]
     if by_difficulty:
-        groups = difficulty_order(pd.concat([_task(df, task)[EVAL.difficulty].astype(str) for df in evals.values()])
-                                  if evals else [])
+        groups = difficulty_order(
+            pd.concat([_task(df, task)[EVAL.difficulty].astype(str) for df in evals.values()])
+            if evals
+            else []
+        )
     if not groups:
         return empty_figure("no evaluations recorded", title)
-    fig = make_subplots(rows=1, cols=len(groups), shared_yaxes=True,
-                        subplot_titles=[f"difficulty {g}" for g in groups] if by_difficulty else None)
+    fig = make_subplots(
+        rows=1,
+        cols=len(groups),
+        shared_yaxes=True,
+        subplot_titles=[f"difficulty {g}" for g in groups] if by_difficulty else None,
+    )
     for j, group in enumerate(groups):
         for name, df in evals.items():
             t = accuracy_over_steps(df, task, group)
             if t.empty:
                 continue
-            fig.add_trace(go.Scatter(x=t[EVAL.step], y=t[EVAL.accuracy], mode="lines+markers", name=name,
-                                     legendgroup=name, showlegend=j == 0, line=dict(color=cmap[name]),
-                                     hovertemplate="step %{x}<br>accuracy %{y:.1%}" f"<extra>{name}</extra>"),
-                          row=1, col=j + 1)
+            fig.add_trace(
+                go.Scatter(
+                    x=t[EVAL.step],
+                    y=t[EVAL.accuracy],
+                    mode="lines+markers",
+                    name=name,
+                    legendgroup=name,
+                    showlegend=j == 0,
+                    line=dict(color=cmap[name]),
+                    hovertemplate=f"step %{{x}}<br>accuracy %{{y:.1%}}<extra>{name}</extra>",
+                ),
+                row=1,
+                col=j + 1,
+            )
     if not fig.data:
         return empty_figure("no evaluations recorded", title)
     fig.update_xaxes(title="step")

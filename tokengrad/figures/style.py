@@ -14,7 +14,7 @@ import hashlib
 import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 
-from ..schema import RESIDUAL_BUCKET
+from tokengrad.schema import RESIDUAL_BUCKET
 
 PX_PER_INCH = 96
 PNG_DPI = 300

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from .columns import EVAL, STEP
-from .overview import grad_norm_series, step_series
-from .smoothing import DEFAULT_SPIKE_K, find_spikes
+from tokengrad.figures.overview import grad_norm_series, step_series
+from tokengrad.figures.smoothing import DEFAULT_SPIKE_K, find_spikes
+from tokengrad.schema import EVAL, STEP
 
 FINAL_FRACTION = 0.1  # "final" reward: mean over the last 10% of steps (at least one step)
 
@@ -79,7 +79,9 @@ def summarize_run(name: str, meta: dict, steps: pd.DataFrame, layers: pd.DataFra
         "eval_accuracy": final_eval_accuracy(evals),
         "grad_norm_cv": coefficient_of_variation(gn_values),
         "spikes": int(spikes.size),
-        "spike_steps": ", ".join(str(int(s)) for s in gn[STEP.step].to_numpy()[spikes]) if spikes.size else "",
+        "spike_steps": ", ".join(str(int(s)) for s in gn[STEP.step].to_numpy()[spikes])
+        if spikes.size
+        else "",
     }
 
 

@@ -1,7 +1,8 @@
 """Token inspector: one completion with each token coloured by a recorded per-token value.
 
     df = sample_tokens(run, step=40, sample_id=3)          # tokengrad.queries
-    html = token_html(df, color_by="logit_grad_norm")        # st.html(html) / st.markdown(html, unsafe_allow_html=True)
+    html = token_html(df, color_by="logit_grad_norm")        # st.html(html) /
+                                                             # st.markdown(html, unsafe_allow_html=True)
     fig = make_token_figure(df, color_by="prob")             # the same as a plotly heatmap
 
 Hovering a token shows every value recorded for it. Signed values (coef, advantage) use a diverging
@@ -17,26 +18,51 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import sample_colorscale, unlabel_rgb
 
-from .columns import TOK
-from .style import dashboard_layout, empty_figure
+from tokengrad.figures.style import dashboard_layout, empty_figure
+from tokengrad.schema import TOK
 
 COLOR_SCALES = {
-    TOK.prob: "RdYlGn", TOK.logprob: "RdYlGn", TOK.weight: "Purples", TOK.coef: "RdBu",
-    TOK.advantage: "RdBu", TOK.logit_grad_norm: "YlOrRd", TOK.head_grad_norm: "YlOrRd",
-    TOK.logit_grad_unit: "YlOrRd", TOK.entropy: "YlOrRd", TOK.ratio: "RdBu",
+    TOK.prob: "RdYlGn",
+    TOK.logprob: "RdYlGn",
+    TOK.weight: "Purples",
+    TOK.coef: "RdBu",
+    TOK.advantage: "RdBu",
+    TOK.logit_grad_norm: "YlOrRd",
+    TOK.head_grad_norm: "YlOrRd",
+    TOK.logit_grad_unit: "YlOrRd",
+    TOK.entropy: "YlOrRd",
+    TOK.ratio: "RdBu",
 }
 SIGNED = frozenset({TOK.coef, TOK.advantage})
 FIXED_RANGES = {TOK.prob: (0.0, 1.0), TOK.logit_grad_unit: (0.0, float(np.sqrt(2.0)))}
 # Columns shown on hover, in this order, when present.
-HOVER_COLUMNS = (TOK.position, TOK.token_id, TOK.prob, TOK.logprob, TOK.old_logprob, TOK.ref_logprob,
-                 TOK.entropy, TOK.advantage, TOK.weight, TOK.coef, TOK.ratio, TOK.clipped,
-                 TOK.logit_grad_unit, TOK.logit_grad_norm, TOK.head_grad_norm, TOK.in_loss)
+HOVER_COLUMNS = (
+    TOK.position,
+    TOK.token_id,
+    TOK.prob,
+    TOK.logprob,
+    TOK.old_logprob,
+    TOK.ref_logprob,
+    TOK.entropy,
+    TOK.advantage,
+    TOK.weight,
+    TOK.coef,
+    TOK.ratio,
+    TOK.clipped,
+    TOK.logit_grad_unit,
+    TOK.logit_grad_norm,
+    TOK.head_grad_norm,
+    TOK.in_loss,
+)
 _KEYS = frozenset({TOK.step, TOK.rank, TOK.update_id, TOK.pass_id, TOK.sample_id, TOK.group_id, TOK.token})
 WHITESPACE_SYMBOLS = {"\n": "↵", "\t": "⇥"}
 
 
-def color_range(values, column: str, vmin: float | None = None, vmax: float | None = None) -> tuple[float, float]:
-    """(lo, hi) of the colour scale: fixed for prob, symmetric around 0 for signed columns, else data range."""
+def color_range(
+    values, column: str, vmin: float | None = None, vmax: float | None = None
+) -> tuple[float, float]:
+    """(lo, hi) of the colour scale: fixed for prob, symmetric around 0 for signed columns, else data
+    range."""
     x = np.asarray(values, dtype=float)
     x = x[np.isfinite(x)]
     if column in FIXED_RANGES:
@@ -52,7 +78,9 @@ def color_range(values, column: str, vmin: float | None = None, vmax: float | No
     return (lo, hi) if hi > lo else (lo, lo + 1.0)
 
 
-def token_colors(values, column: str, vmin: float | None = None, vmax: float | None = None) -> list[str | None]:
+def token_colors(
+    values, column: str, vmin: float | None = None, vmax: float | None = None
+) -> list[str | None]:
     """'rgb(r, g, b)' per value on the column's scale; None for missing values."""
     lo, hi = color_range(values, column, vmin, vmax)
     scale = COLOR_SCALES.get(column, "RdBu" if column in SIGNED else "YlOrRd")
@@ -101,8 +129,9 @@ def _check(tokens: pd.DataFrame, color_by: str) -> pd.DataFrame:
     return tokens.sort_values(TOK.position, kind="stable") if TOK.position in tokens.columns else tokens
 
 
-def token_html(tokens: pd.DataFrame, color_by: str = TOK.prob, *, vmin: float | None = None,
-               vmax: float | None = None) -> str:
+def token_html(
+    tokens: pd.DataFrame, color_by: str = TOK.prob, *, vmin: float | None = None, vmax: float | None = None
+) -> str:
     """An HTML fragment: the completion's tokens as coloured spans, every recorded value in the tooltip.
 
     Tokens outside the loss (in_loss False, e.g. tool output) are drawn faded. Text is HTML-escaped.
@@ -120,8 +149,10 @@ def token_html(tokens: pd.DataFrame, color_by: str = TOK.prob, *, vmin: float | 
         title = _html.escape(hover_text(row, cols), quote=True)
         spans.append(f'<span class="tg-tok" style="{style}" title="{title}">{text}</span>')
     lo, hi = color_range(df[color_by], color_by, vmin, vmax)
-    return (f'<div class="tg-tokens" style="font-family:monospace;white-space:pre-wrap;line-height:1.9">'
-            f'{"".join(spans)}</div>{_legend_html(color_by, lo, hi)}')
+    return (
+        f'<div class="tg-tokens" style="font-family:monospace;white-space:pre-wrap;line-height:1.9">'
+        f"{''.join(spans)}</div>{_legend_html(color_by, lo, hi)}"
+    )
 
 
 def _not_in_loss(row: pd.Series) -> bool:
@@ -131,13 +162,22 @@ def _not_in_loss(row: pd.Series) -> bool:
 
 def _legend_html(column: str, lo: float, hi: float) -> str:
     stops = ",".join(token_colors(np.linspace(lo, hi, 7), column, lo, hi))
-    return (f'<div class="tg-legend" style="font-size:0.8em;margin-top:4px">{_html.escape(column)} '
-            f'{lo:.3g} <span style="display:inline-block;width:120px;height:0.8em;vertical-align:middle;'
-            f'background:linear-gradient(to right,{stops})"></span> {hi:.3g}</div>')
+    return (
+        f'<div class="tg-legend" style="font-size:0.8em;margin-top:4px">{_html.escape(column)} '
+        f'{lo:.3g} <span style="display:inline-block;width:120px;height:0.8em;vertical-align:middle;'
+        f'background:linear-gradient(to right,{stops})"></span> {hi:.3g}</div>'
+    )
 
 
-def make_token_figure(tokens: pd.DataFrame, color_by: str = TOK.prob, *, per_row: int = 16,
-                      vmin: float | None = None, vmax: float | None = None, title: str | None = None) -> go.Figure:
+def make_token_figure(
+    tokens: pd.DataFrame,
+    color_by: str = TOK.prob,
+    *,
+    per_row: int = 16,
+    vmin: float | None = None,
+    vmax: float | None = None,
+    title: str | None = None,
+) -> go.Figure:
     """The completion as a heatmap of `per_row` tokens per row, cell colour = `color_by`, text = token."""
     if tokens.empty:
         return empty_figure("no tokens recorded for this completion", title)
@@ -147,17 +187,30 @@ def make_token_figure(tokens: pd.DataFrame, color_by: str = TOK.prob, *, per_row
     pad = rows * per_row - n
 
     def grid(values, fill):
-        return np.concatenate([np.asarray(values, dtype=object), np.full(pad, fill, dtype=object)]).reshape(rows, per_row)
+        return np.concatenate([np.asarray(values, dtype=object), np.full(pad, fill, dtype=object)]).reshape(
+            rows, per_row
+        )
 
     z = grid(df[color_by].astype(float), None)
     text = grid([display_token(str(t or "")) for t in df.get(TOK.token, [""] * n)], "")
     cols = _hover_columns(df)
     hover = grid([hover_text(r, cols).replace("\n", "<br>") for _, r in df.iterrows()], "")
     lo, hi = color_range(df[color_by], color_by, vmin, vmax)
-    fig = go.Figure(go.Heatmap(
-        z=z, text=text, texttemplate="%{text}", customdata=hover, hovertemplate="%{customdata}<extra></extra>",
-        colorscale=COLOR_SCALES.get(color_by, "YlOrRd"), zmin=lo, zmax=hi, xgap=2, ygap=2,
-        colorbar=dict(title=color_by)))
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            text=text,
+            texttemplate="%{text}",
+            customdata=hover,
+            hovertemplate="%{customdata}<extra></extra>",
+            colorscale=COLOR_SCALES.get(color_by, "YlOrRd"),
+            zmin=lo,
+            zmax=hi,
+            xgap=2,
+            ygap=2,
+            colorbar=dict(title=color_by),
+        )
+    )
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False, autorange="reversed")
     return dashboard_layout(fig, title, height=max(160, 34 * rows + 80))

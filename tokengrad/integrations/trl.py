@@ -31,10 +31,17 @@ import warnings
 import torch
 from transformers import TrainerCallback
 
-from ..recorder import Recorder
-from ..stats import TokenStats
-from .trl_fused import FusedCapture, fused_token_stats
-from ..weighting import WEIGHTINGS, TokenBatch, get_weighting, rule_params, validate_params, weight_curve
+from tokengrad.integrations.trl_fused import FusedCapture, fused_token_stats
+from tokengrad.record.recorder import Recorder
+from tokengrad.record.stats import TokenStats
+from tokengrad.train.weighting import (
+    WEIGHTINGS,
+    TokenBatch,
+    get_weighting,
+    rule_params,
+    validate_params,
+    weight_curve,
+)
 
 TESTED_TRL = ("1.16", "1.17")  # [lowest, first untested) minor versions; keep in step with the `trl` extra
 SAMPLE_KEY = "tokengrad_sample_id"  # [B] global completion index, carried through TRL's shuffle and split
@@ -54,7 +61,7 @@ def attach(trainer, run_dir, *, weighting: str | None = None, weighting_params: 
     """Record `trainer` (a `trl.GRPOTrainer`, before `train()`) into `run_dir`; returns the recording.
 
     Args:
-        weighting, weighting_params: a rule of `tokengrad.weighting` applied as a per-token gradient
+        weighting, weighting_params: a rule of `tokengrad.train.weighting` applied as a per-token gradient
             scale (see the module docs for what that equals); None records plain TRL.
         bucket_every: probability-bucket gradient analysis every N steps (0 = off; one extra backward per
             bucket on those steps).
@@ -68,10 +75,17 @@ def attach(trainer, run_dir, *, weighting: str | None = None, weighting_params: 
     rule = resolve_weighting(weighting, weighting_params)
     tokenizer = getattr(trainer, "_tokenizer", None) or trainer.processing_class
     model_cfg = getattr(trainer.model, "config", None)
-    rec = Recorder(run_dir, model=trainer.model, tokenizer=tokenizer, config=_run_config(trainer, trl.__version__),
-                   run_name=run_name, model_name=getattr(model_cfg, "_name_or_path", None) or None,
-                   weighting=_weighting_meta(weighting, weighting_params), bucket_every=bucket_every,
-                   **recorder_kwargs)
+    rec = Recorder(
+        run_dir,
+        model=trainer.model,
+        tokenizer=tokenizer,
+        config=_run_config(trainer, trl.__version__),
+        run_name=run_name,
+        model_name=getattr(model_cfg, "_name_or_path", None) or None,
+        weighting=_weighting_meta(weighting, weighting_params),
+        bucket_every=bucket_every,
+        **recorder_kwargs,
+    )
     return TRLRecording(trainer, rec, rule).install()
 
 
@@ -83,10 +97,12 @@ def check_trl_version(version: str, allow_untested: bool = False) -> None:
     if lo <= Version(version).release[:2] < hi or allow_untested:
         return
     raise RuntimeError(
-        f"tokengrad's TRL integration is tested with trl>={TESTED_TRL[0]},<{TESTED_TRL[1]} but trl {version} is "
+        f"tokengrad's TRL integration is tested with trl>={TESTED_TRL[0]},<{TESTED_TRL[1]} "
+        f"but trl {version} is "
         f"installed. It hooks GRPOTrainer internals ({', '.join(_HOOKED)}) whose signatures and data change "
         f"between releases, so another version may record wrong numbers. Install `tokengrad[trl]`, or pass "
-        f"allow_untested_trl=True to try anyway.")
+        f"allow_untested_trl=True to try anyway."
+    )
 
 
 def check_trainer(trainer) -> None:
@@ -102,15 +118,17 @@ def check_trainer(trainer) -> None:
         raise ValueError(
             "use_liger_kernel=True: this TRL computes the GRPO loss inside Liger's fused kernel "
             "(compute_liger_loss), which bypasses _compute_loss and never exposes per-token log-probs, so "
-            "coef, entropy and the weighting hook have nothing to attach to. Set use_liger_kernel=False.")
+            "coef, entropy and the weighting hook have nothing to attach to. Set use_liger_kernel=False."
+        )
     if getattr(trainer, "_tokengrad_recording", None) is not None:
         raise ValueError("a tokengrad recording is already attached to this trainer")
 
 
 # ---- weighting ----------------------------------------------------------------------------------
 
+
 def _probe_batch():
-    lp = torch.tensor([[0.05, 0.3, 0.6, 0.95], [0.2, 0.5, 0.7, 0.9]]).log()        # [2, 4]
+    lp = torch.tensor([[0.05, 0.3, 0.6, 0.95], [0.2, 0.5, 0.7, 0.9]]).log()  # [2, 4]
     return TokenBatch(lp, lp - 0.1, torch.tensor([1.0, -1.0]), torch.ones(2, 4))
 
 
@@ -134,8 +152,10 @@ def resolve_weighting(name: str | None, params: dict | None):
     bad = unsupported_fields(name, params)
     if bad:
         why = ", ".join(f"{f} ({NOT_A_GRADIENT_SCALE[f]})" for f in bad)
-        raise ValueError(f"weighting {name!r} with {params} uses {why}, which cannot act as a per-token scale of "
-                         f"dL/dlog pi on TRL's unmodified loss; rules that can: {supported_weightings()}")
+        raise ValueError(
+            f"weighting {name!r} with {params} uses {why}, which cannot act as a per-token scale of "
+            f"dL/dlog pi on TRL's unmodified loss; rules that can: {supported_weightings()}"
+        )
     return rule, params
 
 
@@ -153,18 +173,19 @@ def _run_config(trainer, trl_version: str) -> dict:
 
 # ---- the recording ------------------------------------------------------------------------------
 
+
 class TRLRecording:
     """The hooks on one trainer and the recorder they feed; `detach()`, called when `train()` returns or
     raises, ends the open step, closes the recorder and restores the trainer."""
 
     def __init__(self, trainer, recorder: Recorder, rule=None):
         self.trainer, self.recorder, self.rule = trainer, recorder, rule
-        self.step = None              # the open tokengrad step (StepRecorder) or None
+        self.step = None  # the open tokengrad step (StepRecorder) or None
         self.next_step = 0
         self.update_id = 0
         self._norms_done = False
-        self._inputs = None           # compute_loss inputs while TRL computes the loss
-        self._scored = None           # (prompts, completions, completion_ids, rewards_per_func) of the batch
+        self._inputs = None  # compute_loss inputs while TRL computes the loss
+        self._scored = None  # (prompts, completions, completion_ids, rewards_per_func) of the batch
         self._patched: list[tuple[object, str, object]] = []
         self._fused = FusedCapture(trainer)
         self._callback = None
@@ -206,7 +227,7 @@ class TRLRecording:
             self.recorder = None
 
     def _patch(self, obj, name: str, fn) -> None:
-        old = vars(obj).get(name)     # an instance attribute to restore, else None (the class method stays)
+        old = vars(obj).get(name)  # an instance attribute to restore, else None (the class method stays)
         orig = getattr(obj, name)
         self._patched.append((obj, name, old))
         setattr(obj, name, lambda *a, **k: fn(orig, *a, **k))
@@ -214,12 +235,12 @@ class TRLRecording:
     def _train(self, orig, *a, **k):
         try:
             return orig(*a, **k)
-        finally:                                      # also when training fails: finished steps reach disk
+        finally:  # also when training fails: finished steps reach disk
             self.detach()
 
     # -- generation: one tokengrad step per generation batch ----------------------------------------
     def _generate_and_score(self, orig, inputs):
-        if not self.trainer.model.training:          # evaluation batches are not recorded
+        if not self.trainer.model.training:  # evaluation batches are not recorded
             return orig(inputs)
         if self.step is not None:
             self.recorder.end_step()
@@ -233,7 +254,7 @@ class TRLRecording:
     def _rollout_index(self) -> int:
         """Generation batches so far, from TRL's optimizer step so a resumed run continues its numbering."""
         t = self.trainer
-        per_generation = t.args.steps_per_generation * t.num_iterations      # micro-batches per generation
+        per_generation = t.args.steps_per_generation * t.num_iterations  # micro-batches per generation
         done = t.state.global_step * t.args.gradient_accumulation_steps // per_generation
         return max(done, self.next_step)
 
@@ -245,21 +266,29 @@ class TRLRecording:
     def _record_samples(self, out: dict) -> None:
         t = self.trainer
         n = out["completion_ids"].size(0)
-        first = t.accelerator.process_index * n       # TRL's process_slice: ranks hold consecutive rows
+        first = t.accelerator.process_index * n  # TRL's process_slice: ranks hold consecutive rows
         sid = torch.arange(first, first + n, device=out["completion_ids"].device)  # [B]
         out[SAMPLE_KEY] = sid
         if self._scored is None:
             return
         prompts, completions, ids_list, per_func = self._scored
-        local = per_func[first:first + n].float()                                  # [B, F]
-        reward = (local * t.reward_weights.to(local.device)).nansum(1)             # [B] TRL's weighted sum
-        reward[torch.isnan(local).all(1)] = float("nan")                            # unscorable rows
-        extra = {f"reward_{_column(name)}": local[:, i].tolist() for i, name in enumerate(t.reward_func_names)}
+        local = per_func[first : first + n].float()  # [B, F]
+        reward = (local * t.reward_weights.to(local.device)).nansum(1)  # [B] TRL's weighted sum
+        reward[torch.isnan(local).all(1)] = float("nan")  # unscorable rows
+        extra = {
+            f"reward_{_column(name)}": local[:, i].tolist() for i, name in enumerate(t.reward_func_names)
+        }
         adv = out["advantages"]
-        self.step.samples(sample_ids=sid.tolist(), group_ids=(sid // t.num_generations).tolist(),
-                          prompts=[_text(p) for p in prompts], completions=[_text(c) for c in completions],
-                          rewards=reward.tolist(), advantages=adv.tolist() if adv.dim() == 1 else None,
-                          lengths=[len(ids) for ids in ids_list], **extra)
+        self.step.samples(
+            sample_ids=sid.tolist(),
+            group_ids=(sid // t.num_generations).tolist(),
+            prompts=[_text(p) for p in prompts],
+            completions=[_text(c) for c in completions],
+            rewards=reward.tolist(),
+            advantages=adv.tolist() if adv.dim() == 1 else None,
+            lengths=[len(ids) for ids in ids_list],
+            **extra,
+        )
 
     # -- the loss: capture inputs, then the log-probs TRL builds it from -----------------------------
     def _compute_loss(self, orig, model, inputs, *a, **k):
@@ -281,26 +310,38 @@ class TRLRecording:
         if active:
             logps, entropies = out[0], out[1]
             self._track(logps, fused_token_stats(logps, entropies, sum_p2), hidden)
-            self._inputs = None                     # one tracked pass per compute_loss call
+            self._inputs = None  # one tracked pass per compute_loss call
         return out
 
     def _track(self, logps: torch.Tensor, stats: TokenStats | None, hidden: torch.Tensor | None) -> None:
         inp = self._inputs
-        mask = inp["completion_mask"]                                               # [B, T]
-        loss_mask = mask * inp["tool_mask"] if "tool_mask" in inp else mask         # [B, T]
+        mask = inp["completion_mask"]  # [B, T]
+        loss_mask = mask * inp["tool_mask"] if "tool_mask" in inp else mask  # [B, T]
         old = inp.get("old_per_token_logps")
-        old = logps.detach() if old is None else old    # TRL's own stand-in when the batch is on-policy
-        adv = inp["advantages"]                                                     # [B] or [B, T]
+        old = logps.detach() if old is None else old  # TRL's own stand-in when the batch is on-policy
+        adv = inp["advantages"]  # [B] or [B, T]
         sid = inp.get(SAMPLE_KEY)
         weights = self._weights(logps, old, adv, loss_mask)
         extra = {}
-        if torch.is_tensor(inp.get("importance_sampling_ratio")):                  # vLLM correction
+        if torch.is_tensor(inp.get("importance_sampling_ratio")):  # vLLM correction
             extra["trl_is_ratio"] = inp["importance_sampling_ratio"].expand_as(logps).float()
-        self.step.track(logps, token_ids=inp["completion_ids"], mask=mask, loss_mask=loss_mask,
-                        old_logprobs=old, ref_logprobs=inp.get("ref_per_token_logps"), advantages=adv,
-                        weights=weights, scale_grad=weights, sample_ids=sid,
-                        group_ids=None if sid is None else sid // self.trainer.num_generations,
-                        stats=stats, hidden=hidden, update_id=self.update_id, extra=extra)
+        self.step.track(
+            logps,
+            token_ids=inp["completion_ids"],
+            mask=mask,
+            loss_mask=loss_mask,
+            old_logprobs=old,
+            ref_logprobs=inp.get("ref_per_token_logps"),
+            advantages=adv,
+            weights=weights,
+            scale_grad=weights,
+            sample_ids=sid,
+            group_ids=None if sid is None else sid // self.trainer.num_generations,
+            stats=stats,
+            hidden=hidden,
+            update_id=self.update_id,
+            extra=extra,
+        )
 
     def _weights(self, logps, old, adv, loss_mask) -> torch.Tensor | None:
         if self.rule is None:
@@ -309,22 +350,24 @@ class TRLRecording:
         tw = rule(TokenBatch(logps.detach(), old.detach(), adv, loss_mask.float()), **params)
         bad = [f for f in NOT_A_GRADIENT_SCALE if getattr(tw, f) is not None]
         if bad:  # attach() probed the rule; a rule whose output depends on the batch can still get here
-            raise ValueError(f"the weighting rule returned {bad} for this batch; only a per-token scale can act in TRL")
+            raise ValueError(
+                f"the weighting rule returned {bad} for this batch; only a per-token scale can act in TRL"
+            )
         if all(w is None for w in (tw.loss_weight, tw.advantage_weight)):
-            return None                                                             # the rule left all tokens at 1
-        return tw.effective().to(logps.device)                                      # [B, T]
+            return None  # the rule left all tokens at 1
+        return tw.effective().to(logps.device)  # [B, T]
 
     # -- backward, gradient norms, optimizer updates -------------------------------------------------
     def _backward(self, orig, loss, **kwargs):
         st = self.step
         if st is None or not st.is_bucket_step:
             return orig(loss, **kwargs)
-        kwargs.setdefault("retain_graph", True)       # the bucket passes run on the same graph
+        kwargs.setdefault("retain_graph", True)  # the bucket passes run on the same graph
         orig(loss, **kwargs)
         st.analyze_buckets()
 
     def _clip_grad_norm(self, orig, *a, **k):
-        self._record_norms()                          # before clipping changes .grad
+        self._record_norms()  # before clipping changes .grad
         return orig(*a, **k)
 
     def _record_norms(self) -> None:
@@ -334,8 +377,12 @@ class TRLRecording:
 
     def _on_pre_optimizer_step(self) -> None:
         if self.step is not None and not self._norms_done:
-            warnings.warn("tokengrad: the trainer clipped gradients without accelerator.clip_grad_norm_; "
-                          "gradient norms are read after clipping", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                "tokengrad: the trainer clipped gradients without accelerator.clip_grad_norm_; "
+                "gradient norms are read after clipping",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             self._record_norms()
 
     def _on_step_end(self) -> None:
@@ -345,8 +392,11 @@ class TRLRecording:
     def _on_log(self, state, logs: dict) -> None:
         if self.step is None or any(k.startswith(_SUMMARY_KEYS) for k in logs):
             return
-        scalars = {_STEP_COLUMNS.get(k, f"trl_{_column(k)}"): float(v) for k, v in logs.items()
-                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        scalars = {
+            _STEP_COLUMNS.get(k, f"trl_{_column(k)}"): float(v)
+            for k, v in logs.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
         self.step.log(trl_global_step=state.global_step, **scalars)
 
 
@@ -375,6 +425,7 @@ def _text(x) -> str:
     if isinstance(x, str):
         return x
     if isinstance(x, list):
-        return "\n".join(f"{m.get('role', '')}: {m.get('content', '')}" if isinstance(m, dict) else str(m)
-                         for m in x)
+        return "\n".join(
+            f"{m.get('role', '')}: {m.get('content', '')}" if isinstance(m, dict) else str(m) for m in x
+        )
     return str(x)

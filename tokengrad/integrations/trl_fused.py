@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..stats import TokenStats
+from tokengrad.record.stats import TokenStats
 
 _LOGIT_SCALES = ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier",
                  "logits_scaling")

@@ -29,8 +29,15 @@ from typing import Any
 
 import numpy as np
 
-from tokengrad.tasks.base import (Problem, check_int, last_answer, parse_int_range, procedural_eval,
-                                  procedural_train, register_task)
+from tokengrad.train.tasks.base import (
+    Problem,
+    check_int,
+    last_answer,
+    parse_int_range,
+    procedural_eval,
+    procedural_train,
+    register_task,
+)
 
 PROMPT = (
     "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you "
@@ -40,27 +47,39 @@ PROMPT = (
     "needed, you can directly provide the answer inside <answer> and </answer>, without detailed "
     "illustrations. For example, <answer> Beijing </answer>. Question: {question}\n"
 )
-INVALID_ACTION = ("\nMy previous action is invalid. If I want to search, I should put the query between "
-                  "<search> and </search>. If I want to give the final answer, I should put the answer between "
-                  "<answer> and </answer>. Let me try again.\n")
+INVALID_ACTION = (
+    "\nMy previous action is invalid. If I want to search, I should put the query between "
+    "<search> and </search>. If I want to give the final answer, I should put the answer between "
+    "<answer> and </answer>. Let me try again.\n"
+)
 TOOL_STOP = "</search>"
 
 # Two syllables, consonant-vowel then consonant-vowel-(consonant): short, pronounceable, rarely a real word.
 _ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kr", "th", "qu")
 _VOWELS = ("a", "e", "i", "o", "u")
 _CODAS = ("", "", "n", "r", "l", "s")
-OCCUPATIONS = ("painter", "botanist", "sculptor", "chemist", "cartographer", "violinist", "historian",
-               "pilot", "surgeon", "novelist")   # all take "a"
+OCCUPATIONS = (
+    "painter",
+    "botanist",
+    "sculptor",
+    "chemist",
+    "cartographer",
+    "violinist",
+    "historian",
+    "pilot",
+    "surgeon",
+    "novelist",
+)  # all take "a"
 INDUSTRIES = ("shipping", "textile", "software", "mining", "glassware", "publishing", "brewing", "rail")
 COMPANY_SUFFIXES = ("Works", "Holdings", "Industries", "Trading", "Labs", "Foundry", "Group")
 
 
 @dataclass(frozen=True)
 class Entity:
-    kind: str       # "person" | "city" | "company" | "river"
+    kind: str  # "person" | "city" | "company" | "river"
     name: str
-    attrs: dict     # attribute -> value; a value naming another entity is that entity's name
-    passage: str    # "Title\nText"
+    attrs: dict  # attribute -> value; a value naming another entity is that entity's name
+    passage: str  # "Title\nText"
 
 
 class _Namer:
@@ -71,8 +90,13 @@ class _Namer:
 
     def word(self) -> str:
         while True:
-            parts = [_pick(self.rng, _ONSETS), _pick(self.rng, _VOWELS), _pick(self.rng, _ONSETS),
-                     _pick(self.rng, _VOWELS), _pick(self.rng, _CODAS)]
+            parts = [
+                _pick(self.rng, _ONSETS),
+                _pick(self.rng, _VOWELS),
+                _pick(self.rng, _ONSETS),
+                _pick(self.rng, _VOWELS),
+                _pick(self.rng, _CODAS),
+            ]
             word = "".join(parts).capitalize()
             if word not in self.used:
                 self.used.add(word)
@@ -83,57 +107,96 @@ def _pick(rng: np.random.Generator, items: tuple | list) -> Any:
     return items[int(rng.integers(0, len(items)))]
 
 
-def generate_world(seed: int, n_people: int, n_cities: int, n_companies: int, n_rivers: int) -> dict[str, Entity]:
+def generate_world(
+    seed: int, n_people: int, n_cities: int, n_companies: int, n_rivers: int
+) -> dict[str, Entity]:
     """All entities by name. Family names are shared (one per three people) so passages overlap in words."""
     rng = np.random.default_rng(seed)
     namer = _Namer(rng)
     rivers = [f"{namer.word()} River" for _ in range(n_rivers)]
-    cities = {namer.word(): {"river": _pick(rng, rivers), "founded": int(rng.integers(800, 1800))}
-              for _ in range(n_cities)}
+    cities = {
+        namer.word(): {"river": _pick(rng, rivers), "founded": int(rng.integers(800, 1800))}
+        for _ in range(n_cities)
+    }
     city_names = list(cities)
     families = [namer.word() for _ in range(max(1, n_people // 3))]
-    people = {f"{namer.word()} {_pick(rng, families)}": {
-        "city": _pick(rng, city_names), "birth_year": int(rng.integers(1900, 2000)),
-        "occupation": _pick(rng, OCCUPATIONS), "residence": _pick(rng, city_names)} for _ in range(n_people)}
+    people = {
+        f"{namer.word()} {_pick(rng, families)}": {
+            "city": _pick(rng, city_names),
+            "birth_year": int(rng.integers(1900, 2000)),
+            "occupation": _pick(rng, OCCUPATIONS),
+            "residence": _pick(rng, city_names),
+        }
+        for _ in range(n_people)
+    }
     person_names = list(people)
-    companies = {f"{namer.word()} {_pick(rng, COMPANY_SUFFIXES)}": {
-        "city": _pick(rng, city_names), "ceo": _pick(rng, person_names),
-        "founded": int(rng.integers(1850, 2021)), "industry": _pick(rng, INDUSTRIES)} for _ in range(n_companies)}
+    companies = {
+        f"{namer.word()} {_pick(rng, COMPANY_SUFFIXES)}": {
+            "city": _pick(rng, city_names),
+            "ceo": _pick(rng, person_names),
+            "founded": int(rng.integers(1850, 2021)),
+            "industry": _pick(rng, INDUSTRIES),
+        }
+        for _ in range(n_companies)
+    }
     lengths = {r: int(rng.integers(40, 3000)) for r in rivers}
     world = {}
     for name, a in people.items():
         given = name.split()[0]
-        world[name] = Entity("person", name, a, f"{name}\n{name} is a {a['occupation']} born in {a['city']} in "
-                                                f"{a['birth_year']}. {given} now lives in {a['residence']}.")
+        world[name] = Entity(
+            "person",
+            name,
+            a,
+            f"{name}\n{name} is a {a['occupation']} born in {a['city']} in "
+            f"{a['birth_year']}. {given} now lives in {a['residence']}.",
+        )
     for name, a in cities.items():
-        world[name] = Entity("city", name, a, f"{name}\n{name} is a city on the {a['river']}. "
-                                              f"It was founded in {a['founded']}.")
+        world[name] = Entity(
+            "city",
+            name,
+            a,
+            f"{name}\n{name} is a city on the {a['river']}. It was founded in {a['founded']}.",
+        )
     for name, a in companies.items():
-        world[name] = Entity("company", name, a, f"{name}\n{name} is a {a['industry']} company headquartered "
-                                                 f"in {a['city']}. It was founded in {a['founded']}, and its "
-                                                 f"chief executive is {a['ceo']}.")
+        world[name] = Entity(
+            "company",
+            name,
+            a,
+            f"{name}\n{name} is a {a['industry']} company headquartered "
+            f"in {a['city']}. It was founded in {a['founded']}, and its "
+            f"chief executive is {a['ceo']}.",
+        )
     for river in rivers:
         on = sorted(c for c, a in cities.items() if a["river"] == river)
         flows = f" It flows through {', '.join(on)}." if on else ""
-        world[river] = Entity("river", river, {"length": lengths[river]},
-                              f"{river}\n{river} is a river {lengths[river]} kilometres long.{flows}")
+        world[river] = Entity(
+            "river",
+            river,
+            {"length": lengths[river]},
+            f"{river}\n{river} is a river {lengths[river]} kilometres long.{flows}",
+        )
     return world
 
 
-# (question template, subject kind, attribute chain); each step of a chain is a function, so answers are unique.
+# (question template, subject kind, attribute chain); each step of a chain is a function, so answers are
+# unique.
 QUESTIONS = {
-    1: (("In which city was {} born?", "person", ("city",)),
+    1: (
+        ("In which city was {} born?", "person", ("city",)),
         ("In what year was {} born?", "person", ("birth_year",)),
         ("Who is the chief executive of {}?", "company", ("ceo",)),
         ("In which city is {} headquartered?", "company", ("city",)),
         ("In what year was {} founded?", "company", ("founded",)),
         ("Which river flows through {}?", "city", ("river",)),
-        ("In what year was the city of {} founded?", "city", ("founded",))),
-    2: (("In which city was the chief executive of {} born?", "company", ("ceo", "city")),
+        ("In what year was the city of {} founded?", "city", ("founded",)),
+    ),
+    2: (
+        ("In which city was the chief executive of {} born?", "company", ("ceo", "city")),
         ("In what year was the chief executive of {} born?", "company", ("ceo", "birth_year")),
         ("Which river flows through the city where {} is headquartered?", "company", ("city", "river")),
         ("Which river flows through the city where {} was born?", "person", ("city", "river")),
-        ("In what year was the city where {} was born founded?", "person", ("city", "founded"))),
+        ("In what year was the city where {} was born founded?", "person", ("city", "founded")),
+    ),
 }
 
 
@@ -142,16 +205,21 @@ def _aliases(value: object) -> tuple[str, ...]:
     return (text, text[: -len(" River")]) if text.endswith(" River") else (text,)
 
 
-def sample_question(rng: np.random.Generator, world: dict[str, Entity], by_kind: dict[str, list[str]],
-                    hops: int) -> Problem:
+def sample_question(
+    rng: np.random.Generator, world: dict[str, Entity], by_kind: dict[str, list[str]], hops: int
+) -> Problem:
     template, kind, chain = _pick(rng, list(QUESTIONS[hops]))
     subject = _pick(rng, by_kind[kind])
     value: object = subject
     for attr in chain:
         value = world[value].attrs[attr]
     question = template.format(subject)
-    return Problem(prompt=PROMPT.format(question=question), answer=_aliases(value), difficulty=f"{hops}-hop",
-                   meta={"question": question, "hops": hops, "subject": subject})
+    return Problem(
+        prompt=PROMPT.format(question=question),
+        answer=_aliases(value),
+        difficulty=f"{hops}-hop",
+        meta={"question": question, "hops": hops, "subject": subject},
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -181,6 +249,7 @@ def exact_match(response: str, golds: tuple[str, ...]) -> float:
 # Retrieval and the task
 # ---------------------------------------------------------------------------------------------------
 
+
 class Retriever:
     """BM25 (bm25s, k1=1.5, b=0.75, English stop words) over the world's passages."""
 
@@ -203,8 +272,10 @@ class Retriever:
 
 def format_information(passages: list[str]) -> str:
     """Search-R1's observation: "Doc i(Title: first line) rest" per passage inside <information> tags."""
-    docs = "".join(f"Doc {i + 1}(Title: {p.split(chr(10), 1)[0]}) {p.split(chr(10), 1)[1]}\n"
-                   for i, p in enumerate(passages))
+    docs = "".join(
+        f"Doc {i + 1}(Title: {p.split(chr(10), 1)[0]}) {p.split(chr(10), 1)[1]}\n"
+        for i, p in enumerate(passages)
+    )
     return f"\n\n<information>{docs.strip()}</information>\n\n"
 
 
@@ -256,16 +327,26 @@ def _key(problem: Problem) -> str:
 
 
 @register_task("toolqa")
-def make_toolqa(hops: int | tuple[int, int] = (1, 2), world_seed: int = 0, n_people: int = 400,
-                n_cities: int = 60, n_companies: int = 150, n_rivers: int = 15, top_k: int = 3,
-                max_tool_calls: int = 2) -> ToolQATask:
-    """Search-R1-style QA over a world generated from `world_seed` (max_tool_calls=2 as in Search-R1's GRPO)."""
+def make_toolqa(
+    hops: int | tuple[int, int] = (1, 2),
+    world_seed: int = 0,
+    n_people: int = 400,
+    n_cities: int = 60,
+    n_companies: int = 150,
+    n_rivers: int = 15,
+    top_k: int = 3,
+    max_tool_calls: int = 2,
+) -> ToolQATask:
+    """Search-R1-style QA over a world generated from `world_seed` (max_tool_calls=2 as in Search-R1's GRPO)."""  # noqa: E501
     levels = parse_int_range("hops", hops, 1, 2)
     # Upper bounds keep the made-up names (about 45K two-syllable words) far from exhausted.
-    sizes = dict(n_people=check_int("n_people", n_people, 1, 10_000),
-                 n_cities=check_int("n_cities", n_cities, 1, 2_000),
-                 n_companies=check_int("n_companies", n_companies, 1, 2_000),
-                 n_rivers=check_int("n_rivers", n_rivers, 1, 500))
+    sizes = dict(
+        n_people=check_int("n_people", n_people, 1, 10_000),
+        n_cities=check_int("n_cities", n_cities, 1, 2_000),
+        n_companies=check_int("n_companies", n_companies, 1, 2_000),
+        n_rivers=check_int("n_rivers", n_rivers, 1, 500),
+    )
     world = generate_world(check_int("world_seed", world_seed, 0), **sizes)
-    return ToolQATask(levels, world, check_int("top_k", top_k, 1, 20),
-                      check_int("max_tool_calls", max_tool_calls, 0))
+    return ToolQATask(
+        levels, world, check_int("top_k", top_k, 1, 20), check_int("max_tool_calls", max_tool_calls, 0)
+    )

@@ -14,17 +14,18 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
-import tomllib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
+
+import tomllib
 
 Check = Callable[[Any], "str | None"]  # returns an error message, or None when the value is fine
 
 
 def _f(default: Any, doc: str, check: Check | None = None) -> Any:
     meta = {"doc": doc, "check": check}
-    if isinstance(default, dict):
-        return field(default_factory=dict, metadata=meta)
+    if isinstance(default, (dict, list)):
+        return field(default_factory=type(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
@@ -48,28 +49,41 @@ def _one_of(registry: Callable[[], Mapping | Sequence]) -> Check:
 
 
 def _tasks() -> Mapping:
-    import tokengrad.tasks  # noqa: F401  (importing the package registers the built-in tasks)
-    from tokengrad.tasks.base import TASKS
+    import tokengrad.train.tasks  # noqa: F401  (importing the package registers the built-in tasks)
+    from tokengrad.train.tasks.base import TASKS
     return TASKS
 
 
 def _weightings() -> Mapping:
-    from tokengrad.weighting import WEIGHTINGS
+    from tokengrad.train.weighting import WEIGHTINGS
     return WEIGHTINGS
 
 
 def _aggregations() -> Mapping:
-    from tokengrad.loss import AGGREGATIONS
+    from tokengrad.train.loss import AGGREGATIONS
     return AGGREGATIONS
 
 
 def _scales() -> Mapping:
-    from tokengrad.advantages import ADVANTAGE_SCALES
+    from tokengrad.train.advantages import ADVANTAGE_SCALES
     return ADVANTAGE_SCALES
 
 
+def _importable(modules: list) -> str | None:
+    """Import each plugin module (once; Python caches imports) so that its registrations exist."""
+    import importlib
+    for name in modules:
+        if not isinstance(name, str) or not name:
+            return f"plugin entries must be module names, got {name!r}"
+        try:
+            importlib.import_module(name)
+        except ImportError as err:
+            return f"cannot import plugin module {name!r}: {err}"
+    return None
+
+
 def _model(v: str) -> str | None:
-    from tokengrad.models import check_model_name
+    from tokengrad.train.models import check_model_name
     try:
         check_model_name(v)
     except ValueError as err:
@@ -77,45 +91,100 @@ def _model(v: str) -> str | None:
     return None
 
 
+# Keys renamed since the first release -> (new key, why); the old key is an error naming the new one.
+RENAMED = {"mu": ("num_iterations", "PPO epochs are named as in TRL; mu is tr_grpo's sigmoid offset")}
+
+
 @dataclass
 class TrainConfig:
+    # extensions: modules imported before any registry is read (they register rules, tasks, models, ...)
+    plugins: list = _f([], "modules to import first, e.g. [\"my_rules\"]: their @register_weighting / @register_task / "
+                       "@register_model / @register_aggregation decorators extend the registries", _importable)
     # what to train
-    model: str = _f("tiny", "registered model name (tiny, smollm2-135m-instruct) or a local transformers checkpoint directory", _model)
+    model: str = _f(
+        "tiny",
+        "registered model name (tiny, smollm2-135m-instruct) or a local transformers checkpoint directory",
+        _model,
+    )
     task: str = _f("kk", "registered task name (kk, countdown, arithmetic, toolqa)", _one_of(_tasks))
     task_params: dict = _f({}, "keyword arguments of the task factory, e.g. {n_people = [3, 5]} for kk")
-    weighting: str = _f("grpo", "token-weighting rule (grpo, tr_grpo, tr_grpo_reverse, ar, lopti, ar_lopti, cw_grpo, clip_cov, kl_cov)", _one_of(_weightings))
+    weighting: str = _f(
+        "grpo",
+        "token-weighting rule (grpo, tr_grpo, tr_grpo_reverse, ar, lopti, ar_lopti, cw_grpo, clip_cov, kl_cov)",
+        _one_of(_weightings),
+    )
     weighting_params: dict = _f({}, "parameters of the weighting rule; unset ones keep the rule's defaults")
-    seed: int = _f(0, "seed of problem order, sampling and the tiny model's weights; same seed = same run on CPU", _at_least(0))
+    seed: int = _f(
+        0,
+        "seed of problem order, sampling and the tiny model's weights; same seed = same run on CPU",
+        _at_least(0),
+    )
     steps: int = _f(100, "training steps (one rollout batch each)", _at_least(1))
     # rollout
     prompts_per_step: int = _f(8, "B: prompts per step", _at_least(1))
-    group_size: int = _f(8, "G: completions sampled per prompt (>= 2: advantages are relative to the group)", _at_least(2))
-    n_train_problems: int = _f(0, "size of the training problem pool, cycled in epochs; 0 = prompts_per_step * steps", _at_least(0))
+    group_size: int = _f(
+        8, "G: completions sampled per prompt (>= 2: advantages are relative to the group)", _at_least(2)
+    )
+    n_train_problems: int = _f(
+        0, "size of the training problem pool, cycled in epochs; 0 = prompts_per_step * steps", _at_least(0)
+    )
     max_new_tokens: int = _f(256, "new tokens per generation turn", _at_least(1))
     temperature: float = _f(1.0, "sampling temperature (0 = greedy decoding)", _at_least(0.0))
     top_p: float = _f(1.0, "nucleus sampling mass, in (0, 1]", _in_unit)
-    max_turns: int = _f(3, "tool tasks: generation turns per completion (each tool answer starts a new turn)", _at_least(1))
+    max_turns: int = _f(
+        3, "tool tasks: generation turns per completion (each tool answer starts a new turn)", _at_least(1)
+    )
     # GRPO objective
-    adv_scale: str = _f("group", "advantage scale: group (GRPO, divide by group std), batch, none (Dr. GRPO)", _one_of(_scales))
-    dynamic_sampling: bool = _f(False, "drop groups whose rewards are all equal (DAPO dynamic sampling, arXiv 2503.14476)")
-    mu: int = _f(1, "policy-update passes over each rollout batch (one optimizer update each)", _at_least(1))
+    adv_scale: str = _f(
+        "group",
+        "advantage scale: group (GRPO, divide by group std), batch, none (Dr. GRPO)",
+        _one_of(_scales),
+    )
+    dynamic_sampling: bool = _f(
+        False, "drop groups whose rewards are all equal (DAPO dynamic sampling, arXiv 2503.14476)"
+    )
+    num_iterations: int = _f(1, "PPO epochs: optimizer updates per rollout batch (TRL's num_iterations, the GRPO paper's mu)", _at_least(1))
     eps_low: float = _f(0.2, "PPO clip: ratio lower bound 1 - eps_low", _at_least(0.0))
-    eps_high: float = _f(0.2, "PPO clip: ratio upper bound 1 + eps_high (DAPO clip-higher: 0.28)", _at_least(0.0))
-    beta: float = _f(0.0, "coefficient of the k3 KL to the frozen initial model (0 = no reference model)", _at_least(0.0))
-    aggregation: str = _f("grpo", "loss aggregation: grpo (seq-mean-token-mean), dapo (token-mean), dr_grpo (sum / (N * max_new_tokens))", _one_of(_aggregations))
+    eps_high: float = _f(
+        0.2, "PPO clip: ratio upper bound 1 + eps_high (DAPO clip-higher: 0.28)", _at_least(0.0)
+    )
+    beta: float = _f(
+        0.0, "coefficient of the k3 KL to the frozen initial model (0 = no reference model)", _at_least(0.0)
+    )
+    aggregation: str = _f(
+        "grpo",
+        "loss aggregation: grpo (seq-mean-token-mean), dapo (token-mean), dr_grpo (sum / (N * max_new_tokens))",
+        _one_of(_aggregations),
+    )
     # optimisation
     lr: float = _f(1e-6, "AdamW learning rate", _positive)
     weight_decay: float = _f(0.0, "AdamW weight decay", _at_least(0.0))
     warmup_steps: int = _f(0, "linear learning-rate warm-up over this many steps (0 = none)", _at_least(0))
-    grad_clip: float = _f(1.0, "clip the total gradient norm to this value before each update (0 = off)", _at_least(0.0))
+    grad_clip: float = _f(
+        1.0, "clip the total gradient norm to this value before each update (0 = off)", _at_least(0.0)
+    )
     grad_accum: int = _f(1, "micro-batches per optimizer update (gradient accumulation)", _at_least(1))
-    bf16: bool = _f(False, "bf16 autocast for generation and the transformer body (fp32 weights and LM head); faster only with native bf16 (GPU, avx512_bf16/AMX CPUs), 2-3x slower without")
-    device: str = _f("auto", "cpu, cuda, or auto (cuda when available)", _one_of(lambda: ("auto", "cpu", "cuda")))
+    bf16: bool = _f(
+        False,
+        "bf16 autocast for generation and the transformer body (fp32 weights and LM head); faster only with native bf16 (GPU, avx512_bf16/AMX CPUs), 2-3x slower without",
+    )
+    device: str = _f(
+        "auto", "cpu, cuda, or auto (cuda when available)", _one_of(lambda: ("auto", "cpu", "cuda"))
+    )
     # evaluation, recording, checkpoints
-    eval_every: int = _f(0, "held-out evaluation every K steps and after the last step (0 = off)", _at_least(0))
+    eval_every: int = _f(
+        0, "held-out evaluation every K steps and after the last step (0 = off)", _at_least(0)
+    )
     eval_per_difficulty: int = _f(10, "held-out problems per difficulty level", _at_least(1))
-    bucket_every: int = _f(0, "probability-bucket gradient analysis every N steps (0 = off; one extra backward per bucket)", _at_least(0))
-    checkpoint: bool = _f(True, "save RUN/checkpoint (weights, tokenizer, optimizer state) after the last step, for resume and reuse")
+    bucket_every: int = _f(
+        0,
+        "probability-bucket gradient analysis every N steps (0 = off; one extra backward per bucket)",
+        _at_least(0),
+    )
+    checkpoint: bool = _f(
+        True,
+        "save RUN/checkpoint (weights, tokenizer, optimizer state) after the last step, for resume and reuse",
+    )
     checkpoint_every: int = _f(0, "also save it every N steps (0 = only after the last step)", _at_least(0))
     run_dir: str = _f("", "run directory; empty = runs/<run_name>")
     run_name: str = _f("", "run name; empty = <task>-<weighting>-<time>")
@@ -133,10 +202,14 @@ DICT_FIELDS = tuple(name for name, f in FIELDS.items() if f.type in ("dict", dic
 def describe_config() -> str:
     """One line per key: name, default, meaning (for `tokengrad train --help` and the docs)."""
     default = TrainConfig()
-    return "\n".join(f"  {name} = {getattr(default, name)!r}\n      {f.metadata['doc']}" for name, f in FIELDS.items())
+    return "\n".join(
+        f"  {name} = {getattr(default, name)!r}\n      {f.metadata['doc']}" for name, f in FIELDS.items()
+    )
 
 
-def load_config(path: str | os.PathLike | None = None, overrides: Sequence[str] | Mapping[str, Any] = ()) -> TrainConfig:
+def load_config(
+    path: str | os.PathLike | None = None, overrides: Sequence[str] | Mapping[str, Any] = ()
+) -> TrainConfig:
     """Read a flat TOML/YAML file (or none), apply overrides (`key=value` strings or a dict), validate."""
     values = read_config_file(path) if path is not None else {}
     if isinstance(overrides, Mapping):
@@ -162,8 +235,12 @@ def read_config_file(path: str | os.PathLike) -> dict:
                 raise ValueError(f"{path}: invalid TOML: {err}") from None
     elif path.endswith((".yaml", ".yml")):
         import yaml
+
         with open(path) as fh:
-            data = yaml.safe_load(fh) or {}
+            try:
+                data = yaml.safe_load(fh) or {}
+            except yaml.YAMLError as err:
+                raise ValueError(f"{path}: invalid YAML: {err}") from None
     else:
         raise ValueError(f"config file {path!r} must end in .toml, .yaml or .yml")
     if not isinstance(data, dict):
@@ -200,6 +277,10 @@ def _set(values: dict, key: str, value: Any) -> None:
 
 def make_config(values: Mapping[str, Any]) -> TrainConfig:
     """A validated TrainConfig from a flat mapping; every problem found is a ValueError naming its key."""
+    renamed = [k for k in values if k in RENAMED]
+    if renamed:
+        k = renamed[0]
+        raise ValueError(f"config key {k!r} is now {RENAMED[k][0]!r} ({RENAMED[k][1]})")
     unknown = [k for k in values if k not in FIELDS]
     if unknown:
         hints = {k: difflib.get_close_matches(k, FIELDS, n=1) for k in unknown}
@@ -207,7 +288,7 @@ def make_config(values: Mapping[str, Any]) -> TrainConfig:
         raise ValueError(f"unknown config key(s) {listed}; known keys: {sorted(FIELDS)}")
     clean = {k: _coerce(k, v) for k, v in values.items()}
     cfg = TrainConfig(**clean)
-    for name, f in FIELDS.items():
+    for name, f in FIELDS.items():  # plugins first: its imports fill the registries the later checks read
         check = f.metadata["check"]
         problem = check(getattr(cfg, name)) if check else None
         if problem:
@@ -216,21 +297,24 @@ def make_config(values: Mapping[str, Any]) -> TrainConfig:
     return cfg
 
 
-_TYPES = {"int": int, "float": float, "bool": bool, "str": str, "dict": dict}
+_TYPES = {"int": int, "float": float, "bool": bool, "str": str, "dict": dict, "list": list}
 
 
 def _coerce(key: str, value: Any) -> Any:
     want = _TYPES[FIELDS[key].type if isinstance(FIELDS[key].type, str) else FIELDS[key].type.__name__]
+    if want is list and isinstance(value, str):  # plugins=my_rules,other on the command line
+        value = [v.strip() for v in value.split(",") if v.strip()]
     ok = isinstance(value, want) and not (want is int and isinstance(value, bool))
     if want is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if not ok:
         raise ValueError(f"config key {key!r} must be {want.__name__}, got {type(value).__name__} {value!r}")
-    return dict(value) if want is dict else value
+    return want(value) if want in (dict, list) else value
 
 
 def _check_weighting_params(cfg: TrainConfig) -> None:
-    from tokengrad.weighting import validate_params
+    from tokengrad.train.weighting import validate_params
+
     try:
         validate_params(cfg.weighting, cfg.weighting_params)
     except ValueError as err:

@@ -29,18 +29,27 @@ from fractions import Fraction
 
 import numpy as np
 
-from tokengrad.tasks.base import (Problem, check_int, last_answer, parse_int_range, procedural_eval,
-                                  procedural_train, register_task)
+from tokengrad.train.tasks.base import (
+    Problem,
+    check_int,
+    last_answer,
+    parse_int_range,
+    procedural_eval,
+    procedural_train,
+    register_task,
+)
 
 SYSTEM = ("You are a helpful assistant. You first thinks about the reasoning process in the mind and then "
           "provides the user with the answer.")
 RESPONSE_PREFIX = "Let me solve this step by step.\n<think>"
-PROMPT = ("Using the numbers {numbers}, create an equation that equals {target}. You can use basic arithmetic "
-          "operations (+, -, *, /) and each number can only be used once. Show your work in <think> </think> "
-          "tags. And return the final answer in <answer> </answer> tags, for example <answer> (1 + 2) / 3 "
-          "</answer>.")
+PROMPT = (
+    "Using the numbers {numbers}, create an equation that equals {target}. You can use basic arithmetic "
+    "operations (+, -, *, /) and each number can only be used once. Show your work in <think> </think> "
+    "tags. And return the final answer in <answer> </answer> tags, for example <answer> (1 + 2) / 3 "
+    "</answer>."
+)
 MAX_ATTEMPTS = 10_000
-MAX_EXPRESSION_CHARS = 500      # longer answers are not worth parsing (and deep nesting could recurse)
+MAX_EXPRESSION_CHARS = 500  # longer answers are not worth parsing (and deep nesting could recurse)
 
 # ---------------------------------------------------------------------------------------------------
 # Exact evaluation of + - * / expressions
@@ -71,7 +80,9 @@ def evaluate(expression: str) -> Fraction | None:
         return None
 
 
-def score_countdown(response: str, target: int, numbers: tuple[int, ...], last_line_only: bool = False) -> float:
+def score_countdown(
+    response: str, target: int, numbers: tuple[int, ...], last_line_only: bool = False
+) -> float:
     """TinyZero's Countdown reward: 1.0 correct, 0.1 answered but wrong, 0.0 no answer."""
     expression = last_answer(response.split("\n")[-1] if last_line_only else response)
     if expression is None:
@@ -85,6 +96,7 @@ def score_countdown(response: str, target: int, numbers: tuple[int, ...], last_l
 # ---------------------------------------------------------------------------------------------------
 # Generation
 # ---------------------------------------------------------------------------------------------------
+
 
 def _combine(a: int, b: int, op: str) -> int | None:
     """Positive integer result of a op b (a >= b), or None when the step would leave the integers."""
@@ -114,12 +126,18 @@ def sample_countdown(rng: np.random.Generator, n_numbers: int, max_number: int, 
         built = _random_expression(rng, numbers)
         if built is not None and built[0] <= max_target:
             target, witness = built
-            return Problem(prompt=PROMPT.format(numbers=numbers, target=target),
-                           answer={"target": target, "numbers": tuple(numbers)},
-                           difficulty=str(n_numbers), system=SYSTEM, response_prefix=RESPONSE_PREFIX,
-                           meta={"target": target, "numbers": " ".join(map(str, numbers)), "witness": witness})
-    raise ValueError(f"no countdown problem with {n_numbers} numbers <= {max_number} reaches a target "
-                     f"<= {max_target} in {MAX_ATTEMPTS} attempts; raise max_target")
+            return Problem(
+                prompt=PROMPT.format(numbers=numbers, target=target),
+                answer={"target": target, "numbers": tuple(numbers)},
+                difficulty=str(n_numbers),
+                system=SYSTEM,
+                response_prefix=RESPONSE_PREFIX,
+                meta={"target": target, "numbers": " ".join(map(str, numbers)), "witness": witness},
+            )
+    raise ValueError(
+        f"no countdown problem with {n_numbers} numbers <= {max_number} reaches a target "
+        f"<= {max_target} in {MAX_ATTEMPTS} attempts; raise max_target"
+    )
 
 
 def _key(problem: Problem) -> str:
@@ -145,8 +163,9 @@ class CountdownTask:
 
     def reward(self, problem: Problem, completion: str) -> float:
         answer = problem.answer
-        return score_countdown(problem.response_prefix + completion, answer["target"], answer["numbers"],
-                               self.last_line_only)
+        return score_countdown(
+            problem.response_prefix + completion, answer["target"], answer["numbers"], self.last_line_only
+        )
 
     def is_correct(self, problem: Problem, completion: str) -> bool:
         return self.reward(problem, completion) == 1.0
@@ -156,9 +175,17 @@ class CountdownTask:
 
 
 @register_task("countdown")
-def make_countdown(n_numbers: int | tuple[int, int] = (3, 4), max_number: int = 99, max_target: int = 100,
-                   last_line_only: bool = False) -> CountdownTask:
+def make_countdown(
+    n_numbers: int | tuple[int, int] = (3, 4),
+    max_number: int = 99,
+    max_target: int = 100,
+    last_line_only: bool = False,
+) -> CountdownTask:
     """Countdown with n_numbers (an int or inclusive range in 2..6) numbers from 1..max_number."""
     levels = parse_int_range("n_numbers", n_numbers, 2, 6)
-    return CountdownTask(levels, check_int("max_number", max_number, 1, 10_000),
-                         check_int("max_target", max_target, 1), bool(last_line_only))
+    return CountdownTask(
+        levels,
+        check_int("max_number", max_number, 1, 10_000),
+        check_int("max_target", max_target, 1),
+        bool(last_line_only),
+    )

@@ -20,8 +20,14 @@ import re
 
 import numpy as np
 
-from tokengrad.tasks.base import (Problem, last_answer, parse_int_range, procedural_eval, procedural_train,
-                                  register_task)
+from tokengrad.train.tasks.base import (
+    Problem,
+    last_answer,
+    parse_int_range,
+    procedural_eval,
+    procedural_train,
+    register_task,
+)
 
 SYSTEM = ("You are a helpful assistant. You first thinks about the reasoning process in the mind and then "
           "provides the user with the answer.")
@@ -85,9 +91,10 @@ class ArithmeticTask:
 
 @register_task("arithmetic")
 def make_arithmetic(digits: int | tuple[int, int] = (1, 3), ops: str = "+-*") -> ArithmeticTask:
-    """Arithmetic with operands of `digits` digits (an int or inclusive range in 1..12) and operations `ops`."""
+    """Arithmetic with operands of `digits` digits (an int or inclusive range in 1..12) and operations `ops`."""  # noqa: E501
     levels = parse_int_range("digits", digits, 1, MAX_DIGITS)
     if not (isinstance(ops, str) and ops and set(ops) <= set(OPS) and len(set(ops)) == len(ops)):
-        raise ValueError(f"ops must be a non-empty string of distinct characters from "
-                         f"{''.join(OPS)!r}, got {ops!r}")
+        raise ValueError(
+            f"ops must be a non-empty string of distinct characters from {''.join(OPS)!r}, got {ops!r}"
+        )
     return ArithmeticTask(levels, ops)

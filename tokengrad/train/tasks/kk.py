@@ -27,9 +27,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tokengrad.tasks.base import Problem, check_int, parse_int_range, register_task
-from tokengrad.tasks.kk_format import (LOGIC_RL_RESPONSE_PREFIX, LOGIC_RL_SYSTEM, format_puzzle,
-                                       score_response)
+from tokengrad.train.tasks.base import Problem, check_int, parse_int_range, register_task
+from tokengrad.train.tasks.kk_format import (
+    LOGIC_RL_RESPONSE_PREFIX,
+    LOGIC_RL_SYSTEM,
+    format_puzzle,
+    score_response,
+)
 
 DEPTH = 2           # statement nesting depth of the published data (the wording supports no deeper)
 WIDTH = 2           # operands of and/or
@@ -237,8 +241,11 @@ class KKTask:
 
     @functools.cached_property
     def _train_pool(self) -> list[Problem]:
-        return [p for n in self.n_people
-                for p in published_problems(n, self.eval_size, self.eval_size + self.train_size, self.data_seed)]
+        return [
+            p
+            for n in self.n_people
+            for p in published_problems(n, self.eval_size, self.eval_size + self.train_size, self.data_seed)
+        ]
 
     def train_problems(self, n: int, seed: int) -> list[Problem]:
         """n problems drawn epoch by epoch: each pass over the training pool is a fresh permutation."""
@@ -268,12 +275,20 @@ class KKTask:
 
 
 @register_task("kk")
-def make_kk(n_people: int | tuple[int, int] = (3, 7), data_seed: int = PUBLISHED_SEED,
-            eval_size: int = EVAL_SIZE, train_size: int = TRAIN_SIZE) -> KKTask:
+def make_kk(
+    n_people: int | tuple[int, int] = (3, 7),
+    data_seed: int = PUBLISHED_SEED,
+    eval_size: int = EVAL_SIZE,
+    train_size: int = TRAIN_SIZE,
+) -> KKTask:
     """K&K with N people, N an int or an inclusive (lo, hi) range within 2..8.
 
     The defaults give Logic-RL's training mix (900 puzzles for each N = 3..7) and the K&K test split.
     """
     people = parse_int_range("n_people", n_people, 2, MAX_PEOPLE)
-    return KKTask(people, check_int("data_seed", data_seed, 0), check_int("eval_size", eval_size, 1),
-                  check_int("train_size", train_size, 1))
+    return KKTask(
+        people,
+        check_int("data_seed", data_seed, 0),
+        check_int("eval_size", eval_size, 1),
+        check_int("train_size", train_size, 1),
+    )

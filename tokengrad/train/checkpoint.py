@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from .config import TrainConfig, make_config
+from tokengrad.train.config import TrainConfig, make_config
 
 CHECKPOINT_DIR = "checkpoint"
 
@@ -82,10 +82,14 @@ def resume_state(cfg: TrainConfig, run_dir: Path) -> dict:
     """The checkpoint's trainer state, after checking that the config only changes resumable keys."""
     state = load_trainer_state(run_dir)
     saved = make_config(state["config"])
-    changed = sorted(k for k, v in cfg.to_dict().items() if k not in RESUMABLE_KEYS and getattr(saved, k) != v)
+    changed = sorted(
+        k for k, v in cfg.to_dict().items() if k not in RESUMABLE_KEYS and getattr(saved, k) != v
+    )
     if changed:
         raise ValueError(f"cannot resume {run_dir}: config keys {changed} differ from the checkpoint's")
     if state["step"] + 1 >= cfg.steps:
-        raise ValueError(f"cannot resume {run_dir}: its checkpoint is at step {state['step']} and steps={cfg.steps}; "
-                         "raise steps to train further")
+        raise ValueError(
+            f"cannot resume {run_dir}: its checkpoint is at step {state['step']} and steps={cfg.steps}; "
+            "raise steps to train further"
+        )
     return state

@@ -24,11 +24,17 @@ from typing import NamedTuple
 
 import plotly.graph_objects as go
 
-from .figures import (make_accuracy_by_difficulty_figure, make_bucket_steps_figure, make_grad_norm_figure,
-                      make_grad_vs_prob_figure, make_metric_figure, make_weight_curve_figure)
-from .figures.buckets import make_bucket_share_figure
-from .figures.columns import BUCKET, STEP
-from .figures.style import PNG_SCALE, paper_style
+from tokengrad.figures import (
+    make_accuracy_by_difficulty_figure,
+    make_bucket_steps_figure,
+    make_grad_norm_figure,
+    make_grad_vs_prob_figure,
+    make_metric_figure,
+    make_weight_curve_figure,
+)
+from tokengrad.figures.buckets import make_bucket_share_figure
+from tokengrad.figures.style import PNG_SCALE, paper_style
+from tokengrad.schema import BUCKET, STEP
 
 STATIC_FORMATS = ("png", "svg", "pdf")
 BROWSER_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
@@ -73,12 +79,22 @@ def _browser() -> str:
 def _opts(fig: go.Figure, fmt: str, width: int | None, height: int | None, scale: float | None) -> dict:
     if fmt not in STATIC_FORMATS:
         raise ValueError(f"unknown image format {fmt!r}; known: {sorted(STATIC_FORMATS + ('html',))}")
-    return {"format": fmt, "width": width or fig.layout.width or 700, "height": height or fig.layout.height or 450,
-            "scale": scale if scale is not None else (PNG_SCALE if fmt == "png" else 1)}
+    return {
+        "format": fmt,
+        "width": width or fig.layout.width or 700,
+        "height": height or fig.layout.height or 450,
+        "scale": scale if scale is not None else (PNG_SCALE if fmt == "png" else 1),
+    }
 
 
-def figure_to_bytes(fig: go.Figure, fmt: str = "png", *, width: int | None = None, height: int | None = None,
-                    scale: float | None = None) -> bytes:
+def figure_to_bytes(
+    fig: go.Figure,
+    fmt: str = "png",
+    *,
+    width: int | None = None,
+    height: int | None = None,
+    scale: float | None = None,
+) -> bytes:
     """The figure as PNG (300 dpi by default), SVG, PDF or self-contained HTML bytes (for download buttons).
 
     Static formats start one headless browser per call (~1-2 s); call paper_style(fig) first for the
@@ -92,7 +108,9 @@ def figure_to_bytes(fig: go.Figure, fmt: str = "png", *, width: int | None = Non
     return kaleido.calc_fig_sync(fig, opts=opts, kopts={"path": _browser(), **_KOPTS})
 
 
-def write_static(specs: Sequence[FigureSpec], out_dir: Path, formats: str | Sequence[str] = "png") -> list[Path]:
+def write_static(
+    specs: Sequence[FigureSpec], out_dir: Path, formats: str | Sequence[str] = "png"
+) -> list[Path]:
     """Write paper-styled figures in one or more formats with one browser for all; returns the paths."""
     import kaleido
 
@@ -136,36 +154,63 @@ def unique_names(runs: Sequence) -> dict[str, object]:
     return out
 
 
-def build_figure_set(runs: Mapping[str, object], *, smoothing: float = 0.6, low: tuple[float, float] = (0.0, 0.25),
-                     high: tuple[float, float] = (0.75, 1.0), step_range: tuple[int, int] | None = None,
-                     max_words: int = 150) -> tuple[list[FigureSpec], list[str]]:
-    """The papers' figures for runs keyed by name; returns (specs, notes on figures left out for lack of data)."""
-    from .figures.style import run_colors
-    from .queries import grad_norm_by_prob, token_frequencies
-    from .wordclouds import make_high_low_wordcloud_figure
+def build_figure_set(
+    runs: Mapping[str, object],
+    *,
+    smoothing: float = 0.6,
+    low: tuple[float, float] = (0.0, 0.25),
+    high: tuple[float, float] = (0.75, 1.0),
+    step_range: tuple[int, int] | None = None,
+    max_words: int = 150,
+) -> tuple[list[FigureSpec], list[str]]:
+    """The papers' figures for runs keyed by name; returns (specs, notes on figures left out for lack of
+    data)."""
+    from tokengrad.figures.style import run_colors
+    from tokengrad.figures.wordclouds import make_high_low_wordcloud_figure
+    from tokengrad.queries import grad_norm_by_prob, token_frequencies
 
     steps = {n: r.steps for n, r in runs.items()}
     colors = run_colors(list(runs))  # one colour per run across the whole figure set
     specs = [
         FigureSpec("reward", make_metric_figure(steps, STEP.reward_mean, smoothing=smoothing, colors=colors)),
-        FigureSpec("grad_norm", make_grad_norm_figure({n: r.layers for n, r in runs.items()}, smoothing=smoothing,
-                                                      colors=colors)),
-        FigureSpec("accuracy_by_difficulty", make_accuracy_by_difficulty_figure({n: r.evals for n, r in runs.items()},
-                                                                                colors=colors)),
-        FigureSpec("weight_curves", make_weight_curve_figure({n: r.meta for n, r in runs.items()}, colors=colors)),
+        FigureSpec(
+            "grad_norm",
+            make_grad_norm_figure({n: r.layers for n, r in runs.items()}, smoothing=smoothing, colors=colors),
+        ),
+        FigureSpec(
+            "accuracy_by_difficulty",
+            make_accuracy_by_difficulty_figure({n: r.evals for n, r in runs.items()}, colors=colors),
+        ),
+        FigureSpec(
+            "weight_curves", make_weight_curve_figure({n: r.meta for n, r in runs.items()}, colors=colors)
+        ),
     ]
     for name, run in runs.items():
         slug = _slug(name)
         specs += [
             FigureSpec(f"bucket_shares_{slug}", make_bucket_share_figure(run.buckets, step_range)),
-            FigureSpec(f"bucket_update_share_{slug}", make_bucket_steps_figure(run.buckets, BUCKET.update_share),
-                       "page"),
-            FigureSpec(f"grad_vs_prob_{slug}", make_grad_vs_prob_figure(grad_norm_by_prob(run, step_range=step_range))),
-            FigureSpec(f"wordcloud_{slug}", make_high_low_wordcloud_figure(
-                token_frequencies(run, *high, step_range=step_range, limit=4 * max_words),
-                token_frequencies(run, *low, step_range=step_range, limit=4 * max_words),
-                titles=(f"p ≥ {high[0]:g}", f"p < {low[1]:g}"), width=1200, height=600, max_words=max_words),
-                "page", 2.6),
+            FigureSpec(
+                f"bucket_update_share_{slug}",
+                make_bucket_steps_figure(run.buckets, BUCKET.update_share),
+                "page",
+            ),
+            FigureSpec(
+                f"grad_vs_prob_{slug}",
+                make_grad_vs_prob_figure(grad_norm_by_prob(run, step_range=step_range)),
+            ),
+            FigureSpec(
+                f"wordcloud_{slug}",
+                make_high_low_wordcloud_figure(
+                    token_frequencies(run, *high, step_range=step_range, limit=4 * max_words),
+                    token_frequencies(run, *low, step_range=step_range, limit=4 * max_words),
+                    titles=(f"p ≥ {high[0]:g}", f"p < {low[1]:g}"),
+                    width=1200,
+                    height=600,
+                    max_words=max_words,
+                ),
+                "page",
+                2.6,
+            ),
         ]
     kept = [s for s in specs if s.figure.data]
     notes = [f"{s.name}: {_why_empty(s.figure)}" for s in specs if not s.figure.data]
@@ -180,15 +225,38 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tokengrad export", description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", help="run directories")
     p.add_argument("--out", required=True, help="output directory (created)")
-    p.add_argument("--format", nargs="+", default=["png"], choices=STATIC_FORMATS,
-                   help="image format(s) (default png, 300 dpi); several, e.g. --format pdf png, share one browser")
+    p.add_argument(
+        "--format",
+        nargs="+",
+        default=["png"],
+        choices=STATIC_FORMATS,
+        help="image format(s) (default png, 300 dpi); several, e.g. --format pdf png, share one browser",
+    )
     p.add_argument("--smoothing", type=float, default=0.6, help="debiased-EMA weight in [0, 1) (default 0.6)")
-    p.add_argument("--low", type=float, nargs=2, default=(0.0, 0.25), metavar=("LO", "HI"),
-                   help="probability range of the low-probability word cloud (default 0 0.25)")
-    p.add_argument("--high", type=float, nargs=2, default=(0.75, 1.0), metavar=("LO", "HI"),
-                   help="probability range of the high-probability word cloud (default 0.75 1)")
-    p.add_argument("--steps", type=int, nargs=2, default=None, metavar=("FIRST", "LAST"),
-                   help="steps (inclusive) for the token-level figures (default all)")
+    p.add_argument(
+        "--low",
+        type=float,
+        nargs=2,
+        default=(0.0, 0.25),
+        metavar=("LO", "HI"),
+        help="probability range of the low-probability word cloud (default 0 0.25)",
+    )
+    p.add_argument(
+        "--high",
+        type=float,
+        nargs=2,
+        default=(0.75, 1.0),
+        metavar=("LO", "HI"),
+        help="probability range of the high-probability word cloud (default 0.75 1)",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        nargs=2,
+        default=None,
+        metavar=("FIRST", "LAST"),
+        help="steps (inclusive) for the token-level figures (default all)",
+    )
     p.add_argument("--words", type=int, default=150, help="words per cloud (default 150)")
     return p
 
@@ -200,12 +268,18 @@ def cli_export(argv: list[str]) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exit_:
         return int(exit_.code or 0)
-    from .runs import load_run
+    from tokengrad.runs import load_run
 
     try:
         runs = unique_names([load_run(p) for p in args.runs])
-        specs, notes = build_figure_set(runs, smoothing=args.smoothing, low=tuple(args.low), high=tuple(args.high),
-                                        step_range=tuple(args.steps) if args.steps else None, max_words=args.words)
+        specs, notes = build_figure_set(
+            runs,
+            smoothing=args.smoothing,
+            low=tuple(args.low),
+            high=tuple(args.high),
+            step_range=tuple(args.steps) if args.steps else None,
+            max_words=args.words,
+        )
     except (OSError, ValueError) as err:
         print(f"tokengrad export: error: {err}", file=sys.stderr)
         return 2
@@ -217,16 +291,23 @@ def cli_export(argv: list[str]) -> int:
     try:
         paths = write_static(specs, out, args.format)
     except (RuntimeError, OSError) as err:  # no browser, or it failed to start/render: fall back to HTML
-        reason = str(err) if isinstance(err, BrowserNotFoundError) else f"{type(err).__name__}: {err}\n{INSTALL_HINT}"
-        print(f"tokengrad export: cannot write {'/'.join(args.format).upper()}: {reason}\nWriting HTML instead.",
-              file=sys.stderr)
+        reason = (
+            str(err)
+            if isinstance(err, BrowserNotFoundError)
+            else f"{type(err).__name__}: {err}\n{INSTALL_HINT}"
+        )
+        print(
+            f"tokengrad export: cannot write {'/'.join(args.format).upper()}: {reason}\n"
+            "Writing HTML instead.",
+            file=sys.stderr,
+        )
         paths, code = write_html(specs, out), 1
     for path in paths:
         print(path)
     return code
 
 
-def main() -> None:  # pragma: no cover - `python -m tokengrad.export`
+def main() -> None:  # pragma: no cover - `python -m tokengrad.figures.export`
     sys.exit(cli_export(sys.argv[1:]))
 
 

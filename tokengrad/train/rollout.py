@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
-from tokengrad.tasks.base import Problem, Task
+from tokengrad.train.tasks.base import Problem, Task
 
 
 class Completions(NamedTuple):
@@ -121,22 +121,35 @@ def _generate_turn(model, tokenizer, contexts: list[list[int]], max_new_tokens: 
         attn[i, L - len(c):] = 1
     dev = model.device
     criteria = _StopOnText(tokenizer, stop, L) if stop else None
-    config = GenerationConfig(max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=eos, use_cache=True,
-                              **sampling)
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=eos, use_cache=True, **sampling
+    )
     with _only_our_generation_config(model):
-        out = model.generate(input_ids=ids.to(dev), attention_mask=attn.to(dev), generation_config=config,
-                             stopping_criteria=StoppingCriteriaList([criteria]) if criteria else None)
+        out = model.generate(
+            input_ids=ids.to(dev),
+            attention_mask=attn.to(dev),
+            generation_config=config,
+            stopping_criteria=StoppingCriteriaList([criteria]) if criteria else None,
+        )
     rows = []
     for i, new in enumerate(out[:, L:].tolist()):
-        end = next((k + 1 for k, t in enumerate(new) if t in eos), len(new))   # keep the EOS: it is learned
+        end = next((k + 1 for k, t in enumerate(new) if t in eos), len(new))  # keep the EOS: it is learned
         stop_at = criteria.stop_at.get(i) if criteria else None
         hit = stop_at is not None and stop_at <= end
         rows.append((new[:stop_at] if hit else new[:end], hit))
     return rows
 
 
-def generate_completions(model, tokenizer, prompts: list[str], n_samples: int, max_new_tokens: int,
-                         sampling: dict, task: Task | None = None, max_turns: int = 1) -> Completions:
+def generate_completions(
+    model,
+    tokenizer,
+    prompts: list[str],
+    n_samples: int,
+    max_new_tokens: int,
+    sampling: dict,
+    task: Task | None = None,
+    max_turns: int = 1,
+) -> Completions:
     """n_samples completions of every prompt (rows prompt-major: prompt b, sample g -> row b * G + g).
 
     For a task with `tool_stop`, a turn that ends with the stop string is answered by `task.tool(text)`
@@ -155,8 +168,9 @@ def generate_completions(model, tokenizer, prompts: list[str], n_samples: int, m
     for turn in range(max_turns):
         if not active:
             break
-        new = _generate_turn(model, tokenizer, [prompt_ids[i] + comp[i] for i in active], max_new_tokens,
-                             sampling, stop)
+        new = _generate_turn(
+            model, tokenizer, [prompt_ids[i] + comp[i] for i in active], max_new_tokens, sampling, stop
+        )
         still = []
         for i, (ids, hit_stop) in zip(active, new):
             comp[i] += ids
@@ -176,8 +190,9 @@ def generate_completions(model, tokenizer, prompts: list[str], n_samples: int, m
     return Completions(prompt_ids, comp, lmask, texts, calls)
 
 
-def pack(prompt_ids: list[list[int]], completion_ids: list[list[int]], loss_mask: list[list[int]],
-         pad_id: int) -> tuple[Tensor, Tensor, int, Tensor, Tensor, Tensor]:
+def pack(
+    prompt_ids: list[list[int]], completion_ids: list[list[int]], loss_mask: list[list[int]], pad_id: int
+) -> tuple[Tensor, Tensor, int, Tensor, Tensor, Tensor]:
     """Rows of ids -> (input_ids [N, P+T], attention_mask, P, completion_ids [N, T], mask, loss_mask)."""
     N = len(prompt_ids)
     P = max(len(p) for p in prompt_ids)
@@ -186,9 +201,9 @@ def pack(prompt_ids: list[list[int]], completion_ids: list[list[int]], loss_mask
     attn = torch.zeros((N, P + T), dtype=torch.long)  # [N, P + T]
     lm = torch.zeros((N, T))  # [N, T]
     for i, (p, c, m) in enumerate(zip(prompt_ids, completion_ids, loss_mask)):
-        input_ids[i, P - len(p):P + len(c)] = torch.tensor(p + c, dtype=torch.long)
-        attn[i, P - len(p):P + len(c)] = 1
-        lm[i, :len(m)] = torch.tensor(m, dtype=torch.float)
+        input_ids[i, P - len(p) : P + len(c)] = torch.tensor(p + c, dtype=torch.long)
+        attn[i, P - len(p) : P + len(c)] = 1
+        lm[i, : len(m)] = torch.tensor(m, dtype=torch.float)
     mask = attn[:, P:].float()  # [N, T]
     return input_ids, attn, P, input_ids[:, P:], mask, lm
 
@@ -196,16 +211,23 @@ def pack(prompt_ids: list[list[int]], completion_ids: list[list[int]], loss_mask
 def make_rollout(comps: Completions, task: Task, problems: list[Problem], tokenizer) -> Rollout:
     """Score every completion with the task's verifiable reward and pack the batch."""
     G = len(comps.texts) // len(problems)
-    rewards = torch.tensor([[float(task.reward(pr, comps.texts[b * G + g])) for g in range(G)]
-                            for b, pr in enumerate(problems)])  # [B, G]
-    correct = torch.tensor([[bool(task.is_correct(pr, comps.texts[b * G + g])) for g in range(G)]
-                            for b, pr in enumerate(problems)])  # [B, G]
+    rewards = torch.tensor(
+        [[float(task.reward(pr, comps.texts[b * G + g])) for g in range(G)] for b, pr in enumerate(problems)]
+    )  # [B, G]
+    correct = torch.tensor(
+        [
+            [bool(task.is_correct(pr, comps.texts[b * G + g])) for g in range(G)]
+            for b, pr in enumerate(problems)
+        ]
+    )  # [B, G]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     packed = pack(comps.prompt_ids, comps.completion_ids, comps.loss_mask, pad)
     return Rollout(*packed, rewards, correct, list(problems), comps.texts, comps.n_tool_calls)
 
 
-def policy_forward(model, input_ids: Tensor, attention_mask: Tensor, prompt_len: int) -> tuple[Tensor, Tensor]:
+def policy_forward(
+    model, input_ids: Tensor, attention_mask: Tensor, prompt_len: int
+) -> tuple[Tensor, Tensor]:
     """Logits and final hidden states at the completion tokens: ([n, T, V] fp32, [n, T, D]).
 
     Runs the transformer body (under the caller's autocast) and the LM head in fp32 outside autocast:
@@ -217,7 +239,7 @@ def policy_forward(model, input_ids: Tensor, attention_mask: Tensor, prompt_len:
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [n, P + T]
     body = model.get_decoder()
     h = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
-    h = h[:, prompt_len - 1:-1]  # [n, T, D]: position t predicts completion token t
+    h = h[:, prompt_len - 1 : -1]  # [n, T, D]: position t predicts completion token t
     with torch.autocast(device_type=h.device.type, enabled=False):
         logits = model.get_output_embeddings()(h.float())  # [n, T, V]
     return logits, h
@@ -229,14 +251,29 @@ def gather_logprobs(logits: Tensor, token_ids: Tensor) -> Tensor:
     return picked - logits.logsumexp(-1)  # [n, T]
 
 
-def evaluate(model, tokenizer, task: Task, problems: list[Problem], max_new_tokens: int, max_turns: int,
-             batch_size: int) -> dict[str, tuple[float, int]]:
+def evaluate(
+    model,
+    tokenizer,
+    task: Task,
+    problems: list[Problem],
+    max_new_tokens: int,
+    max_turns: int,
+    batch_size: int,
+) -> dict[str, tuple[float, int]]:
     """Greedy accuracy per difficulty label: {difficulty: (accuracy, n)}."""
     hits: dict[str, list[bool]] = defaultdict(list)
     for lo in range(0, len(problems), batch_size):
-        chunk = problems[lo:lo + batch_size]
-        comps = generate_completions(model, tokenizer, [render_prompt(tokenizer, p) for p in chunk], 1,
-                                     max_new_tokens, sampling_kwargs(0.0, 1.0), task, max_turns)
+        chunk = problems[lo : lo + batch_size]
+        comps = generate_completions(
+            model,
+            tokenizer,
+            [render_prompt(tokenizer, p) for p in chunk],
+            1,
+            max_new_tokens,
+            sampling_kwargs(0.0, 1.0),
+            task,
+            max_turns,
+        )
         for pr, text in zip(chunk, comps.texts):
             hits[str(pr.difficulty)].append(bool(task.is_correct(pr, text)))
     return {d: (sum(v) / len(v), len(v)) for d, v in sorted(hits.items())}

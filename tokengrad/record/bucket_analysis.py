@@ -100,22 +100,30 @@ def bucket_shares(store: list[list[torch.Tensor] | None], total: list[torch.Tens
         out["grad_norm"].append(nbn)
         # no gradient at all (every advantage 0): shares are undefined, not 0
         out["update_share"].append(math.nan if g_sq == 0 else (0.0 if empty else dots[b] / g_sq))
-        out["cos_to_total"].append(math.nan if empty or nbn == 0 or g_sq == 0 else dots[b] / (nbn * math.sqrt(g_sq)))
+        out["cos_to_total"].append(
+            math.nan if empty or nbn == 0 or g_sq == 0 else dots[b] / (nbn * math.sqrt(g_sq))
+        )
     out["residual_grad_norm"] = math.sqrt(resid_sq)
     out["residual_share"] = 1.0 - sum(out["update_share"]) if g_sq > 0 else math.nan
     return out
 
 
 @torch.no_grad()
-def prob_change(prob_before: torch.Tensor, logprob_after: torch.Tensor, advantages: torch.Tensor,
-                in_loss: torch.Tensor, bucket: torch.Tensor, n_buckets: int) -> tuple[list[float], list[float]]:
+def prob_change(
+    prob_before: torch.Tensor,
+    logprob_after: torch.Tensor,
+    advantages: torch.Tensor,
+    in_loss: torch.Tensor,
+    bucket: torch.Tensor,
+    n_buckets: int,
+) -> tuple[list[float], list[float]]:
     """Per bucket: mean change of probability over the update, and the "correct ratio" (AR-Lopti §4):
     the share of positive-advantage tokens whose probability rose.  Inputs [N, T]."""
-    dp = logprob_after.float().exp() - prob_before.float()             # [N, T]
+    dp = logprob_after.float().exp() - prob_before.float()  # [N, T]
     means, correct = [], []
     for b in range(n_buckets):
-        sel = (bucket == b) & in_loss                                   # [N, T]
+        sel = (bucket == b) & in_loss  # [N, T]
         means.append(float(dp[sel].mean()) if sel.any() else math.nan)
-        pos = sel & (advantages > 0)                                    # [N, T]
+        pos = sel & (advantages > 0)  # [N, T]
         correct.append(float((dp[pos] > 0).float().mean()) if pos.any() else math.nan)
     return means, correct

@@ -2,9 +2,9 @@
 
 Every rule is a pure function ``rule(batch: TokenBatch, **params) -> TokenWeights`` registered by name
 in ``WEIGHTINGS``. A rule never sees the model or the trainer, only the batch's detached per-token
-tensors; ``tokengrad.loss.policy_loss`` applies what it returns.
+tensors; ``tokengrad.train.loss.policy_loss`` applies what it returns.
 
-    from tokengrad.weighting import TokenBatch, get_weighting
+    from tokengrad.train.weighting import TokenBatch, get_weighting
     batch = TokenBatch(logprobs, old_logprobs, advantages, mask)       # [N, T] each
     weights = get_weighting("tr_grpo")(batch, alpha=2.0)                # TokenWeights
 
@@ -32,7 +32,9 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-WEIGHTINGS: dict[str, Callable[..., "TokenWeights"]] = {}
+from tokengrad.registry import Registry
+
+WEIGHTINGS: Registry[Callable[..., "TokenWeights"]] = Registry("weighting rule")
 
 
 def check_token_tensors(**named: Tensor | None) -> None:
@@ -109,23 +111,13 @@ class TokenWeights:
 
 
 def register_weighting(name: str, *, pointwise: bool = False) -> Callable:
-    """Decorator: ``WEIGHTINGS[name] = fn``. ``pointwise`` marks rules whose effective weight is a
-    function of the token probability alone, so ``weight_curve`` can draw it."""
-
-    def deco(fn: Callable[..., TokenWeights]) -> Callable[..., TokenWeights]:
-        if name in WEIGHTINGS:
-            raise ValueError(f"weighting rule {name!r} is already registered")
-        fn.pointwise = pointwise
-        WEIGHTINGS[name] = fn
-        return fn
-
-    return deco
+    """Decorator: ``WEIGHTINGS[name] = fn`` (a taken name is refused). ``pointwise`` marks rules whose
+    effective weight is a function of the token probability alone, so ``weight_curve`` can draw it."""
+    return WEIGHTINGS.register(name, pointwise=pointwise)
 
 
 def get_weighting(name: str) -> Callable[..., TokenWeights]:
     """The rule registered as ``name``; unknown names raise ValueError listing the known ones."""
-    if name not in WEIGHTINGS:
-        raise ValueError(f"unknown weighting rule {name!r}; known rules: {sorted(WEIGHTINGS)}")
     return WEIGHTINGS[name]
 
 
@@ -197,8 +189,15 @@ def _tr_weights(w: Tensor, placement: str) -> TokenWeights:
 
 
 @register_weighting("tr_grpo", pointwise=True)
-def tr_grpo(batch: TokenBatch, alpha: float = 2.0, k: float = 9.0, mu: float = 0.25,
-            lower: float = 1.0, upper: float = 1.4, placement: str = "loss") -> TokenWeights:
+def tr_grpo(
+    batch: TokenBatch,
+    alpha: float = 2.0,
+    k: float = 9.0,
+    mu: float = 0.25,
+    lower: float = 1.0,
+    upper: float = 1.4,
+    placement: str = "loss",
+) -> TokenWeights:
     """TR-GRPO token regulation (arXiv:2511.00066): up-weight high-probability tokens.
 
     w = clip(alpha * (sigmoid(k * p) - mu), lower, upper), p = pi_theta(token) of the current policy,
@@ -220,8 +219,15 @@ def tr_grpo(batch: TokenBatch, alpha: float = 2.0, k: float = 9.0, mu: float = 0
 
 
 @register_weighting("tr_grpo_reverse", pointwise=True)
-def tr_grpo_reverse(batch: TokenBatch, alpha: float = 2.0, k: float = 9.0, mu: float = 0.25,
-                    lower: float = 1.0, upper: float = 1.4, placement: str = "loss") -> TokenWeights:
+def tr_grpo_reverse(
+    batch: TokenBatch,
+    alpha: float = 2.0,
+    k: float = 9.0,
+    mu: float = 0.25,
+    lower: float = 1.0,
+    upper: float = 1.4,
+    placement: str = "loss",
+) -> TokenWeights:
     """The "Reverse" ablation of TR-GRPO (arXiv:2511.00066): the TR-GRPO shaping function evaluated
     at 1 - p, so low-probability tokens get the larger weights. The paper's definition of Reverse is
     not published in a verifiable form; this mirror image is our reading. Parameters as ``tr_grpo``.
@@ -263,7 +269,9 @@ def lopti(batch: TokenBatch, eta: float = 0.5, low_first: bool = True) -> TokenW
 @register_weighting("ar_lopti", pointwise=True)
 def ar_lopti(batch: TokenBatch, alpha: float = 0.3, eta: float = 0.5, low_first: bool = True) -> TokenWeights:
     """AR and Lopti together (arXiv:2505.12929), the paper's best K&K setting (alpha 0.3, eta 0.5)."""
-    return TokenWeights(advantage_weight=_ar_weight(batch, alpha), phases=_lopti_phases(batch, eta, low_first))
+    return TokenWeights(
+        advantage_weight=_ar_weight(batch, alpha), phases=_lopti_phases(batch, eta, low_first)
+    )
 
 
 @register_weighting("cw_grpo")
@@ -287,9 +295,16 @@ def _generator(seed: int | None, generator: torch.Generator | None) -> torch.Gen
 
 
 @register_weighting("clip_cov")
-def clip_cov(batch: TokenBatch, fraction: float = 2e-4, cov_low: float = 1.0, cov_high: float = 5.0,
-             eps_low: float = 0.2, eps_high: float = 0.2, seed: int | None = None,
-             generator: torch.Generator | None = None) -> TokenWeights:
+def clip_cov(
+    batch: TokenBatch,
+    fraction: float = 2e-4,
+    cov_low: float = 1.0,
+    cov_high: float = 5.0,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+) -> TokenWeights:
     """Clip-Cov (arXiv:2505.22617): zero the gradient of a random subset of high-covariance tokens.
 
     Candidates are loss tokens with cov_low < Cov < cov_high (Cov as in ``_token_covariance``) that
@@ -312,10 +327,11 @@ def clip_cov(batch: TokenBatch, fraction: float = 2e-4, cov_low: float = 1.0, co
 
 
 @register_weighting("kl_cov")
-def kl_cov(batch: TokenBatch, fraction: float = 2e-3, beta: float = 1.0) -> TokenWeights:
-    """KL-Cov (arXiv:2505.22617): add beta * |log r| to the loss of the top-k tokens by Cov.
+def kl_cov(batch: TokenBatch, fraction: float = 2e-3, kl_cov_coef: float = 1.0) -> TokenWeights:
+    """KL-Cov (arXiv:2505.22617): add kl_cov_coef * |log r| to the loss of the top-k tokens by Cov.
 
-    k = max(floor(fraction * n_tokens), 1). Defaults: beta 1 (the authors' ppo_kl_coef) and
+    k = max(floor(fraction * n_tokens), 1). Defaults: kl_cov_coef 1 (the authors' ppo_kl_coef; not named
+    beta, which is the reference-KL coefficient everywhere else) and
     fraction 2e-3, the authors' 7B script (k_percent 0.2, i.e. 0.2%); their 32B script uses 2e-4 and
     verl's default is 2e-4 with coefficient 0.1. The paper's KL-Cov loss has no PPO clip; with
     ``policy_loss`` the clip still applies unless eps is set large."""
@@ -326,5 +342,5 @@ def kl_cov(batch: TokenBatch, fraction: float = 2e-3, beta: float = 1.0) -> Toke
         return TokenWeights(kl_cov_coef=coef)
     cov = torch.where(m > 0, _token_covariance(batch), -math.inf)  # [N, T]
     top = cov.flatten().topk(min(max(int(fraction * n_tokens), 1), n_tokens)).indices  # [k]
-    coef.view(-1)[top] = beta
+    coef.view(-1)[top] = kl_cov_coef
     return TokenWeights(kl_cov_coef=coef)

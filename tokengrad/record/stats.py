@@ -37,7 +37,10 @@ def _check_inputs(logits: torch.Tensor, token_ids: torch.Tensor, mask: torch.Ten
     if not logits.is_floating_point():
         raise ValueError(f"logits must be a float tensor, got dtype {logits.dtype}")
     if tuple(token_ids.shape) != tuple(logits.shape[:2]):
-        raise ValueError(f"token_ids shape {tuple(token_ids.shape)} does not match logits [N, T] = {tuple(logits.shape[:2])}")
+        raise ValueError(
+            f"token_ids shape {tuple(token_ids.shape)} does not match logits [N, T] = "
+            f"{tuple(logits.shape[:2])}"
+        )
     if token_ids.dtype.is_floating_point:
         raise ValueError(f"token_ids must be an integer tensor, got dtype {token_ids.dtype}")
     if token_ids.device != logits.device:
@@ -47,8 +50,12 @@ def _check_inputs(logits: torch.Tensor, token_ids: torch.Tensor, mask: torch.Ten
 
 
 @torch.no_grad()
-def token_stats(logits: torch.Tensor, token_ids: torch.Tensor, mask: torch.Tensor | None = None,
-                chunk_rows: int = CHUNK_ROWS) -> TokenStats:
+def token_stats(
+    logits: torch.Tensor,
+    token_ids: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    chunk_rows: int = CHUNK_ROWS,
+) -> TokenStats:
     """Probability, entropy, sum_j p_j^2 and the logit-gradient norm of every scored token.
 
     Args:
@@ -64,46 +71,49 @@ def token_stats(logits: torch.Tensor, token_ids: torch.Tensor, mask: torch.Tenso
     _check_inputs(logits, token_ids, mask)
     N, T, V = logits.shape
     dev = logits.device
-    logprob = torch.zeros(N, T, dtype=torch.float32, device=dev)    # [N, T]
-    entropy = torch.zeros(N, T, dtype=torch.float32, device=dev)    # [N, T]
-    sum_p2 = torch.ones(N, T, dtype=torch.float32, device=dev)      # [N, T]
-    keep = None if mask is None else mask.to(torch.bool)             # [N, T]
+    logprob = torch.zeros(N, T, dtype=torch.float32, device=dev)  # [N, T]
+    entropy = torch.zeros(N, T, dtype=torch.float32, device=dev)  # [N, T]
+    sum_p2 = torch.ones(N, T, dtype=torch.float32, device=dev)  # [N, T]
+    keep = None if mask is None else mask.to(torch.bool)  # [N, T]
     c = max(1, min(chunk_rows, T))
-    buf_d = torch.empty(c, V, dtype=torch.float32, device=dev)      # [c, V] z - max, reused
-    buf_e = torch.empty(c, V, dtype=torch.float32, device=dev)      # [c, V] exp(z - max), reused
+    buf_d = torch.empty(c, V, dtype=torch.float32, device=dev)  # [c, V] z - max, reused
+    buf_e = torch.empty(c, V, dtype=torch.float32, device=dev)  # [c, V] exp(z - max), reused
     for n in range(N):
         rows = torch.arange(T, device=dev) if keep is None else keep[n].nonzero().squeeze(1)
         for s in range(0, rows.numel(), c):
-            idx = rows[s:s + c]                                          # [k]
+            idx = rows[s : s + c]  # [k]
             k = idx.numel()
             contiguous = int(idx[-1] - idx[0]) == k - 1
-            x = logits[n, int(idx[0]):int(idx[-1]) + 1] if contiguous else logits[n, idx]  # [k, V] view if possible
+            x = (
+                logits[n, int(idx[0]) : int(idx[-1]) + 1] if contiguous else logits[n, idx]
+            )  # [k, V] view if possible
             lp, h, s2 = _chunk_stats(x, token_ids[n, idx], buf_d[:k], buf_e[:k])
             logprob[n, idx], entropy[n, idx], sum_p2[n, idx] = lp, h, s2
-    prob = logprob.exp()                                                   # [N, T]
+    prob = logprob.exp()  # [N, T]
     # clamp: 1 - 2p + S can round to a tiny negative number when p -> 1
-    unit = (1.0 - 2.0 * prob + sum_p2).clamp_min(0.0).sqrt()              # [N, T]
+    unit = (1.0 - 2.0 * prob + sum_p2).clamp_min(0.0).sqrt()  # [N, T]
     return TokenStats(logprob, prob, entropy, sum_p2, unit)
 
 
-def _chunk_stats(x: torch.Tensor, ids: torch.Tensor, d: torch.Tensor, e: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _chunk_stats(
+    x: torch.Tensor, ids: torch.Tensor, d: torch.Tensor, e: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """logprob, entropy, sum p^2 of one [k, V] chunk, written through the buffers d and e ([k, V] fp32).
 
     With d = z - max (exact near the max, so logits of +-1e4 keep full precision), e = exp(d), Z = sum e:
     log p_y = d_y - log Z,  sum p^2 = |e|^2 / Z^2,  H = log Z - sum_j d_j e_j / Z.
     """
-    lo, hi = torch.aminmax(x, dim=-1, keepdim=True)                   # [k, 1] one pass for both
+    lo, hi = torch.aminmax(x, dim=-1, keepdim=True)  # [k, 1] one pass for both
     if x.dtype == d.dtype:
-        torch.sub(x, hi, out=d)                                        # [k, V]
+        torch.sub(x, hi, out=d)  # [k, V]
     else:  # upcast before subtracting: z - max in bf16 would round
         d.copy_(x)
         d.sub_(hi.float())
-    torch.exp(d, out=e)                                                # [k, V]
-    Z = e.sum(-1)                                                      # [k]
-    logZ = Z.log()                                                     # [k]
-    logp_t = d.gather(1, ids.unsqueeze(1)).squeeze(1) - logZ          # [k]
-    s2 = torch.linalg.vector_norm(e, dim=-1).square() / Z.square()    # [k]
+    torch.exp(d, out=e)  # [k, V]
+    Z = e.sum(-1)  # [k]
+    logZ = Z.log()  # [k]
+    logp_t = d.gather(1, ids.unsqueeze(1)).squeeze(1) - logZ  # [k]
+    s2 = torch.linalg.vector_norm(e, dim=-1).square() / Z.square()  # [k]
     # -inf logits (a masked vocabulary) give 0 * -inf = nan; their term is 0, which nansum counts as such
     # (nansum is ~2x slower than sum, so only when the row minimum says it is needed)
     finite = bool(torch.isfinite(lo).all()) and bool(torch.isfinite(hi).all())

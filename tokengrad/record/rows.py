@@ -12,25 +12,39 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import schema
+from tokengrad import schema
 
 # Per-token float columns the recorder fills from tensors, in schema order.
-TOKEN_VALUE_COLUMNS = ("logprob", "old_logprob", "ref_logprob", "prob", "entropy", "sum_p2", "logit_grad_unit",
-                       "advantage", "weight", "coef", "ratio", "logit_grad_norm", "head_grad_norm")
+TOKEN_VALUE_COLUMNS = (
+    "logprob",
+    "old_logprob",
+    "ref_logprob",
+    "prob",
+    "entropy",
+    "sum_p2",
+    "logit_grad_unit",
+    "advantage",
+    "weight",
+    "coef",
+    "ratio",
+    "logit_grad_norm",
+    "head_grad_norm",
+)
 
 
 @dataclass
 class CapturedBatch:
     """One tracked backward pass, on the CPU as numpy: [N, T] arrays unless noted."""
+
     pass_id: int
     update_id: int
     token_ids: np.ndarray
-    mask: np.ndarray                      # bool, recorded tokens
-    in_loss: np.ndarray                   # bool
-    sample_ids: np.ndarray                # [N]
-    group_ids: np.ndarray                 # [N]
-    values: dict[str, np.ndarray]         # TOKEN_VALUE_COLUMNS (missing -> null)
-    clipped: np.ndarray | None = None     # bool
+    mask: np.ndarray  # bool, recorded tokens
+    in_loss: np.ndarray  # bool
+    sample_ids: np.ndarray  # [N]
+    group_ids: np.ndarray  # [N]
+    values: dict[str, np.ndarray]  # TOKEN_VALUE_COLUMNS (missing -> null)
+    clipped: np.ndarray | None = None  # bool
     extra: dict[str, np.ndarray] = field(default_factory=dict)
 
 
@@ -60,7 +74,7 @@ def tokens_table(step: int, rank: int, batches: list[CapturedBatch], decode: Tok
 
 
 def _batch_table(step: int, rank: int, b: CapturedBatch, decode: TokenDecoder) -> pa.Table | None:
-    rows, pos = np.nonzero(b.mask)                                      # flat selection of recorded tokens
+    rows, pos = np.nonzero(b.mask)  # flat selection of recorded tokens
     n = len(rows)
     if n == 0:
         return None
@@ -80,7 +94,9 @@ def _batch_table(step: int, rank: int, b: CapturedBatch, decode: TokenDecoder) -
         v = b.values.get(name)
         cols[name] = pa.nulls(n, pa.float32()) if v is None else pa.array(v[rows, pos].astype(np.float32))
     cols["clipped"] = pa.nulls(n, pa.bool_()) if b.clipped is None else pa.array(b.clipped[rows, pos])
-    fixed = pa.table({c: cols[c] for c in schema.column_names("tokens")}, schema=schema.arrow_schema("tokens"))
+    fixed = pa.table(
+        {c: cols[c] for c in schema.column_names("tokens")}, schema=schema.arrow_schema("tokens")
+    )
     for name, v in b.extra.items():
         fixed = fixed.append_column(name, pa.array(v[rows, pos]))
     return fixed
@@ -91,9 +107,11 @@ def step_derived(batches: list[CapturedBatch]) -> dict[str, float]:
     if not batches:
         return {"n_tokens": 0, "n_nonfinite": 0}
     sel = [(b, b.in_loss & b.mask) for b in batches]
+
     def cat(name):
         arrs = [b.values[name][m] for b, m in sel if b.values.get(name) is not None]
         return np.concatenate(arrs) if arrs else np.empty(0)
+
     ent, w = cat("entropy"), cat("weight")
     clipped = [b.clipped[m] for b, m in sel if b.clipped is not None]
     # a token tracked in several passes (mu > 1, Lopti phases) counts once: distinct (sample_id, position)

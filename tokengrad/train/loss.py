@@ -1,12 +1,12 @@
 """The GRPO policy loss: PPO-clip surrogate, token weights, k3 KL, and a named aggregation.
 
-    from tokengrad.loss import policy_loss, phase_masks
+    from tokengrad.train.loss import policy_loss, phase_masks
     weights = get_weighting("lopti")(TokenBatch(logprobs, old, adv, mask))
     for phase in phase_masks(weights, mask):                      # one update per phase
         out = policy_loss(logprobs, old, adv, phase, weights, norm_mask=mask, aggregation="dapo")
         out.loss.backward()
 
-Three separate steps, each loggable per token: the weighting rule (``tokengrad.weighting``), the
+Three separate steps, each loggable per token: the weighting rule (``tokengrad.train.weighting``), the
 surrogate (``policy_loss``) and the aggregation (``AGGREGATIONS``: name -> fn(per_token_loss [N, T],
 mask [N, T], max_len) -> scalar).
 """
@@ -18,28 +18,50 @@ from typing import Callable, NamedTuple
 import torch
 from torch import Tensor
 
-from tokengrad.weighting import TokenWeights, broadcast_tokens, check_finite, check_token_tensors
+from tokengrad.registry import Registry
+from tokengrad.train.weighting import TokenWeights, broadcast_tokens, check_finite, check_token_tensors
 
-AGGREGATIONS: dict[str, Callable[[Tensor, Tensor, int | None], Tensor]] = {}
-
-
-def register_aggregation(name: str) -> Callable:
-    """Decorator: ``AGGREGATIONS[name] = fn``."""
-
-    def deco(fn: Callable[[Tensor, Tensor, int | None], Tensor]) -> Callable:
-        AGGREGATIONS[name] = fn
-        return fn
-
-    return deco
+Aggregation = Callable[
+    [Tensor, Tensor, "int | None"], Tensor
+]  # (per_token_loss [N, T], mask [N, T], max_len) -> scalar
+AGGREGATIONS: Registry[Aggregation] = Registry("aggregation")
 
 
-def get_aggregation(name: str) -> Callable[[Tensor, Tensor, int | None], Tensor]:
-    if name not in AGGREGATIONS:
-        raise ValueError(f"unknown aggregation {name!r}; known aggregations: {sorted(AGGREGATIONS)}")
+def register_aggregation(name: str, *, normaliser: Callable[[Tensor], float]) -> Callable:
+    """Decorator: ``AGGREGATIONS[name] = fn``, together with what ``fn`` divides by, as a function of the
+    [N, T] loss mask. The normaliser is what makes gradient accumulation and DDP exact: a micro-batch's (or a
+    rank's) loss is weighted by its share of the whole batch's normaliser (``micro_batch_share``), so an
+    aggregation cannot be registered without one."""
+    return AGGREGATIONS.register(name, normaliser=normaliser)
+
+
+def get_aggregation(name: str) -> Aggregation:
+    """The aggregation registered as ``name``; unknown names raise ValueError listing the known ones."""
     return AGGREGATIONS[name]
 
 
-@register_aggregation("grpo")
+def count_rows(mask: Tensor) -> float:
+    """Normaliser of aggregations that average over the N sequences of the batch ([N, T] mask -> N)."""
+    return float(mask.shape[0])
+
+
+def count_tokens(mask: Tensor) -> float:
+    """Normaliser of the token mean: the batch's loss tokens ([N, T] mask -> its sum)."""
+    return float(mask.sum())
+
+
+def normaliser(aggregation: str, loss_mask: Tensor) -> float:
+    """What ``aggregation`` divides by for this [N, T] loss mask."""
+    return get_aggregation(aggregation).normaliser(loss_mask)
+
+
+def micro_batch_share(aggregation: str, micro_mask: Tensor, full_mask: Tensor) -> float:
+    """Weight of a micro-batch's loss in the whole batch's aggregation ([n, T] and [N, T] loss masks), so
+    that accumulated micro-batches give the same gradient as one pass over the batch."""
+    return normaliser(aggregation, micro_mask) / max(normaliser(aggregation, full_mask), 1.0)
+
+
+@register_aggregation("grpo", normaliser=count_rows)
 def _seq_mean_token_mean(per_token_loss: Tensor, mask: Tensor, max_len: int | None) -> Tensor:
     """Mean over sequences of each sequence's token mean (GRPO, arXiv:2402.03300; 1/|o_i| per
     sequence). Every one of the N rows counts in the outer mean, as in TRL and verl."""
@@ -47,13 +69,13 @@ def _seq_mean_token_mean(per_token_loss: Tensor, mask: Tensor, max_len: int | No
     return seq.mean()
 
 
-@register_aggregation("dapo")
+@register_aggregation("dapo", normaliser=count_tokens)
 def _token_mean(per_token_loss: Tensor, mask: Tensor, max_len: int | None) -> Tensor:
     """Token mean over the whole batch (DAPO, arXiv:2503.14476; verl "token-mean")."""
     return (per_token_loss * mask).sum() / mask.sum().clamp_min(1.0)
 
 
-@register_aggregation("dr_grpo")
+@register_aggregation("dr_grpo", normaliser=count_rows)
 def _sum_over_constant(per_token_loss: Tensor, mask: Tensor, max_len: int | None) -> Tensor:
     """Token sum / (N * max_len), a length-independent constant (Dr. GRPO, arXiv:2503.20783; TRL
     divides by B * max_completion_length). ``max_len`` defaults to T."""
@@ -90,20 +112,44 @@ def _one(w: Tensor | None) -> Tensor | float:
 
 
 def _check_inputs(logprobs, old_logprobs, advantages, mask, norm_mask, ref_logprobs, weights, beta) -> None:
-    check_token_tensors(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask,
-                        norm_mask=norm_mask, ref_logprobs=ref_logprobs, loss_weight=weights.loss_weight,
-                        ratio_weight=weights.ratio_weight, advantage_weight=weights.advantage_weight,
-                        kl_cov_coef=weights.kl_cov_coef)
+    check_token_tensors(
+        logprobs=logprobs,
+        old_logprobs=old_logprobs,
+        advantages=advantages,
+        mask=mask,
+        norm_mask=norm_mask,
+        ref_logprobs=ref_logprobs,
+        loss_weight=weights.loss_weight,
+        ratio_weight=weights.ratio_weight,
+        advantage_weight=weights.advantage_weight,
+        kl_cov_coef=weights.kl_cov_coef,
+    )
     if beta != 0.0 and ref_logprobs is None:
         raise ValueError(f"beta={beta} needs ref_logprobs (the frozen reference's log-probs)")
-    check_finite(mask, logprobs=logprobs.detach(), old_logprobs=old_logprobs, advantages=advantages,
-                 ref_logprobs=ref_logprobs)
+    check_finite(
+        mask,
+        logprobs=logprobs.detach(),
+        old_logprobs=old_logprobs,
+        advantages=advantages,
+        ref_logprobs=ref_logprobs,
+    )
 
 
-def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
-                weights: TokenWeights | None = None, eps_low: float = 0.2, eps_high: float = 0.2,
-                beta: float = 0.0, ref_logprobs: Tensor | None = None, aggregation: str = "grpo",
-                max_len: int | None = None, norm_mask: Tensor | None = None) -> LossOutput:
+def policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    weights: TokenWeights | None = None,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    beta: float = 0.0,
+    ref_logprobs: Tensor | None = None,
+    aggregation: str = "grpo",
+    max_len: int | None = None,
+    norm_mask: Tensor | None = None,
+) -> LossOutput:
     """PPO-clip GRPO loss with token weights (arXiv:2402.03300; asymmetric clip, arXiv:2503.14476).
 
     Per token, with r = exp(logprobs - old_logprobs), A' = A * advantage_weight, u = r * ratio_weight:

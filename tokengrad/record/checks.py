@@ -13,11 +13,22 @@ def _shape(t) -> tuple:
 def check_track_inputs(logprobs: torch.Tensor, **tensors) -> tuple[int, int]:
     """Validate st.track() arguments; returns (N, T)."""
     if not torch.is_tensor(logprobs) or logprobs.dim() != 2 or not logprobs.is_floating_point():
-        raise ValueError(f"logprobs must be a float [N, T] tensor, got "
-                         f"{type(logprobs).__name__} {getattr(logprobs, 'shape', '')} {getattr(logprobs, 'dtype', '')}")
+        raise ValueError(
+            f"logprobs must be a float [N, T] tensor, got "
+            f"{type(logprobs).__name__} {getattr(logprobs, 'shape', '')} {getattr(logprobs, 'dtype', '')}"
+        )
     N, T = logprobs.shape
     dev = logprobs.device
-    nt = {"token_ids", "mask", "loss_mask", "old_logprobs", "ref_logprobs", "weights", "scale_grad", "clipped"}
+    nt = {
+        "token_ids",
+        "mask",
+        "loss_mask",
+        "old_logprobs",
+        "ref_logprobs",
+        "weights",
+        "scale_grad",
+        "clipped",
+    }
     for name, t in tensors.items():
         if t is None or name == "extra":
             continue
@@ -42,5 +53,7 @@ def check_track_inputs(logprobs: torch.Tensor, **tensors) -> tuple[int, int]:
             raise ValueError(f"token_ids must be an integer tensor, got dtype {t.dtype}")
     for name, t in (tensors.get("extra") or {}).items():
         if not torch.is_tensor(t) or _shape(t) != (N, T):
-            raise ValueError(f"extra column {name!r} must be a [N, T] = {(N, T)} tensor, got {getattr(t, 'shape', t)}")
+            raise ValueError(
+                f"extra column {name!r} must be a [N, T] = {(N, T)} tensor, got {getattr(t, 'shape', t)}"
+            )
     return N, T

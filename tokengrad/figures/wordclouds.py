@@ -27,10 +27,10 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .figures.columns import BIN, TOK
-from .figures.style import dashboard_layout, empty_figure
+from tokengrad.figures.style import dashboard_layout, empty_figure
+from tokengrad.schema import BIN, TOK
 
-MARKERS = {"Ġ": " ", "▁": " ", "Ċ": "\n", "ĉ": "\t", "\u2581": " "}
+MARKERS = {"Ġ": " ", "▁": " ", "Ċ": "\n", "ĉ": "\t"}  # byte-level BPE and SentencePiece (U+2581) markers
 WHITESPACE_SYMBOLS = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "↵"}
 SPECIAL_TOKEN = re.compile(r"^<\|?[A-Za-z0-9_./:-]*\|?>$|^</?s>$")  # <|im_end|>, <pad>, </s>, <|endoftext|>
 DEFAULT_STOP_TOKENS: frozenset[str] = frozenset()
@@ -132,24 +132,47 @@ def make_wordcloud_figure(panels: Mapping[str, pd.DataFrame | Mapping[str, float
     """
     if not panels:
         return empty_figure("no token frequencies", title)
-    hues = list(hues) if hues is not None else [HIGH_HUE, LOW_HUE][: len(panels)] + [HIGH_HUE] * (len(panels) - 2)
+    hues = (
+        list(hues)
+        if hues is not None
+        else [HIGH_HUE, LOW_HUE][: len(panels)] + [HIGH_HUE] * (len(panels) - 2)
+    )
     fig = make_subplots(rows=1, cols=len(panels), subplot_titles=list(panels), horizontal_spacing=0.02)
     for j, ((name, freqs), hue) in enumerate(zip(panels.items(), hues)):
-        words = prepare_frequencies(freqs, show_whitespace=show_whitespace, stop_tokens=stop_tokens,
-                                    max_words=max_words)
+        words = prepare_frequencies(
+            freqs, show_whitespace=show_whitespace, stop_tokens=stop_tokens, max_words=max_words
+        )
         png = wordcloud_png(words, width=width, height=height, hue=hue, seed=seed)
-        fig.add_trace(go.Image(source="data:image/png;base64," + base64.b64encode(png).decode("ascii"),
-                               name=name, hoverinfo="skip", zsmooth="fast"), row=1, col=j + 1)
+        fig.add_trace(
+            go.Image(
+                source="data:image/png;base64," + base64.b64encode(png).decode("ascii"),
+                name=name,
+                hoverinfo="skip",
+                zsmooth="fast",
+            ),
+            row=1,
+            col=j + 1,
+        )
         if not words:
-            fig.add_annotation(text="no tokens", showarrow=False, x=width / 2, y=height / 2,
-                               xref=f"x{j + 1 if j else ''}", yref=f"y{j + 1 if j else ''}")
+            fig.add_annotation(
+                text="no tokens",
+                showarrow=False,
+                x=width / 2,
+                y=height / 2,
+                xref=f"x{j + 1 if j else ''}",
+                yref=f"y{j + 1 if j else ''}",
+            )
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
     return dashboard_layout(fig, title, height=int(height * 0.6) + 80)
 
 
-def make_high_low_wordcloud_figure(high: pd.DataFrame, low: pd.DataFrame, *,
-                                   titles: tuple[str, str] = ("high-probability tokens", "low-probability tokens"),
-                                   **kwargs) -> go.Figure:
+def make_high_low_wordcloud_figure(
+    high: pd.DataFrame,
+    low: pd.DataFrame,
+    *,
+    titles: tuple[str, str] = ("high-probability tokens", "low-probability tokens"),
+    **kwargs,
+) -> go.Figure:
     """High- (blue) and low-probability (red) token clouds side by side (TR-GRPO Fig. 1 style)."""
     return make_wordcloud_figure({titles[0]: high, titles[1]: low}, hues=[HIGH_HUE, LOW_HUE], **kwargs)

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from . import schema
+from tokengrad import schema
 
 Payload = Union[pa.Table, Callable[[], "pa.Table | None"]]
 _STOP = object()
@@ -166,12 +166,20 @@ class RunWriter:
         return path
 
     def _record_failure(self, table: str, data: pa.Table | list[pa.Table] | None, err: BaseException) -> None:
-        n = -1 if data is None else (sum(t.num_rows for t in data) if isinstance(data, list) else data.num_rows)
+        n = (
+            -1
+            if data is None
+            else (sum(t.num_rows for t in data) if isinstance(data, list) else data.num_rows)
+        )
         self.rows_dropped[table] = self.rows_dropped.get(table, 0) + max(n, 0)
         if self.on_error == "raise":
             self._error = self._error or err
-        warnings.warn(f"tokengrad writer: could not write {table} ({n} rows) to {self.run_dir}: "
-                      f"{type(err).__name__}: {err}; rows counted as dropped", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"tokengrad writer: could not write {table} ({n} rows) to {self.run_dir}: "
+            f"{type(err).__name__}: {err}; rows counted as dropped",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
     def _compact(self, table: str) -> None:
         files = sorted(self._small[table])
@@ -183,8 +191,11 @@ class RunWriter:
             self._write_file(table, files[0][0], files[-1][1], merged)
         except Exception as err:  # the small files stay valid; try again at the next threshold
             self._small[table] = files
-            warnings.warn(f"tokengrad writer: compaction of {table} failed ({err}); small files kept",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"tokengrad writer: compaction of {table} failed ({err}); small files kept",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             return
         for _, _, p in files:  # the merged file now covers them; readers ignore contained ranges
             p.unlink(missing_ok=True)
@@ -201,7 +212,8 @@ class RunWriter:
     # ---- resume support --------------------------------------------------------------------------
     def drop_steps_from(self, step: int) -> int:
         """Remove this rank's rows with step >= `step` (a run resumed from an earlier checkpoint would
-        otherwise record those steps twice). Each affected file is rewritten atomically; returns rows removed."""
+        otherwise record those steps twice). Each affected file is rewritten atomically; returns rows
+        removed."""
         self.flush()
         removed = 0
         for table in schema.TABLES:

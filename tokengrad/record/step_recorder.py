@@ -1,9 +1,10 @@
 """One step of a recording: tracked passes, the coef hook, grad norms, buckets, scalars and samples.
 
-A step may hold several backward passes (gradient-accumulation micro-batches, mu > 1 update passes,
-Lopti's two phases). Each `track()` call is one pass (pass_id 0, 1, ...) and names the optimizer update it
-feeds (update_id); grad norms and bucket figures are recorded per update_id and describe the gradient
-accumulated by all passes of that update.
+A pass is one backward pass. A step may hold several (gradient-accumulation micro-batches, several
+optimizer updates per rollout batch with num_iterations > 1 or PPO mini-batches, Lopti's two phases). Each
+`track()` call is one pass (pass_id 0, 1, ...) and names the optimizer update it feeds (update_id); grad
+norms and bucket figures are recorded per update_id and describe the gradient accumulated by all passes of
+that update.
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from . import buckets as bk
-from . import schema
-from .distributed import global_grad_norms, grads_are_sharded
-from .gradnorms import grad_norms, trainable_params
-from .rows import CapturedBatch, scalar_table, step_derived, tokens_table
-from .stats import TokenStats, token_stats
-from .validate import check_track_inputs
+from tokengrad import schema
+from tokengrad.record import bucket_analysis as bk
+from tokengrad.record.checks import check_track_inputs
+from tokengrad.record.distributed import global_grad_norms, grads_are_sharded
+from tokengrad.record.gradnorms import grad_norms, trainable_params
+from tokengrad.record.rows import CapturedBatch, scalar_table, step_derived, tokens_table
+from tokengrad.record.stats import TokenStats, token_stats
 
 
 @dataclass
@@ -82,9 +83,35 @@ class StepRecorder:
               logits: torch.Tensor | None = None, stats: TokenStats | None = None,
               hidden: torch.Tensor | None = None, clipped: torch.Tensor | None = None,
               update_id: int = 0, extra: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
-        """Track one backward pass's per-token log-probs ([N, T]); see the module docs for each argument.
+        """Track one backward pass's per-token log-probs; the loss built from them must be backpropagated
+        (`st.backward(loss)` or `loss.backward()`) before the next update's norms are recorded.
 
-        Returns `logprobs` itself (so `lp = st.track(lp, ...)` reads naturally).
+        Args:
+            logprobs: [N, T] log pi_theta of the sampled tokens, with graph; an autograd hook on it reads
+                the exact loss coefficient coef = dL/d log pi per token.
+            token_ids: [N, T] the sampled token ids (decoded to `token_text`).
+            mask: [N, T] 1 = a real completion token (recorded); default all ones.
+            loss_mask: [N, T] 1 = the token is in this pass's loss (e.g. not a tool output, in Lopti's
+                current phase); default `mask`.
+            old_logprobs: [N, T] log pi_old of the rollout policy (ratio = exp(logprobs - old_logprobs)).
+            ref_logprobs: [N, T] log pi_ref of the reference model (KL columns).
+            advantages: [N] or [N, T] advantages.
+            weights: [N, T] the token weights of the weighting rule (column `weight`).
+            scale_grad: [N, T] multiplies the gradient reaching `logprobs` (weighting through the hook,
+                as the TRL integration does); the recorded coef includes it.
+            sample_ids: [N] row id of each sequence in the step (unique over ranks); default 0..N-1.
+            group_ids: [N] prompt group of each sequence; default the sample id.
+            logits: [N, T, V] logits, to compute probability, entropy and sum p^2 (chunked pass);
+                not needed when `stats` is given.
+            stats: the `TokenStats` of `logprobs_with_stats`, instead of `logits`.
+            hidden: [N, T, D] last hidden states feeding the LM head: per-token head gradient norm.
+            clipped: [N, T] bool, the PPO clip removed the token's policy gradient.
+            update_id: the optimizer update (within the step) this pass's gradient feeds.
+            extra: name -> [N, T] tensors stored as extra token columns (names must not collide with
+                the schema's columns).
+
+        Returns:
+            `logprobs` itself (so `lp = st.track(lp, ...)` reads naturally).
         """
         t = time.perf_counter()
         N, T = check_track_inputs(logprobs, token_ids=token_ids, mask=mask, loss_mask=loss_mask,
@@ -123,7 +150,7 @@ class StepRecorder:
             out["prob"] = lp.exp()
         if old is not None:
             out["old_logprob"] = old.detach().float()
-            out["ratio"] = (lp - out["old_logprob"]).exp()                # [N, T]
+            out["ratio"] = (lp - out["old_logprob"]).exp()  # [N, T]
         if ref is not None:
             out["ref_logprob"] = ref.detach().float()
         if adv is not None:
@@ -131,17 +158,18 @@ class StepRecorder:
             out["advantage"] = adv.unsqueeze(1).expand_as(lp) if adv.dim() == 1 else adv
         out["weight"] = torch.ones_like(lp) if weights is None else weights.detach().float()
         if hidden is not None:
-            out["_hidden_norm"] = hidden.detach().float().norm(dim=-1)     # [N, T] |h_t|
+            out["_hidden_norm"] = hidden.detach().float().norm(dim=-1)  # [N, T] |h_t|
         return out
 
     def _make_hook(self, p: _Pass):
         def hook(grad: torch.Tensor):
-            if self._in_bucket_backward:       # bucket passes feed coef back in: leave them alone
+            if self._in_bucket_backward:  # bucket passes feed coef back in: leave them alone
                 return None
-            g = grad if p.scale is None else grad * p.scale               # [N, T]
+            g = grad if p.scale is None else grad * p.scale  # [N, T]
             c = g.detach()
             p.coef = c.clone() if p.coef is None else p.coef + c
             return None if p.scale is None else g
+
         return hook
 
     # ---- backward and gradients --------------------------------------------------------------------
@@ -163,7 +191,7 @@ class StepRecorder:
             p.bucketed = True
             if p.coef is None or p.logprobs.grad_fn is None:
                 continue
-            idx = bk.bucket_index(p.tensors["prob"], edges)               # [N, T]
+            idx = bk.bucket_index(p.tensors["prob"], edges)  # [N, T]
             self._in_bucket_backward = True
             try:
                 grads = bk.bucket_gradients(p.logprobs, p.coef, p.in_loss, idx, nb, params)
@@ -183,14 +211,16 @@ class StepRecorder:
         named = trainable_params(self.rec.model)
         if grads_are_sharded(self.rec.model):  # FSDP: each rank holds a shard; sum squared norms over ranks
             total, blocks = global_grad_norms(self.rec.model, self.rec.layers)
-        else:                                  # one process or DDP (already all-reduced): read locally
+        else:  # one process or DDP (already all-reduced): read locally
             total, blocks = grad_norms(named, self.rec.layers)
         self._update_norms[update_id] = total
         rows = [{"layer": schema.TOTAL_LAYER, "grad_norm": total}]
         rows += [{"layer": b, "grad_norm": v} for b, v in blocks.items()]
         self._layer_rows += [dict(r, step=self.step, rank=self.rec.rank, update_id=update_id) for r in rows]
         if update_id in self._bucket_state:
-            self._finish_buckets(update_id, [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in named])
+            self._finish_buckets(
+                update_id, [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in named]
+            )
         self._t_record += time.perf_counter() - t
         return total
 
@@ -211,33 +241,66 @@ class StepRecorder:
         res = bk.bucket_shares(state.grads, total)
         edges, n_all = self.rec.bucket_edges, max(sum(state.n_tokens), 1)
         for b, (lo, hi) in enumerate(zip(edges, edges[1:])):
-            self._bucket_rows.append(dict(
-                step=self.step, rank=self.rec.rank, update_id=update_id, bucket=schema.bucket_label(lo, hi),
-                lo=lo, hi=hi, n_tokens=state.n_tokens[b], token_share=state.n_tokens[b] / n_all,
-                grad_norm=res["grad_norm"][b], update_share=res["update_share"][b],
-                cos_to_total=res["cos_to_total"][b]))
-        self._bucket_rows.append(dict(step=self.step, rank=self.rec.rank, update_id=update_id,
-                                      bucket=schema.RESIDUAL_BUCKET, grad_norm=res["residual_grad_norm"],
-                                      update_share=res["residual_share"]))
+            self._bucket_rows.append(
+                dict(
+                    step=self.step,
+                    rank=self.rec.rank,
+                    update_id=update_id,
+                    bucket=schema.bucket_label(lo, hi),
+                    lo=lo,
+                    hi=hi,
+                    n_tokens=state.n_tokens[b],
+                    token_share=state.n_tokens[b] / n_all,
+                    grad_norm=res["grad_norm"][b],
+                    update_share=res["update_share"][b],
+                    cos_to_total=res["cos_to_total"][b],
+                )
+            )
+        self._bucket_rows.append(
+            dict(
+                step=self.step,
+                rank=self.rec.rank,
+                update_id=update_id,
+                bucket=schema.RESIDUAL_BUCKET,
+                grad_norm=res["residual_grad_norm"],
+                update_share=res["residual_share"],
+            )
+        )
 
     def record_prob_change(self, new_logprobs: torch.Tensor, pass_id: int = 0) -> None:
         """After the update: mean change of probability and correct ratio per bucket, from the log-probs of
         pass `pass_id`'s tokens under the updated policy ([N, T], one extra forward by the caller)."""
         p = self._passes[pass_id]
         if tuple(new_logprobs.shape) != tuple(p.logprobs.shape):
-            raise ValueError(f"new_logprobs shape {tuple(new_logprobs.shape)} != tracked logprobs "
-                             f"{tuple(p.logprobs.shape)} of pass {pass_id}")
+            raise ValueError(
+                f"new_logprobs shape {tuple(new_logprobs.shape)} != tracked logprobs "
+                f"{tuple(p.logprobs.shape)} of pass {pass_id}"
+            )
         edges = self.rec.bucket_edges
         idx = bk.bucket_index(p.tensors["prob"], edges)
         adv = p.tensors.get("advantage", torch.zeros_like(p.tensors["prob"]))
-        dmean, correct = bk.prob_change(p.tensors["prob"], new_logprobs.detach(), adv, p.in_loss, idx, len(edges) - 1)
+        dmean, correct = bk.prob_change(
+            p.tensors["prob"], new_logprobs.detach(), adv, p.in_loss, idx, len(edges) - 1
+        )
         last = max([r["update_id"] for r in self._bucket_rows], default=p.update_id)
-        rows = [r for r in self._bucket_rows if r["update_id"] == last and r["bucket"] != schema.RESIDUAL_BUCKET]
+        rows = [
+            r for r in self._bucket_rows if r["update_id"] == last and r["bucket"] != schema.RESIDUAL_BUCKET
+        ]
         if not rows:  # no gradient analysis this step: rows with counts and the change only
             n = [int(((idx == b) & p.in_loss).sum()) for b in range(len(edges) - 1)]
-            rows = [dict(step=self.step, rank=self.rec.rank, update_id=last, bucket=schema.bucket_label(lo, hi),
-                         lo=lo, hi=hi, n_tokens=n[b], token_share=n[b] / max(sum(n), 1))
-                    for b, (lo, hi) in enumerate(zip(edges, edges[1:]))]
+            rows = [
+                dict(
+                    step=self.step,
+                    rank=self.rec.rank,
+                    update_id=last,
+                    bucket=schema.bucket_label(lo, hi),
+                    lo=lo,
+                    hi=hi,
+                    n_tokens=n[b],
+                    token_share=n[b] / max(sum(n), 1),
+                )
+                for b, (lo, hi) in enumerate(zip(edges, edges[1:]))
+            ]
             self._bucket_rows += rows
         for r, d, c in zip(rows, dmean, correct):
             r["dprob_mean"], r["correct_ratio"] = d, c
@@ -246,14 +309,38 @@ class StepRecorder:
     def log(self, **scalars) -> None:
         """Per-step scalars (loss, reward_mean, kl, lr, time_*, or any new name -> an extra column)."""
         for k, v in scalars.items():
-            self._scalars[k] = float(v) if isinstance(v, (int, float, np.floating, np.integer)) or torch.is_tensor(v) else v
+            self._scalars[k] = (
+                float(v) if isinstance(v, (int, float, np.floating, np.integer)) or torch.is_tensor(v) else v
+            )
 
-    def samples(self, *, sample_ids, group_ids, prompts=None, completions=None, rewards=None, advantages=None,
-                lengths=None, task=None, difficulty=None, **extra) -> None:
+    def samples(
+        self,
+        *,
+        sample_ids,
+        group_ids,
+        prompts=None,
+        completions=None,
+        rewards=None,
+        advantages=None,
+        lengths=None,
+        task=None,
+        difficulty=None,
+        **extra,
+    ) -> None:
         """One row per completion into the samples table; list-like arguments of equal length."""
         n = len(sample_ids)
-        cols = dict(sample_id=sample_ids, group_id=group_ids, prompt=prompts, completion=completions,
-                    reward=rewards, advantage=advantages, length=lengths, task=task, difficulty=difficulty, **extra)
+        cols = dict(
+            sample_id=sample_ids,
+            group_id=group_ids,
+            prompt=prompts,
+            completion=completions,
+            reward=rewards,
+            advantage=advantages,
+            length=lengths,
+            task=task,
+            difficulty=difficulty,
+            **extra,
+        )
         for k, v in cols.items():
             if v is not None and not isinstance(v, str) and len(v) != n:
                 raise ValueError(f"samples(): {k} has {len(v)} entries, sample_ids has {n}")
@@ -292,8 +379,11 @@ class StepRecorder:
 def _steps_row(step: int, rank: int, scalars: dict, captured: list[CapturedBatch]) -> dict:
     derived = step_derived(captured)
     if derived.get("n_nonfinite"):
-        warnings.warn(f"tokengrad: step {step}: {derived['n_nonfinite']} NaN/inf token values recorded as they are",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"tokengrad: step {step}: {derived['n_nonfinite']} NaN/inf token values recorded as they are",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     return {**derived, **scalars, "step": step, "rank": rank}
 
 
@@ -304,12 +394,22 @@ def _capture(p: _Pass) -> CapturedBatch:
         v["coef"] = coef
         if "logit_grad_unit" in v:
             v["logit_grad_norm"] = np.abs(coef) * v["logit_grad_unit"]
-            if "_hidden_norm" in p.tensors:  # LM-head weight grad of one token is rank one: (coef (p - e_y)) h_t^T
+            if (
+                "_hidden_norm" in p.tensors
+            ):  # LM-head weight grad of one token is rank one: (coef (p - e_y)) h_t^T
                 v["head_grad_norm"] = v["logit_grad_norm"] * p.tensors["_hidden_norm"].cpu().numpy()
-    return CapturedBatch(p.pass_id, p.update_id, p.token_ids.cpu().numpy(), p.mask.cpu().numpy(),
-                         p.in_loss.cpu().numpy(), p.sample_ids.cpu().numpy(), p.group_ids.cpu().numpy(), v,
-                         None if p.clipped is None else p.clipped.cpu().numpy(),
-                         {k: t.cpu().numpy() for k, t in p.extra.items()})
+    return CapturedBatch(
+        p.pass_id,
+        p.update_id,
+        p.token_ids.cpu().numpy(),
+        p.mask.cpu().numpy(),
+        p.in_loss.cpu().numpy(),
+        p.sample_ids.cpu().numpy(),
+        p.group_ids.cpu().numpy(),
+        v,
+        None if p.clipped is None else p.clipped.cpu().numpy(),
+        {k: t.cpu().numpy() for k, t in p.extra.items()},
+    )
 
 
 def _ids(ids: torch.Tensor | None, n: int, dev) -> torch.Tensor:

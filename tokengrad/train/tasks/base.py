@@ -27,6 +27,8 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
+from tokengrad.registry import Registry
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -53,21 +55,16 @@ class Task(Protocol):
 
 
 TaskFactory = Callable[..., Task]
-TASKS: dict[str, TaskFactory] = {}
+TASKS: Registry[TaskFactory] = Registry("task")
 
 
 def register_task(name: str) -> Callable[[TaskFactory], TaskFactory]:
-    def deco(fn: TaskFactory) -> TaskFactory:
-        if name in TASKS:
-            raise ValueError(f"task {name!r} is already registered")
-        TASKS[name] = fn
-        return fn
-    return deco
+    """Decorator: ``TASKS[name] = factory`` (a taken name is refused)."""
+    return TASKS.register(name)
 
 
 def get_task(name: str, **params: Any) -> Task:
-    if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; known tasks: {sorted(TASKS)}")
+    """A task from its registered factory; unknown names raise ValueError listing the known ones."""
     return TASKS[name](**params)
 
 

@@ -1,6 +1,6 @@
 """Group-relative advantages and the DAPO dynamic-sampling group filter.
 
-    from tokengrad.advantages import compute_advantages, keep_groups
+    from tokengrad.train.advantages import compute_advantages, keep_groups
     adv = compute_advantages(rewards)               # rewards [B, G] -> [B, G]
     keep = keep_groups(rewards)                     # [B] bool, False for groups with one reward value
 
@@ -14,18 +14,17 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-ADVANTAGE_SCALES: dict[str, Callable[[Tensor, Tensor, float], Tensor]] = {}
+from tokengrad.registry import Registry
+
+ADVANTAGE_SCALES: Registry[Callable[[Tensor, Tensor, float], Tensor]] = Registry("advantage scale")
 
 
-def _register_scale(name: str) -> Callable:
-    def deco(fn: Callable[[Tensor, Tensor, float], Tensor]) -> Callable:
-        ADVANTAGE_SCALES[name] = fn
-        return fn
-
-    return deco
+def register_advantage_scale(name: str) -> Callable:
+    """Decorator: ``ADVANTAGE_SCALES[name] = fn(centred [B, G], rewards [B, G], eps) -> [B, G]``."""
+    return ADVANTAGE_SCALES.register(name)
 
 
-@_register_scale("group")
+@register_advantage_scale("group")
 def _scale_group(centred: Tensor, rewards: Tensor, eps: float) -> Tensor:
     """Divide by the group's unbiased std + eps (GRPO, arXiv:2402.03300; verl's eps 1e-6).
 
@@ -36,7 +35,7 @@ def _scale_group(centred: Tensor, rewards: Tensor, eps: float) -> Tensor:
     return centred / (rewards.std(dim=1, keepdim=True) + eps)  # [B, G]
 
 
-@_register_scale("batch")
+@register_advantage_scale("batch")
 def _scale_batch(centred: Tensor, rewards: Tensor, eps: float) -> Tensor:
     """Divide by the std of all rewards of the batch + eps (TRL's scale_rewards="batch")."""
     if rewards.numel() < 2:
@@ -44,7 +43,7 @@ def _scale_batch(centred: Tensor, rewards: Tensor, eps: float) -> Tensor:
     return centred / (rewards.std() + eps)  # [B, G]
 
 
-@_register_scale("none")
+@register_advantage_scale("none")
 def _scale_none(centred: Tensor, rewards: Tensor, eps: float) -> Tensor:
     """No std division: Dr. GRPO (arXiv:2503.20783) removes it as a difficulty bias."""
     return centred
@@ -67,12 +66,11 @@ def compute_advantages(rewards: Tensor, scale: str = "group", eps: float = 1e-6)
     Returns:
         [B, G] advantages; a group of size 1 or with all-equal rewards gets 0.
     """
-    if scale not in ADVANTAGE_SCALES:
-        raise ValueError(f"unknown advantage scale {scale!r}; known scales: {sorted(ADVANTAGE_SCALES)}")
+    scale_fn = ADVANTAGE_SCALES[scale]  # unknown names raise, listing the known ones
     _check_rewards(rewards)
     rewards = rewards.to(torch.promote_types(rewards.dtype, torch.float32))
     centred = rewards - rewards.mean(dim=1, keepdim=True)  # [B, G]
-    return ADVANTAGE_SCALES[scale](centred, rewards, eps)
+    return scale_fn(centred, rewards, eps)
 
 
 def keep_groups(rewards: Tensor) -> Tensor:

@@ -1,141 +1,38 @@
-"""Facts about a run spread over processes (torchrun, accelerate launch; DDP or FSDP), and the few
-collective operations the recorder and the built-in trainer need.
+"""The built-in trainer's plumbing under torchrun / accelerate launch, on top of the recorder's process facts
+(`tokengrad.record.distributed`, re-exported here so the trainer needs one `dist` name):
 
-    from tokengrad import distributed as dist
-    dist.rank(), dist.world_size(), dist.is_main()
-    total = dist.all_reduce([loss_sum, n_tokens])            # summed over ranks (identity in one process)
-    total, blocks = dist.global_grad_norms(model)             # the norm of the gradient the optimizer sees
-
-and the plumbing of the built-in trainer under torchrun / accelerate launch:
-
+    from tokengrad.train import distributed as dist
     started = dist.init_from_env(device)                      # gloo on CPU, nccl on CUDA, if $WORLD_SIZE > 1
     with dist.ending(started): ...                            # ends the group it started
     mine = dist.shard(prompts_per_step, "prompts_per_step")   # this rank's slice of each step's prompts
     policy = dist.wrap(module, device)                        # DistributedDataParallel on several processes
     with dist.sync_grads(policy, last_micro_batch): ...       # accumulate locally, all-reduce once
-    loss = rank_loss * dist.rank_weight(n_local)              # a global mean from per-rank means
+    loss = rank_loss * dist.rank_scale(n_local)               # a global mean from per-rank means
 
-Every function works without an initialised process group (a single process is rank 0 of 1), so code
-written against this module runs unchanged under `python`, `torchrun` and `accelerate launch`.
-
-Why grad norms need care: after DDP's backward every rank holds the same, already averaged gradient, so
-the local norm *is* the global one and summing squares over ranks would count it `world_size` times.
-FSDP instead leaves each rank a shard; there the global squared norm is the sum of the shards' squared
-norms. `global_grad_norms` tells the two apart by looking at the gradients (DTensor shards, FSDP's flat
-parameters) rather than at a user flag.
+Every function works without an initialised process group (a single process is rank 0 of 1).
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
-import os
 from typing import Callable, TypeVar
 
 import torch
 
-from .gradnorms import NamesFilter, _accepts, block_name, trainable_params
+from tokengrad.record.distributed import (  # noqa: F401
+    _collective_device,
+    _group_ready,
+    all_reduce,
+    barrier,
+    global_grad_norms,
+    grads_are_sharded,
+    is_main,
+    local_rank,
+    rank,
+    world_size,
+)
 
-
-def _group_ready() -> bool:
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
-
-
-def rank() -> int:
-    """Global rank: from the process group if initialised, else $RANK (set by torchrun/accelerate), else 0."""
-    if _group_ready():
-        return torch.distributed.get_rank()
-    return int(os.environ.get("RANK", 0))
-
-
-def world_size() -> int:
-    """Number of processes: from the process group if initialised, else $WORLD_SIZE, else 1."""
-    if _group_ready():
-        return torch.distributed.get_world_size()
-    return int(os.environ.get("WORLD_SIZE", 1))
-
-
-def local_rank() -> int:
-    """Rank within the node ($LOCAL_RANK, else 0): which accelerator this process uses."""
-    return int(os.environ.get("LOCAL_RANK", 0))
-
-
-def is_main() -> bool:
-    return rank() == 0
-
-
-def barrier() -> None:
-    if _group_ready() and world_size() > 1:
-        torch.distributed.barrier()
-
-
-def _collective_device() -> torch.device:
-    """NCCL only reduces accelerator tensors; gloo (CPU) reduces CPU tensors."""
-    if _group_ready() and torch.distributed.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def all_reduce(values, op: str = "sum") -> torch.Tensor:
-    """Reduce a list of floats (or a 1-D tensor) over ranks; returns a float64 CPU tensor.
-
-    op: "sum", "max" or "min". Without a process group the values come back unchanged.
-    """
-    ops = {"sum": "SUM", "max": "MAX", "min": "MIN"}
-    if op not in ops:
-        raise ValueError(f"unknown reduce op {op!r}; known ops: {sorted(ops)}")
-    t = torch.as_tensor(values, dtype=torch.float64).reshape(-1)          # [K]
-    if not _group_ready() or world_size() == 1:
-        return t
-    t = t.to(_collective_device())
-    torch.distributed.all_reduce(t, op=getattr(torch.distributed.ReduceOp, ops[op]))
-    return t.cpu()
-
-
-def grads_are_sharded(model: torch.nn.Module) -> bool:
-    """True when each rank holds only a shard of the gradient (FSDP1 flat parameters, FSDP2/DTensor)."""
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # torch builds without distributed support
-        return False
-    for name, p in model.named_parameters():
-        if isinstance(p, DTensor) or isinstance(p.grad, DTensor) or "_fsdp_wrapped_module" in name:
-            return True
-        if type(p).__name__ == "FlatParameter":
-            return True
-    return False
-
-
-@torch.no_grad()
-def global_grad_norms(model: torch.nn.Module, names: NamesFilter = None) -> tuple[float, dict[str, float]]:
-    """(total, {block: norm}) of the gradient the optimizer will apply, identical on every rank.
-
-    Replicated gradients (DDP, one process) are read locally; sharded ones (FSDP) have their squared
-    norms summed over ranks. Blocks are named as `tokengrad.gradnorms.block_name` names them.
-    """
-    from torch.distributed.tensor import DTensor
-
-    sq: dict[str, float] = {}
-    for name, p in trainable_params(model):
-        g = p.grad
-        if g is None:
-            continue
-        g = g.to_local() if isinstance(g, DTensor) else g
-        b = block_name(name.replace("_fsdp_wrapped_module.", "").replace("_checkpoint_wrapped_module.", ""))
-        sq[b] = sq.get(b, 0.0) + float(g.float().pow(2).sum())
-    blocks = sorted(sq)
-    local = [sq[b] for b in blocks]
-    if grads_are_sharded(model):
-        # blocks missing on one rank must still line up: agree on the union of names first
-        blocks = _union_names(blocks)
-        local = [sq.get(b, 0.0) for b in blocks]
-        local = all_reduce(local).tolist()
-    total = sum(local) ** 0.5
-    wanted = _accepts(names)
-    return total, {b: v ** 0.5 for b, v in zip(blocks, local) if wanted(b)}
-
-
-# ---- the trainer's plumbing -----------------------------------------------------------------------
 T = TypeVar("T")
 
 
@@ -194,9 +91,11 @@ def wrap(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
         return module
     from torch.nn.parallel import DistributedDataParallel
     ids = [device.index] if device.type == "cuda" else None
-    newer = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters  # renamed in torch 2.13
-    return DistributedDataParallel(module, device_ids=ids,
-                                   **{"forward_sync_buffers" if newer else "broadcast_buffers": False})
+    # renamed in torch 2.13
+    newer = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+    return DistributedDataParallel(
+        module, device_ids=ids, **{"forward_sync_buffers" if newer else "broadcast_buffers": False}
+    )
 
 
 class ModelFunction(torch.nn.Module):
@@ -216,6 +115,7 @@ def sync_grads(module: torch.nn.Module, sync: bool):
     (no_sync; DDP decides at the forward), so accumulated micro-batches are all-reduced once, by the last
     one. Other modules: no effect."""
     from torch.nn.parallel import DistributedDataParallel
+
     if sync or not isinstance(module, DistributedDataParallel):
         return contextlib.nullcontext()
     return module.no_sync()
@@ -231,7 +131,7 @@ def idle_backward(module: torch.nn.Module, *inputs) -> list:
     return []
 
 
-def rank_weight(local: float) -> float:
+def rank_scale(local: float) -> float:
     """world_size * local / (local summed over ranks); 1 in one process (0 when the sum is 0).
 
     A rank's loss normalised by its own count `local` (its sequences or loss tokens), times this factor,
@@ -256,8 +156,8 @@ def merge_accuracies(mine: dict[str, tuple[float, int]], labels: list[str]) -> d
     """{label: (accuracy, n)} over all ranks from each rank's own results on its share of the problems
     (labels: every label any rank can have, in the order wanted; labels no rank saw are left out)."""
     k = len(labels)
-    local = [round(mine[d][0] * mine[d][1]) if d in mine else 0 for d in labels]   # correct answers
-    local += [mine[d][1] if d in mine else 0 for d in labels]                      # problems
+    local = [round(mine[d][0] * mine[d][1]) if d in mine else 0 for d in labels]  # correct answers
+    local += [mine[d][1] if d in mine else 0 for d in labels]  # problems
     counts = all_reduce(local).tolist()
     return {d: (counts[i] / counts[k + i], int(counts[k + i])) for i, d in enumerate(labels) if counts[k + i]}
 
@@ -282,12 +182,3 @@ def on_main(fn: Callable[[], T]) -> T:
     if sent is not None:
         raise sent
     return result
-
-
-def _union_names(names: list[str]) -> list[str]:
-    if not _group_ready() or world_size() == 1:
-        return names
-    gathered: list = [None] * world_size()
-    torch.distributed.all_gather_object(gathered, names)
-    return sorted({n for part in gathered for n in part})
-

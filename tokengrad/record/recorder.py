@@ -29,12 +29,12 @@ from pathlib import Path
 
 import torch
 
-from . import __version__, schema
-from .buckets import validate_edges
-from .gradnorms import NamesFilter
-from .rows import TokenDecoder, scalar_table
-from .step import StepRecorder
-from .writer import RunWriter, atomic_write_json
+from tokengrad import __version__, schema
+from tokengrad.record.bucket_analysis import validate_edges
+from tokengrad.record.gradnorms import NamesFilter
+from tokengrad.record.rows import TokenDecoder, scalar_table
+from tokengrad.record.step_recorder import StepRecorder
+from tokengrad.record.writer import RunWriter, atomic_write_json
 
 
 def _label(name: str | None) -> str | None:
@@ -60,7 +60,8 @@ class Recorder:
         tokenizer: decodes token ids into the `token` column (optional).
         config: the full training config (stored in meta.json).
         run_name, model_name: labels for meta.json (defaults: directory name, model class).
-        weighting: {"name": ..., "params": {...}, "curve": {"p": [...], "w": [...]}} of the token-weighting rule.
+        weighting: {"name": ..., "params": {...}, "curve": {"p": [...], "w": [...]}} of the
+            token-weighting rule.
         bucket_every: bucket analysis every N steps (0 = never; it costs one extra backward per bucket).
         bucket_edges: probability bucket edges (default AR-Lopti's 0, .25, .5, .75, 1).
         layers: which top-level blocks get a grad-norm row (None = all; a name, list, or predicate).
@@ -70,11 +71,22 @@ class Recorder:
             steps >= resume_step (after the checkpoint) are removed on open, so no step appears twice.
     """
 
-    def __init__(self, run_dir: str | os.PathLike, model: torch.nn.Module | None = None, tokenizer=None,
-                 config: dict | None = None, run_name: str | None = None, model_name: str | None = None,
-                 weighting: dict | None = None, bucket_every: int = 0,
-                 bucket_edges=schema.DEFAULT_BUCKET_EDGES, layers: NamesFilter = None,
-                 on_error: str = "count", compact_every: int = 64, resume_step: int | None = None):
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        model: torch.nn.Module | None = None,
+        tokenizer=None,
+        config: dict | None = None,
+        run_name: str | None = None,
+        model_name: str | None = None,
+        weighting: dict | None = None,
+        bucket_every: int = 0,
+        bucket_edges=schema.DEFAULT_BUCKET_EDGES,
+        layers: NamesFilter = None,
+        on_error: str = "count",
+        compact_every: int = 64,
+        resume_step: int | None = None,
+    ):
         if bucket_every < 0:
             raise ValueError(f"bucket_every must be >= 0, got {bucket_every}")
         self.run_dir = Path(run_dir)
@@ -112,8 +124,12 @@ class Recorder:
         if self._resume_step is not None:
             removed = self._writer.drop_steps_from(self._resume_step)
             if removed:
-                warnings.warn(f"tokengrad: resuming at step {self._resume_step}: removed {removed} rows recorded "
-                              f"after the checkpoint from {self.run_dir}", RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    f"tokengrad: resuming at step {self._resume_step}: removed {removed} rows recorded "
+                    f"after the checkpoint from {self.run_dir}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
         return self
 
     def close(self) -> None:
@@ -127,8 +143,12 @@ class Recorder:
                 self._write_meta(finished=True)
             dropped = sum(self._writer.rows_dropped.values())
             if dropped:
-                warnings.warn(f"tokengrad: {dropped} rows could not be written to {self.run_dir} "
-                              f"(see meta.json rows_dropped)", RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    f"tokengrad: {dropped} rows could not be written to {self.run_dir} "
+                    f"(see meta.json rows_dropped)",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
             self._writer = None
 
     def flush(self) -> None:
@@ -168,8 +188,14 @@ class Recorder:
 
     def log_eval(self, step: int, task: str, difficulty, accuracy: float, n: int) -> None:
         """One evaluation result (e.g. K&K accuracy for 3 people) into the evals table."""
-        row = dict(step=int(step), rank=self.rank, task=str(task), difficulty=str(difficulty),
-                   accuracy=float(accuracy), n=int(n))
+        row = dict(
+            step=int(step),
+            rank=self.rank,
+            task=str(task),
+            difficulty=str(difficulty),
+            accuracy=float(accuracy),
+            n=int(n),
+        )
         self._require_open().submit({"evals": lambda: scalar_table("evals", [row])})
 
     # ---- meta -------------------------------------------------------------------------------------
@@ -182,7 +208,8 @@ class Recorder:
             "config": config or {},
             "weighting": weighting or {"name": "none", "params": {}},
             "model": model_name or (type(model).__name__ if model is not None else None),
-            "tokenizer": _label(getattr(tokenizer, "name_or_path", None)) or (type(tokenizer).__name__ if tokenizer else None),
+            "tokenizer": _label(getattr(tokenizer, "name_or_path", None))
+            or (type(tokenizer).__name__ if tokenizer else None),
             "world_size": self.world_size,
             "bucket_every": self.bucket_every,
             "bucket_edges": list(self.bucket_edges),
@@ -207,12 +234,21 @@ class Recorder:
         try:
             folder.mkdir(parents=True, exist_ok=True)
             w = self._writer
-            atomic_write_json(folder / f"rank{self.rank:03d}.json", {
-                "rank": self.rank, "finished": finished, "last_step": self.last_step,
-                "rows_dropped": dict(w.rows_dropped) if w else {}, "rows_written": dict(w.rows_written) if w else {},
-                "time": time.time()})
+            atomic_write_json(
+                folder / f"rank{self.rank:03d}.json",
+                {
+                    "rank": self.rank,
+                    "finished": finished,
+                    "last_step": self.last_step,
+                    "rows_dropped": dict(w.rows_dropped) if w else {},
+                    "rows_written": dict(w.rows_written) if w else {},
+                    "time": time.time(),
+                },
+            )
         except OSError as err:
-            warnings.warn(f"tokengrad: could not write rank status to {folder}: {err}", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"tokengrad: could not write rank status to {folder}: {err}", RuntimeWarning, stacklevel=2
+            )
 
     def _require_open(self) -> RunWriter:
         if self._writer is None:

@@ -23,10 +23,18 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+)
+
+from tokengrad.registry import Registry
 
 ModelLoader = Callable[..., tuple[torch.nn.Module, object]]
-MODELS: dict[str, ModelLoader] = {}
+MODELS: Registry[ModelLoader] = Registry("model")
 
 # ChatML, the format of SmolLM2-Instruct; the tiny tokenizer uses it so that tests exercise the same path.
 CHATML_TEMPLATE = (
@@ -43,12 +51,9 @@ SMOLLM_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def register_model(name: str) -> Callable[[ModelLoader], ModelLoader]:
-    def deco(fn: ModelLoader) -> ModelLoader:
-        if name in MODELS:
-            raise ValueError(f"model {name!r} is already registered")
-        MODELS[name] = fn
-        return fn
-    return deco
+    """Decorator: ``MODELS[name] = loader`` (a taken name is refused); a loader takes ``seed=`` and returns
+    (model, tokenizer)."""
+    return MODELS.register(name)
 
 
 def load_model(name_or_path: str, seed: int = 0) -> tuple[torch.nn.Module, object]:

@@ -6,8 +6,8 @@
 A plain loop computes `log_softmax(logits.float()).gather(...)`: one exp pass over the vocabulary, and an
 fp32 [N, T, V] output kept for backward. Recording then needs softmax statistics (entropy, sum_j p_j^2),
 a second exp pass. This function computes log p_t, entropy and sum_j p_j^2 from one exp pass per row
-chunk (see tokengrad.stats for the formulas), keeps nothing vocabulary-sized for backward, and recomputes
-p chunk by chunk in backward, where
+chunk (see tokengrad.record.stats for the formulas), keeps nothing vocabulary-sized for backward, and
+recomputes p chunk by chunk in backward, where
 
     d log p_y / dz = e_y - p            (arXiv 2505.12929, Prop 4.2)
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .stats import CHUNK_ROWS, TokenStats, _check_inputs, _chunk_stats
+from tokengrad.record.stats import CHUNK_ROWS, TokenStats, _check_inputs, _chunk_stats
 
 
 class _SelectiveLogSoftmax(torch.autograd.Function):
@@ -26,25 +26,25 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
     def forward(ctx, logits: torch.Tensor, ids: torch.Tensor, chunk_rows: int):
         N, T, V = logits.shape
         dev = logits.device
-        logp = torch.empty(N, T, dtype=torch.float32, device=dev)     # [N, T]
-        ent = torch.empty_like(logp)                                    # [N, T]
-        s2 = torch.empty_like(logp)                                     # [N, T]
-        mx = torch.empty_like(logp)                                     # [N, T] row max, for backward
-        log_z = torch.empty_like(logp)                                  # [N, T] log sum_j exp(z_j - max)
+        logp = torch.empty(N, T, dtype=torch.float32, device=dev)  # [N, T]
+        ent = torch.empty_like(logp)  # [N, T]
+        s2 = torch.empty_like(logp)  # [N, T]
+        mx = torch.empty_like(logp)  # [N, T] row max, for backward
+        log_z = torch.empty_like(logp)  # [N, T] log sum_j exp(z_j - max)
         c = max(1, min(chunk_rows, T))
-        d = torch.empty(c, V, dtype=torch.float32, device=dev)         # [c, V] reused buffers
+        d = torch.empty(c, V, dtype=torch.float32, device=dev)  # [c, V] reused buffers
         e = torch.empty(c, V, dtype=torch.float32, device=dev)
         for n in range(N):
             for s in range(0, T, c):
-                x = logits[n, s:s + c]                                  # [k, V] view
+                x = logits[n, s : s + c]  # [k, V] view
                 k = x.shape[0]
-                m = x.amax(-1).float()                                  # [k]
-                lp, h, q = _chunk_stats(x, ids[n, s:s + k], d[:k], e[:k])
-                logp[n, s:s + k], ent[n, s:s + k], s2[n, s:s + k] = lp, h, q
+                m = x.amax(-1).float()  # [k]
+                lp, h, q = _chunk_stats(x, ids[n, s : s + k], d[:k], e[:k])
+                logp[n, s : s + k], ent[n, s : s + k], s2[n, s : s + k] = lp, h, q
                 # kept apart so that backward's z - max stays exact for logits of +-1e4:
                 # log p_y = (z_y - max) - log Z  ->  log Z = (z_y - max) - log p_y
-                mx[n, s:s + k] = m
-                log_z[n, s:s + k] = x.gather(1, ids[n, s:s + k].unsqueeze(1)).squeeze(1).float() - m - lp
+                mx[n, s : s + k] = m
+                log_z[n, s : s + k] = x.gather(1, ids[n, s : s + k].unsqueeze(1)).squeeze(1).float() - m - lp
         ctx.save_for_backward(logits, ids, mx, log_z)
         ctx.chunk_rows = c
         ctx.mark_non_differentiable(ent, s2)
@@ -55,24 +55,25 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
         logits, ids, mx, log_z = ctx.saved_tensors
         N, T, V = logits.shape
         c = ctx.chunk_rows
-        grad = torch.empty_like(logits)                                 # [N, T, V]
+        grad = torch.empty_like(logits)  # [N, T, V]
         buf = torch.empty(c, V, dtype=torch.float32, device=logits.device)
         for n in range(N):
             for s in range(0, T, c):
-                x = logits[n, s:s + c]                                  # [k, V]
+                x = logits[n, s : s + c]  # [k, V]
                 k = x.shape[0]
                 p = buf[:k]
-                torch.sub(x.float() if x.dtype != torch.float32 else x, mx[n, s:s + k, None], out=p)
-                p.sub_(log_z[n, s:s + k, None]).exp_()                  # softmax, recomputed
-                g = g_logp[n, s:s + k].float()                          # [k]
-                p.mul_(-g[:, None])                                     # -g p
-                p.scatter_add_(1, ids[n, s:s + k, None], g[:, None])    # + g e_y
-                grad[n, s:s + k] = p
+                torch.sub(x.float() if x.dtype != torch.float32 else x, mx[n, s : s + k, None], out=p)
+                p.sub_(log_z[n, s : s + k, None]).exp_()  # softmax, recomputed
+                g = g_logp[n, s : s + k].float()  # [k]
+                p.mul_(-g[:, None])  # -g p
+                p.scatter_add_(1, ids[n, s : s + k, None], g[:, None])  # + g e_y
+                grad[n, s : s + k] = p
         return grad, None, None
 
 
-def logprobs_with_stats(logits: torch.Tensor, token_ids: torch.Tensor,
-                        chunk_rows: int = CHUNK_ROWS) -> tuple[torch.Tensor, TokenStats]:
+def logprobs_with_stats(
+    logits: torch.Tensor, token_ids: torch.Tensor, chunk_rows: int = CHUNK_ROWS
+) -> tuple[torch.Tensor, TokenStats]:
     """log pi(token) [N, T] (fp32, differentiable w.r.t. logits) and the token's TokenStats (no grad).
 
     Args:
@@ -82,6 +83,6 @@ def logprobs_with_stats(logits: torch.Tensor, token_ids: torch.Tensor,
     _check_inputs(logits, token_ids, None)
     logp, ent, s2 = _SelectiveLogSoftmax.apply(logits, token_ids, chunk_rows)
     with torch.no_grad():
-        prob = logp.detach().exp()                                      # [N, T]
-        unit = (1.0 - 2.0 * prob + s2).clamp_min(0.0).sqrt()           # [N, T]
+        prob = logp.detach().exp()  # [N, T]
+        unit = (1.0 - 2.0 * prob + s2).clamp_min(0.0).sqrt()  # [N, T]
     return logp, TokenStats(logp.detach(), prob, ent, s2, unit)
