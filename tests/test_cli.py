@@ -75,7 +75,8 @@ def test_dashboard_port_out_of_range(run_cli):
 
 
 def test_export_unreadable_run(run_cli, tmp_path):
-    line = _one_error_line(run_cli("export", str(tmp_path / "nothing"), "--out", str(tmp_path / "o")), "export")
+    out = run_cli("export", str(tmp_path / "nothing"), "--out", str(tmp_path / "o"))
+    line = _one_error_line(out, "export")
     assert "nothing" in line
 
 
@@ -87,6 +88,6 @@ def test_debug_env_keeps_the_traceback(tmp_path, monkeypatch):
 
 def test_the_installed_entry_point_has_the_boundary(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TOKENGRAD_DEBUG"}
-    out = subprocess.run([sys.executable, "-m", "tokengrad.cli", "inspect", str(tmp_path / "missing")], cwd=REPO,
-                         env=env, capture_output=True, text=True, timeout=120)
+    cmd = [sys.executable, "-m", "tokengrad.cli", "inspect", str(tmp_path / "missing")]
+    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.strip().startswith("tokengrad inspect: error: "), out.stderr

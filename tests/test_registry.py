@@ -1,4 +1,4 @@
-"""tokengrad.registry: the one helper behind weighting rules, tasks, models, aggregations, advantage scales."""
+"""tokengrad.registry: the one helper behind rules, tasks, models, aggregations and advantage scales."""
 
 import pytest
 

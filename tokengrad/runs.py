@@ -63,7 +63,7 @@ class Run:
         try:
             self.meta: dict = json.loads(meta_path.read_text())
         except json.JSONDecodeError as err:
-            raise ValueError(f"{meta_path} is not valid JSON ({err}); the run's metadata is damaged") from None
+            raise ValueError(f"{meta_path} is not valid JSON ({err}); the run metadata is damaged") from None
         if not isinstance(self.meta, dict):
             raise ValueError(f"{meta_path} must hold a JSON object, got {type(self.meta).__name__}")
         version = self.meta.get("schema_version")

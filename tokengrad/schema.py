@@ -57,7 +57,8 @@ _KEY = [
     _c("step", pa.int32(), "training step (one rollout batch; may hold several optimizer updates)", False),
     _c("rank", pa.int16(), "process rank that recorded the row", False),
 ]
-_UPDATE = _c("update_id", pa.int16(), "optimizer update within the step (num_iterations > 1, Lopti phases)", False)
+_UPDATE = _c("update_id", pa.int16(), "optimizer update within the step (num_iterations > 1, Lopti phases)",
+             False)
 
 TOKENS = [
     *_KEY,

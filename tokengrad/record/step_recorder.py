@@ -145,7 +145,8 @@ class StepRecorder:
             stats = token_stats(logits.detach(), token_ids, mask)
         out = {"logprob": lp}
         if stats is not None:  # fields left None (e.g. no sum_p2 available) stay null columns
-            out.update({k: v.detach().float() for k, v in stats._asdict().items() if k != "logprob" and v is not None})
+            fields = stats._asdict().items()
+            out.update({k: v.detach().float() for k, v in fields if k != "logprob" and v is not None})
         if "prob" not in out:  # without logits the probability still follows from log pi
             out["prob"] = lp.exp()
         if old is not None:

@@ -98,93 +98,61 @@ RENAMED = {"mu": ("num_iterations", "PPO epochs are named as in TRL; mu is tr_gr
 @dataclass
 class TrainConfig:
     # extensions: modules imported before any registry is read (they register rules, tasks, models, ...)
-    plugins: list = _f([], "modules to import first, e.g. [\"my_rules\"]: their @register_weighting / @register_task / "
-                       "@register_model / @register_aggregation decorators extend the registries", _importable)
+    plugins: list = _f([], 'modules to import first, e.g. ["my_rules"], whose @register_* decorators extend '
+                       "the registries (rules, tasks, models, aggregations)", _importable)
     # what to train
-    model: str = _f(
-        "tiny",
-        "registered model name (tiny, smollm2-135m-instruct) or a local transformers checkpoint directory",
-        _model,
-    )
-    task: str = _f("kk", "registered task name (kk, countdown, arithmetic, toolqa)", _one_of(_tasks))
+    model: str = _f("tiny", "registered model name or a local transformers checkpoint directory", _model)
+    task: str = _f("kk", "registered task name", _one_of(_tasks))
     task_params: dict = _f({}, "keyword arguments of the task factory, e.g. {n_people = [3, 5]} for kk")
-    weighting: str = _f(
-        "grpo",
-        "token-weighting rule (grpo, tr_grpo, tr_grpo_reverse, ar, lopti, ar_lopti, cw_grpo, clip_cov, kl_cov)",
-        _one_of(_weightings),
-    )
+    weighting: str = _f("grpo", "token-weighting rule", _one_of(_weightings))
     weighting_params: dict = _f({}, "parameters of the weighting rule; unset ones keep the rule's defaults")
-    seed: int = _f(
-        0,
-        "seed of problem order, sampling and the tiny model's weights; same seed = same run on CPU",
-        _at_least(0),
-    )
+    seed: int = _f(0, "seed of problem order, sampling and the tiny model's weights; same seed = same run on "
+                   "CPU", _at_least(0))
     steps: int = _f(100, "training steps (one rollout batch each)", _at_least(1))
     # rollout
     prompts_per_step: int = _f(8, "B: prompts per step", _at_least(1))
-    group_size: int = _f(
-        8, "G: completions sampled per prompt (>= 2: advantages are relative to the group)", _at_least(2)
-    )
-    n_train_problems: int = _f(
-        0, "size of the training problem pool, cycled in epochs; 0 = prompts_per_step * steps", _at_least(0)
-    )
+    group_size: int = _f(8, "G: completions per prompt (>= 2: advantages are relative to the group)",
+                         _at_least(2))
+    n_train_problems: int = _f(0, "size of the training problem pool, cycled in epochs; "
+                               "0 = prompts_per_step * steps", _at_least(0))
     max_new_tokens: int = _f(256, "new tokens per generation turn", _at_least(1))
     temperature: float = _f(1.0, "sampling temperature (0 = greedy decoding)", _at_least(0.0))
     top_p: float = _f(1.0, "nucleus sampling mass, in (0, 1]", _in_unit)
-    max_turns: int = _f(
-        3, "tool tasks: generation turns per completion (each tool answer starts a new turn)", _at_least(1)
-    )
+    max_turns: int = _f(3, "tool tasks: generation turns per completion (each tool answer starts a new turn)",
+                        _at_least(1))
     # GRPO objective
-    adv_scale: str = _f(
-        "group",
-        "advantage scale: group (GRPO, divide by group std), batch, none (Dr. GRPO)",
-        _one_of(_scales),
-    )
-    dynamic_sampling: bool = _f(
-        False, "drop groups whose rewards are all equal (DAPO dynamic sampling, arXiv 2503.14476)"
-    )
-    num_iterations: int = _f(1, "PPO epochs: optimizer updates per rollout batch (TRL's num_iterations, the GRPO paper's mu)", _at_least(1))
+    adv_scale: str = _f("group", "advantage scale: group (GRPO, divide by the group std), batch, none (Dr. "
+                        "GRPO)", _one_of(_scales))
+    dynamic_sampling: bool = _f(False, "drop groups whose rewards are all equal "
+                                "(DAPO dynamic sampling, arXiv 2503.14476)")
+    num_iterations: int = _f(1, "PPO epochs: optimizer updates per rollout batch "
+                             "(TRL's num_iterations, the GRPO paper's mu)", _at_least(1))
     eps_low: float = _f(0.2, "PPO clip: ratio lower bound 1 - eps_low", _at_least(0.0))
-    eps_high: float = _f(
-        0.2, "PPO clip: ratio upper bound 1 + eps_high (DAPO clip-higher: 0.28)", _at_least(0.0)
-    )
-    beta: float = _f(
-        0.0, "coefficient of the k3 KL to the frozen initial model (0 = no reference model)", _at_least(0.0)
-    )
-    aggregation: str = _f(
-        "grpo",
-        "loss aggregation: grpo (seq-mean-token-mean), dapo (token-mean), dr_grpo (sum / (N * max_new_tokens))",
-        _one_of(_aggregations),
-    )
+    eps_high: float = _f(0.2, "PPO clip: ratio upper bound 1 + eps_high (DAPO clip-higher: 0.28)",
+                         _at_least(0.0))
+    beta: float = _f(0.0, "coefficient of the k3 KL to the frozen initial model (0 = no reference model)",
+                     _at_least(0.0))
+    aggregation: str = _f("grpo", "loss aggregation (what the summed per-token loss is divided by)",
+                          _one_of(_aggregations))
     # optimisation
     lr: float = _f(1e-6, "AdamW learning rate", _positive)
     weight_decay: float = _f(0.0, "AdamW weight decay", _at_least(0.0))
     warmup_steps: int = _f(0, "linear learning-rate warm-up over this many steps (0 = none)", _at_least(0))
-    grad_clip: float = _f(
-        1.0, "clip the total gradient norm to this value before each update (0 = off)", _at_least(0.0)
-    )
+    grad_clip: float = _f(1.0, "clip the total gradient norm to this value before each update (0 = off)",
+                          _at_least(0.0))
     grad_accum: int = _f(1, "micro-batches per optimizer update (gradient accumulation)", _at_least(1))
-    bf16: bool = _f(
-        False,
-        "bf16 autocast for generation and the transformer body (fp32 weights and LM head); faster only with native bf16 (GPU, avx512_bf16/AMX CPUs), 2-3x slower without",
-    )
-    device: str = _f(
-        "auto", "cpu, cuda, or auto (cuda when available)", _one_of(lambda: ("auto", "cpu", "cuda"))
-    )
+    bf16: bool = _f(False, "bf16 autocast for generation and the transformer body (fp32 weights and LM "
+                    "head); faster only with native bf16 (GPU, avx512_bf16/AMX CPUs), 2-3x slower without")
+    device: str = _f("auto", "cpu, cuda, or auto (cuda when available)",
+                     _one_of(lambda: ("auto", "cpu", "cuda")))
     # evaluation, recording, checkpoints
-    eval_every: int = _f(
-        0, "held-out evaluation every K steps and after the last step (0 = off)", _at_least(0)
-    )
+    eval_every: int = _f(0, "held-out evaluation every K steps and after the last step (0 = off)",
+                         _at_least(0))
     eval_per_difficulty: int = _f(10, "held-out problems per difficulty level", _at_least(1))
-    bucket_every: int = _f(
-        0,
-        "probability-bucket gradient analysis every N steps (0 = off; one extra backward per bucket)",
-        _at_least(0),
-    )
-    checkpoint: bool = _f(
-        True,
-        "save RUN/checkpoint (weights, tokenizer, optimizer state) after the last step, for resume and reuse",
-    )
+    bucket_every: int = _f(0, "probability-bucket gradient analysis every N steps "
+                           "(0 = off; one extra backward per bucket)", _at_least(0))
+    checkpoint: bool = _f(True, "save RUN/checkpoint (weights, tokenizer, optimizer state) after the "
+                          "last step, for resume and reuse")
     checkpoint_every: int = _f(0, "also save it every N steps (0 = only after the last step)", _at_least(0))
     run_dir: str = _f("", "run directory; empty = runs/<run_name>")
     run_name: str = _f("", "run name; empty = <task>-<weighting>-<time>")
@@ -196,15 +164,21 @@ class TrainConfig:
 
 
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(TrainConfig)}
+REGISTRY_KEYS = {"task": _tasks, "weighting": _weightings, "aggregation": _aggregations, "adv_scale": _scales}
 DICT_FIELDS = tuple(name for name, f in FIELDS.items() if f.type in ("dict", dict))
 
 
 def describe_config() -> str:
-    """One line per key: name, default, meaning (for `tokengrad train --help` and the docs)."""
+    """Name, default and meaning of every key (for `tokengrad train --help` and the docs); keys that name a
+    registry entry list the registered names, so plugins show up too."""
     default = TrainConfig()
-    return "\n".join(
-        f"  {name} = {getattr(default, name)!r}\n      {f.metadata['doc']}" for name, f in FIELDS.items()
-    )
+    lines = []
+    for name, f in FIELDS.items():
+        lines.append(f"  {name} = {getattr(default, name)!r}\n      {f.metadata['doc']}")
+        registry = REGISTRY_KEYS.get(name)
+        if registry is not None:
+            lines.append(f"      one of: {', '.join(sorted(registry()))}")
+    return "\n".join(lines)
 
 
 def load_config(

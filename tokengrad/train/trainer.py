@@ -25,7 +25,6 @@ import contextlib
 import copy
 import math
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple
@@ -254,10 +253,9 @@ class Trainer:
                 )
             else:  # under DDP only the last micro-batch's backward all-reduces the gradients
                 micro = self.micro_batches(len(b.sample_ids))
-                parts = [
-                    self.loss_pass(st, b, rows, update_masks[update_id], update_id, rank_scale, i == len(micro) - 1)
-                    for i, rows in enumerate(micro)
-                ]
+                mask = update_masks[update_id]
+                parts = [self.loss_pass(st, b, rows, mask, update_id, rank_scale, i == len(micro) - 1)
+                         for i, rows in enumerate(micro)]
             losses.append(sum(p[0] for p in parts))
             kls += [p[1] for p in parts]
             # records the norms before clipping, then clips with that same norm (gradients read once)
@@ -312,14 +310,15 @@ class Trainer:
         cfg = self.cfg
         with self.autocast(), dist.sync_grads(self.policy, sync):  # DDP decides in the forward
             logits, hidden = self.policy(b.input_ids[rows], b.attention_mask[rows], b.prompt_len)
-        # log pi and the recorder's softmax statistics from one pass over the vocabulary (tokengrad.record.fused_logprobs)
+        # log pi and the recorder's softmax statistics from one pass over the vocabulary (fused_logprobs)
         logprobs, stats = logprobs_with_stats(logits, b.completion_ids[rows])  # [n, T]
         old, adv, loss_mask = b.old_logprobs[rows], b.advantages[rows], b.loss_mask[rows]
         ref = b.ref_logprobs[rows] if b.ref_logprobs is not None else None
         weights = self.rule(TokenBatch(logprobs, old, adv, loss_mask), **self.rule_params)
         out = policy_loss(
-            logprobs, old, adv, update_mask[rows], weights, eps_low=cfg.eps_low, eps_high=cfg.eps_high, beta=cfg.beta,
-            ref_logprobs=ref, aggregation=cfg.aggregation, max_len=self.max_len, norm_mask=loss_mask,
+            logprobs, old, adv, update_mask[rows], weights, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
+            beta=cfg.beta, ref_logprobs=ref, aggregation=cfg.aggregation, max_len=self.max_len,
+            norm_mask=loss_mask,
         )
         st.track(
             logprobs,

@@ -131,7 +131,8 @@ def validate_params(name: str, params: dict) -> None:
     """Raise ValueError if ``params`` has keys the rule does not take."""
     unknown = sorted(set(params) - set(rule_params(name)))
     if unknown:
-        raise ValueError(f"weighting rule {name!r} has no parameters {unknown}; it takes {sorted(rule_params(name))}")
+        known = sorted(rule_params(name))
+        raise ValueError(f"weighting rule {name!r} has no parameters {unknown}; it takes {known}")
 
 
 def weight_curve(name: str, params: dict | None = None, n: int = 101) -> dict | None:
