@@ -55,7 +55,7 @@ def test_keep_groups_drops_uniform_groups():
 
 
 def test_bad_inputs_raise():
-    with pytest.raises(ValueError, match=r"known scales: \['batch', 'group', 'none'\]"):
+    with pytest.raises(ValueError, match=r"known advantage scales: \['batch', 'group', 'none'\]"):
         compute_advantages(_t([[1, 0]]), scale="std")
     with pytest.raises(ValueError, match=r"\[B, G\].*\[4\]"):
         compute_advantages(_t([1, 0, 1, 0]))

@@ -1,13 +1,12 @@
 """The dashboard through Streamlit's AppTest: every page on good runs, on broken runs, and without torch.
 
-Runs are written with benchmarks/bench_dashboard.py's synthetic writer (pyarrow, schema.py layout), so
+Runs are written with the synthetic writer of tests/synthetic_runs.py (pyarrow, schema.py layout), so
 the expected numbers below are computed independently from the same parquet files with pyarrow.
 """
 
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
 import os
 import subprocess
@@ -20,6 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from streamlit.testing.v1 import AppTest
+from synthetic_runs import write_synthetic_run
 
 from tokengrad import dashboard, schema
 
@@ -30,20 +30,10 @@ PAGES = ("views/overview.py", "views/buckets.py", "views/wordclouds.py", "views/
 N_STEPS, N_SAMPLES, N_TOK = 10, 4, 16
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location(
-        "bench_dashboard", REPO / "benchmarks" / "bench_dashboard.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-BENCH = _bench()
 
 
 def _write(run: Path, seed: int, **kw) -> Path:
-    return BENCH.write_synthetic_run(run, n_steps=N_STEPS, n_samples=N_SAMPLES, n_tok=N_TOK, seed=seed, **kw)
+    return write_synthetic_run(run, n_steps=N_STEPS, n_samples=N_SAMPLES, n_tok=N_TOK, seed=seed, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -335,8 +325,9 @@ def test_dashboard_rejects_missing_root_and_bad_port(tmp_path, monkeypatch, caps
     monkeypatch.setattr(dashboard.subprocess, "call", lambda *a, **k: pytest.fail("server started"))
     assert dashboard.cli_dashboard([str(tmp_path / "nope")]) == 2
     assert "does not exist" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="--port"):
+    with pytest.raises(SystemExit) as exit_:  # argparse: usage + one error line, exit 2
         dashboard.cli_dashboard([str(tmp_path), "--port", "70000"])
+    assert exit_.value.code == 2 and "port 70000 is out of range 1-65535" in capsys.readouterr().err
 
 
 def test_root_from_script_arguments():

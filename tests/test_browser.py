@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+from synthetic_runs import write_synthetic_run
 
 CHROMIUM = "/usr/bin/chromium"
 REPO = Path(__file__).resolve().parents[1]
@@ -53,15 +54,6 @@ class Server(NamedTuple):
     root: Path
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location(
-        "bench_dashboard", REPO / "benchmarks" / "bench_dashboard.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -85,10 +77,9 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> No
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
-    bench = _bench()
-    bench.write_synthetic_run(root / "grpo", n_steps=40, n_samples=8, n_tok=24, seed=0)
-    bench.write_synthetic_run(root / "tr_grpo", n_steps=40, n_samples=8, n_tok=24, seed=1)
-    bench.write_synthetic_run(root / "live", n_steps=LIVE_STEPS, n_samples=2, n_tok=8, seed=2)
+    write_synthetic_run(root / "grpo", n_steps=40, n_samples=8, n_tok=24, seed=0)
+    write_synthetic_run(root / "tr_grpo", n_steps=40, n_samples=8, n_tok=24, seed=1)
+    write_synthetic_run(root / "live", n_steps=LIVE_STEPS, n_samples=2, n_tok=8, seed=2)
     port = _free_port()
     cmd = [
         sys.executable,

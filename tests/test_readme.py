@@ -50,7 +50,7 @@ def test_readme_weighting_example_registers_a_working_rule():
     block = next(
         b for b in re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S) if "sqrt_p" in b
     )
-    WEIGHTINGS.pop("sqrt_p", None)
+    "sqrt_p" in WEIGHTINGS and WEIGHTINGS.unregister("sqrt_p")
     try:
         ns: dict = {}
         exec(block, ns)
@@ -60,4 +60,4 @@ def test_readme_weighting_example_registers_a_working_rule():
             w.loss_weight, torch.tensor([[0.5, 0.9]])
         )  # sqrt(.04)=.2 -> floor .5; sqrt(.81)=.9
     finally:
-        WEIGHTINGS.pop("sqrt_p", None)
+        "sqrt_p" in WEIGHTINGS and WEIGHTINGS.unregister("sqrt_p")

@@ -35,7 +35,7 @@ def _prob_batch(p, p_old=None):
 def test_registry_lists_rules_and_unknown_name_error():
     assert sorted(weighting.WEIGHTINGS) == ALL_RULES
     with pytest.raises(
-        ValueError, match=r"unknown weighting rule 'tr-grpo'; known rules: \['ar', 'ar_lopti', "
+        ValueError, match=r"unknown weighting rule 'tr-grpo'; known weighting rules: \['ar', 'ar_lopti', "
     ):
         get_weighting("tr-grpo")
     assert rule_params("tr_grpo") == dict(alpha=2.0, k=9.0, mu=0.25, lower=1.0, upper=1.4, placement="loss")
@@ -44,9 +44,14 @@ def test_registry_lists_rules_and_unknown_name_error():
         validate_params("tr_grpo", {"tau": 9.0})
 
 
-def test_adding_a_rule_is_one_decorated_function(monkeypatch):
-    monkeypatch.setattr(weighting, "WEIGHTINGS", dict(weighting.WEIGHTINGS))
+@pytest.fixture
+def no_square():
+    weighting.WEIGHTINGS.get("square") and weighting.WEIGHTINGS.unregister("square")
+    yield
+    weighting.WEIGHTINGS.get("square") and weighting.WEIGHTINGS.unregister("square")
 
+
+def test_adding_a_rule_is_one_decorated_function(no_square):
     @register_weighting("square", pointwise=True)
     def square(batch: TokenBatch, gamma: float = 2.0) -> TokenWeights:
         return TokenWeights(loss_weight=batch.logprobs.exp() ** gamma)
