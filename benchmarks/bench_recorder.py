@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,85 +28,36 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
+for path in (ROOT / "benchmarks",):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+from bench_token_stats import bench_token_stats, report_stats  # noqa: E402
+from bench_writer import bench_writer, report_writer  # noqa: E402
+from measure import Splits, mem_available_gb, reset_peak_rss, run_child, status_kb  # noqa: E402
+from recorder_report import (  # noqa: E402
+    BUCKET_STEP_GB,
+    EPS_HIGH,
+    EPS_LOW,
+    G,
+    N,
+    T,
+    V,
+    report_buckets,
+    report_memory,
+    report_steps,
+)
+
 import tokengrad.record.step_recorder as tg_step  # noqa: E402
 from tokengrad.record import bucket_analysis as bk  # noqa: E402
 from tokengrad.record.recorder import Recorder  # noqa: E402
-from tokengrad.record.rows import TOKEN_VALUE_COLUMNS, CapturedBatch, TokenDecoder, tokens_table  # noqa: E402
 from tokengrad.record.stats import token_stats  # noqa: E402
-from tokengrad.record.writer import RunWriter  # noqa: E402
-
-V = 49_152  # SmolLM2 vocabulary, the size the memory target is stated at
-N, T, G = 8, 256, 4  # sequences, scored tokens per sequence, group size
-EPS_LOW, EPS_HIGH = 0.2, 0.28  # asymmetric PPO clip (DAPO-style)
-TARGETS = {"step_ratio": 1.03, "extra_peak_mb": 64.0, "blocked_ms": 5.0, "writer_rows_s": 1e6}
-BUCKET_STEP_GB = {"tiny": 2, "smollm2": 12}  # rough RAM a bucket step needs (graph kept + bucket grads)
-MODEL_NOTES = {  # read the step ratio in the light of how much of the step is the [N, T, V] softmax
-    "tiny": "hidden 32, 2 layers: the step is almost all LM-head softmax, the worst case for token_stats",
-    "smollm2": "SmolLM2-135M-Instruct, fp32, 30 layers",
-}
-
-
-# ---------------------------------------------------------------- measuring helpers
-
-
-class Splits:
-    """Named wall-clock splits, several samples each."""
-
-    def __init__(self):
-        self.samples: dict[str, list[float]] = {}
-
-    @contextmanager
-    def __call__(self, name: str):
-        t = time.perf_counter()
-        yield
-        self.add(name, time.perf_counter() - t)
-
-    def add(self, name: str, seconds: float) -> None:
-        self.samples.setdefault(name, []).append(seconds)
-
-    def median(self, name: str) -> float:
-        return statistics.median(self.samples.get(name) or [float("nan")])
-
-
-def _status_kb(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"{key} not in /proc/self/status")
-
-
-def mem_available_gb() -> float:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) / 2**20
-    return float("inf")
-
-
-def reset_peak_rss() -> bool:
-    """Reset VmHWM to the current RSS (Linux >= 4.0); False where the kernel refuses it."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
-
-
-def run_child(spec: dict) -> dict:
-    """Run one memory measurement in a fresh interpreter so peaks of earlier work cannot hide it."""
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"child {spec} failed:\n{out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
 
 # ---------------------------------------------------------------- models, batch and the two steps
 
@@ -339,102 +288,11 @@ def bench_buckets(su: Setup, n_buckets: int, reps: int, tmp: Path) -> dict:
     }
 
 
-def naive_token_stats(logits: torch.Tensor, token_ids: torch.Tensor):
-    """Reference: a full [N, T, V] log_softmax and its exp, as a straightforward implementation would."""
-    logp = torch.log_softmax(logits.float(), -1)  # [N, T, V]
-    p = logp.exp()  # [N, T, V]
-    entropy = -(p * logp).sum(-1)  # [N, T]
-    sum_p2 = (p * p).sum(-1)  # [N, T]
-    lp = logp.gather(2, token_ids.unsqueeze(-1)).squeeze(-1)  # [N, T]
-    return lp, entropy, sum_p2, (1 - 2 * lp.exp() + sum_p2).clamp_min(0).sqrt()
-
-
-STATS_IMPLS = {"lean": lambda x, ids: token_stats(x, ids), "naive": naive_token_stats}
-
-
-def _stats_inputs(seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(N, T, V, generator=g).mul_(3.0)  # [N, T, V] 403 MB fp32
-    return logits, torch.randint(0, V, (N, T), generator=g)
-
-
-def bench_token_stats(reps: int) -> dict:
-    logits, ids = _stats_inputs()
-    out = {}
-    for impl, fn in STATS_IMPLS.items():
-        fn(logits, ids)  # warm-up
-        times = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            fn(logits, ids)
-            times.append(time.perf_counter() - t)
-        out[f"{impl}_s"] = statistics.median(times)
-    del logits
-    for impl in STATS_IMPLS:
-        out[f"{impl}_extra_mb"] = run_child({"kind": "stats", "impl": impl})["extra_mb"]
-    return out
-
-
-def _synthetic_batches(k: int, vocab: int) -> list[CapturedBatch]:
-    rng = np.random.default_rng(0)
-    out = []
-    for _ in range(k):
-        values = {c: rng.standard_normal((N, T), dtype=np.float32) for c in TOKEN_VALUE_COLUMNS}
-        out.append(
-            CapturedBatch(
-                0,
-                0,
-                rng.integers(0, vocab, (N, T)),
-                np.ones((N, T), bool),
-                np.ones((N, T), bool),
-                np.arange(N),
-                np.arange(N) // G,
-                values,
-                rng.random((N, T)) < 0.1,
-            )
-        )
-    return out
-
-
-def bench_writer(steps: int, tmp: Path) -> dict:
-    """Token rows/s of RunWriter committing tokens_table bundles of 8x256 captured tokens per step."""
-    from tokengrad.train.models import make_tiny_tokenizer
-
-    out = {}
-    for label, decoder, vocab in (
-        ("no tokenizer", TokenDecoder(None), V),
-        ("byte tokenizer", TokenDecoder(make_tiny_tokenizer()), 256),
-    ):
-        batches = _synthetic_batches(4, vocab)
-        writer = RunWriter(tmp / f"writer-{vocab}", compact_every=64)
-        t = time.perf_counter()
-        for s in range(steps):
-            writer.submit({"tokens": lambda s=s: tokens_table(s, 0, [batches[s % 4]], decoder)})
-        writer.flush()
-        elapsed = time.perf_counter() - t
-        t = time.perf_counter()
-        writer.close()
-        rows = writer.rows_written.get("tokens", 0)
-        out[label] = {"rows": rows, "rows_s": rows / elapsed, "close_s": time.perf_counter() - t}
-    t = time.perf_counter()
-    for s in range(steps):
-        tokens_table(s, 0, [batches[s % 4]], TokenDecoder(None))
-    out["build only"] = {"rows": steps * N * T, "rows_s": steps * N * T / (time.perf_counter() - t)}
-    return out
-
-
 # ---------------------------------------------------------------- memory children
 
 
 def child_main(spec: dict) -> None:
     torch.manual_seed(0)
-    if spec["kind"] == "stats":
-        logits, ids = _stats_inputs()
-        before = _status_kb("VmRSS")
-        reset_peak_rss()
-        STATS_IMPLS[spec["impl"]](logits, ids)
-        print(json.dumps({"extra_mb": (_status_kb("VmHWM") - before) / 1024}))
-        return
     su = make_setup(spec["model"])
     with tempfile.TemporaryDirectory() as tmp, Recorder(Path(tmp) / "r", model=su.model) as rec:
         for i in range(2):  # step 0 allocates the AdamW state; step 1 is measured
@@ -445,13 +303,13 @@ def child_main(spec: dict) -> None:
                 plain_step(su.model, su.opt, su.batch)
             else:
                 instrumented_step(su.model, su.opt, su.batch, rec, i, Splits())
-        peak = _status_kb("VmHWM")
+        peak = status_kb("VmHWM")
     print(json.dumps({"peak_mb": peak / 1024, "reset": reset_ok}))
 
 
 def bench_memory(name: str) -> dict:
-    plain = run_child({"kind": "step", "model": name, "mode": "plain"})
-    instr = run_child({"kind": "step", "model": name, "mode": "instrumented"})
+    plain = run_child(__file__, {"kind": "step", "model": name, "mode": "plain"})
+    instr = run_child(__file__, {"kind": "step", "model": name, "mode": "instrumented"})
     return {
         "plain_mb": plain["peak_mb"],
         "instr_mb": instr["peak_mb"],
@@ -461,92 +319,6 @@ def bench_memory(name: str) -> dict:
 
 
 # ---------------------------------------------------------------- report
-
-
-def _verdict(value: float, target: float, higher_is_better: bool = False) -> str:
-    ok = value >= target if higher_is_better else value <= target
-    return "meets" if ok else "MISSES"
-
-
-def _line(what: str, measured: str, target: str = "", verdict: str = "") -> None:
-    print(f"  {what:<46} {measured:>22}  {target:>12}  {verdict}")
-
-
-def report_steps(name: str, r: dict) -> None:
-    print(f"\n[{name}] step time, default mode, batch {N}x{T}, V={V} (medians of interleaved pairs)")
-    print(f"  ({MODEL_NOTES[name]})")
-    _line("plain step", f"{r['plain'] * 1e3:.1f} ms")
-    _line("instrumented step", f"{r['instr'] * 1e3:.1f} ms")
-    _line(
-        "ratio instrumented / plain (median of pairs)",
-        f"{r['ratio']:.3f}",
-        f"<= {TARGETS['step_ratio']}",
-        _verdict(r["ratio"], TARGETS["step_ratio"]),
-    )
-    _line("  ratio counting the writer flush wait", f"{r['ratio_flush']:.3f}")
-    _line("fused instrumented step (logprobs_with_stats)", f"{r['fused'] * 1e3:.1f} ms")
-    _line(
-        "ratio fused instrumented / plain",
-        f"{r['ratio_fused']:.3f}",
-        f"<= {TARGETS['step_ratio']}",
-        _verdict(r["ratio_fused"], TARGETS["step_ratio"]),
-    )
-    _line("  ratio with token_stats taken out", f"{r['ratio_wo_stats']:.3f}")
-    _line("recorder calls per step (track+norms+log+end)", f"{r['record_calls'] * 1e3:.2f} ms")
-    _line("  of which token_stats (inside track)", f"{r['token_stats'] * 1e3:.2f} ms")
-    _line(
-        "  track / grad_norms / log / end_step",
-        " / ".join(f"{r[k] * 1e3:.2f}" for k in ("track", "grad_norms", "log", "end_step")) + " ms",
-    )
-    _line(
-        "blocked: recorder calls minus token_stats",
-        f"{r['blocked'] * 1e3:.2f} ms",
-        f"<= {TARGETS['blocked_ms']:.0f} ms",
-        _verdict(r["blocked"] * 1e3, TARGETS["blocked_ms"]),
-    )
-    _line("writer flush wait after the step (background)", f"{r['flush_wait'] * 1e3:.2f} ms")
-
-
-def report_memory(name: str, m: dict) -> None:
-    note = "" if m["reset"] else " (VmHWM not reset: includes step 0)"
-    print(f"\n[{name}] peak RSS of one step, fresh process per mode{note}")
-    _line("plain", f"{m['plain_mb']:.0f} MB")
-    _line("instrumented", f"{m['instr_mb']:.0f} MB")
-    _line(
-        "extra peak",
-        f"{m['extra_mb']:+.1f} MB",
-        f"<= {TARGETS['extra_peak_mb']:.0f} MB",
-        _verdict(m["extra_mb"], TARGETS["extra_peak_mb"]),
-    )
-
-
-def report_buckets(name: str, r: dict) -> None:
-    print(f"\n[{name}] bucket analysis (bucket_every > 0 steps only)")
-    _line("plain backward", f"{r['backward'] * 1e3:.1f} ms")
-    _line(f"analyze_buckets, {r['nonempty']} non-empty buckets", f"{r['analyze'] * 1e3:.1f} ms")
-    _line("per bucket / one backward", f"{r['per_bucket']:.2f}")
-    _line("record_grad_norms incl. bucket shares", f"{r['shares'] * 1e3:.1f} ms")
-
-
-def report_stats(r: dict) -> None:
-    print(f"\ntoken_stats on {N}x{T}x{V} fp32 logits ({N * T * V * 4 / 2**20:.0f} MB)")
-    for impl in STATS_IMPLS:
-        _line(f"{impl}: time / extra peak", f"{r[impl + '_s'] * 1e3:.0f} ms / {r[impl + '_extra_mb']:.0f} MB")
-    _line("lean / naive time", f"{r['lean_s'] / r['naive_s']:.2f}")
-
-
-def report_writer(r: dict) -> None:
-    print(f"\nbackground writer, tokens table, {N}x{T} tokens per step")
-    for label in ("no tokenizer", "byte tokenizer"):
-        x = r[label]
-        _line(
-            f"{label}: {x['rows']:,} rows committed",
-            f"{x['rows_s'] / 1e6:.2f} M rows/s",
-            f">= {TARGETS['writer_rows_s'] / 1e6:.0f} M/s",
-            _verdict(x["rows_s"], TARGETS["writer_rows_s"], True),
-        )
-        _line("  close (final compaction)", f"{x['close_s'] * 1e3:.0f} ms")
-    _line("tokens_table build only (no Parquet)", f"{r['build only']['rows_s'] / 1e6:.2f} M rows/s")
 
 
 SECTIONS = ("writer", "stats", "memory", "steps", "buckets")

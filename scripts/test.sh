@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Set up (idempotent) and run the whole test suite: the default suite, then the slow-marked tests once.
+# Set up (idempotent) and run the whole test suite: ruff, the default (fast, offline) tier, then the tests marked
+# slow, torchrun, browser or subprocess once (pyproject.toml [tool.pytest.ini_options] lists the tiers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
 mkdir -p artifacts
+ruff check .
 python -m pytest -q -p no:cacheprovider "$@"
-python -m pytest -q -p no:cacheprovider -m slow "$@" || { rc=$?; [ "$rc" = 5 ] && echo "no slow tests" || exit "$rc"; }
+python -m pytest -q -p no:cacheprovider -m "slow or torchrun or browser or subprocess" "$@" \
+  || { rc=$?; [ "$rc" = 5 ] && echo "no tests in the second tier" || exit "$rc"; }

@@ -272,6 +272,7 @@ def test_unknown_query_and_table_are_named(good_root):
         data.table(str(good_root / "grpo"), "tokens")
 
 
+@pytest.mark.subprocess
 def test_app_never_imports_torch(good_root):
     """Every page rendered in a fresh interpreter; torch must not be loaded, not even transitively."""
     code = textwrap.dedent(f"""

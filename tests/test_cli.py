@@ -86,6 +86,7 @@ def test_debug_env_keeps_the_traceback(tmp_path, monkeypatch):
         cli.main(["inspect", str(tmp_path / "missing")])
 
 
+@pytest.mark.subprocess
 def test_the_installed_entry_point_has_the_boundary(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TOKENGRAD_DEBUG"}
     cmd = [sys.executable, "-m", "tokengrad.cli", "inspect", str(tmp_path / "missing")]

@@ -87,6 +87,7 @@ def test_find_spikes_modified_z_score():
 
 # ---- colours, style ------------------------------------------------------------------------------------
 
+@pytest.mark.subprocess
 def test_run_color_is_stable_across_calls_and_processes():
     names = ["grpo", "tr_grpo", "ar_lopti", "run 4"]
     here = [run_color(n) for n in names]

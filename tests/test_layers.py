@@ -77,6 +77,9 @@ def _matches(name: str, prefix: str) -> bool:
     return name == prefix or name.startswith(prefix + ".")
 
 
+pytestmark = pytest.mark.subprocess  # a fresh interpreter per import: scripts/test.sh runs these second
+
+
 @pytest.mark.parametrize("module", sorted(FORBIDDEN))
 def test_import_edges(module):
     if module == "tokengrad.integrations.trl":

@@ -183,6 +183,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.subprocess
 def test_sigkill_mid_run_leaves_completed_steps_readable(tmp_path):
     run_dir = tmp_path / "killed"
     code = CHILD.format(tests=str(Path(__file__).parent), run=str(run_dir))
