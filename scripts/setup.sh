@@ -22,9 +22,9 @@ fi
 
 STAMP=.venv/.tokengrad-installed
 if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
-  echo "[setup] installing tokengrad with extras [dev,trl]"
-  pip install -q -e ".[dev,trl]" 2>&1 | grep -v "^WARNING: Location" || true
-  python -c "import tokengrad, streamlit, duckdb, trl" && touch "$STAMP"
+  echo "[setup] installing tokengrad with extras [all,dev,trl]"
+  pip install -q -e ".[all,dev,trl]" 2>&1 | grep -v "^WARNING: Location" || true
+  python -c "import tokengrad, torch, transformers, streamlit, plotly, duckdb, trl, ruff" && touch "$STAMP"
 else
   echo "[setup] tokengrad already installed"
 fi
