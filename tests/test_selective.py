@@ -35,7 +35,7 @@ def test_extreme_logits_gradient_is_exact():
 
 
 def test_confident_tokens_match_float64():
-    from tests.test_stats import ONE_MINUS_P, confident_logits
+    from test_stats import ONE_MINUS_P, confident_logits
 
     logits, unit, logp = confident_logits(ONE_MINUS_P, seed=1)
     ids = torch.zeros(1, len(ONE_MINUS_P), dtype=torch.long)

@@ -97,10 +97,11 @@ class TRLRecording:
         carried = None
         if self.step is not None:
             if self._accumulating:  # the optimizer update spans generation batches: its buckets go on
-                carried = self.step.take_open_buckets(self.update_id)
+                carried = (self.step.is_bucket_step, self.step.take_open_buckets(self.update_id))
             self.recorder.end_step()
         self.step = self.recorder.begin_step(self._rollout_index())
-        self.step.continue_buckets(carried, update_id=0)
+        if carried is not None:
+            self.step.continue_buckets(*carried, update_id=0)
         self.next_step = self.step.step + 1
         self.update_id, self._norms_done, self._scored = 0, False, None
         self._logs = StepLogs(self._logs.logged_step)

@@ -209,8 +209,10 @@ class StepRecorder:
         spans steps (TRL accumulating over generation batches); `continue_buckets` on the next step."""
         return self._bucket_state.pop(update_id, None)
 
-    def continue_buckets(self, state: _BucketState | None, update_id: int = 0) -> None:
-        """Carry on the bucket gradients that `take_open_buckets` took from the previous step."""
+    def continue_buckets(self, analyze: bool, state: _BucketState | None, update_id: int = 0) -> None:
+        """Carry on an update begun in the previous step: its bucket analysis goes on (with the gradients
+        `take_open_buckets` took) or stays off, whatever this step's own schedule says."""
+        self.is_bucket_step = analyze and self.rec.model is not None
         if state is not None:
             self._bucket_state[update_id] = state
 
