@@ -204,6 +204,18 @@ class StepRecorder:
                 state.n_tokens[b] += int(((idx == b) & p.in_loss).sum())
         self._t_record += time.perf_counter() - t
 
+    def take_open_buckets(self, update_id: int) -> _BucketState | None:
+        """Hand over the bucket gradients of an update that has no optimizer step yet, for an update that
+        spans steps (TRL accumulating over generation batches); `continue_buckets` on the next step."""
+        return self._bucket_state.pop(update_id, None)
+
+    def continue_buckets(self, analyze: bool, state: _BucketState | None, update_id: int = 0) -> None:
+        """Carry on an update begun in the previous step: its bucket analysis goes on (with the gradients
+        `take_open_buckets` took) or stays off, whatever this step's own schedule says."""
+        self.is_bucket_step = analyze and self.rec.model is not None
+        if state is not None:
+            self._bucket_state[update_id] = state
+
     def record_grad_norms(self, update_id: int = 0) -> float:
         """Total and per-block gradient norms of the update, read before clipping; returns the total."""
         if self.rec.model is None:
