@@ -212,6 +212,9 @@ class Run:
         if not frames:
             return schema.arrow_schema(table).empty_table().to_pandas()
         df = pa.concat_tables(frames, promote_options="permissive").to_pandas()
+        for col in schema.column_names(table):  # columns added after the run's schema version: null
+            if col not in df.columns:
+                df[col] = None
         keys = [k for k in ("step", "rank", "update_id", "sample_id") if k in df.columns]
         return df.sort_values(keys, kind="stable").reset_index(drop=True)
 
@@ -247,6 +250,8 @@ class Run:
             parts = self.parts(table)
             if parts:
                 con.execute(f"CREATE VIEW {table} AS {_union(parts)}")
+                if self.meta.get("schema_version", schema.SCHEMA_VERSION) < schema.SCHEMA_VERSION:
+                    _add_missing_columns(con, table, _union(parts))
             else:
                 cols = ", ".join(
                     f"CAST(NULL AS {_duck_type(c.type)}) AS {c.name}" for c in schema.TABLES[table]
@@ -329,11 +334,22 @@ def _count(counts) -> int:
     return sum(v for v in counts.values() if isinstance(v, int) and not isinstance(v, bool))
 
 
+def _add_missing_columns(con: duckdb.DuckDBPyConnection, table: str, source: str) -> None:
+    """An older run's view gets the columns added since its schema version, as nulls."""
+    have = {row[0] for row in con.execute(f"DESCRIBE {table}").fetchall()}
+    missing = [c for c in schema.TABLES[table] if c.name not in have]
+    if missing:
+        extra = ", ".join(f"CAST(NULL AS {_duck_type(c.type)}) AS {c.name}" for c in missing)
+        con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT *, {extra} "
+                    f"FROM ({source})")
+
+
 def _has_keys(columns: list[str]) -> bool:
     return {"step", "rank", "pass_id", "sample_id", "position"} <= set(columns)
 
 
 _DUCK = {
+    pa.int8(): "TINYINT",
     pa.int16(): "SMALLINT",
     pa.int32(): "INTEGER",
     pa.int64(): "BIGINT",

@@ -31,7 +31,9 @@ from pathlib import Path
 import torch
 
 from tokengrad import __version__, runfiles, schema
+from tokengrad.record.attribution import ATTRIBUTION_METHODS
 from tokengrad.record.bucket_analysis import validate_edges
+from tokengrad.record.budget import Budget
 from tokengrad.record.gradnorms import NamesFilter
 from tokengrad.record.rows import TokenDecoder, scalar_table
 from tokengrad.record.step_recorder import StepRecorder
@@ -78,6 +80,15 @@ class Recorder:
             steps >= resume_step (after the checkpoint) are removed on open, so no step appears twice.
             Without it, a directory that holds another run (a different run_name, config, model or
             weighting in meta.json) is refused, and so is one written by a newer run-format version.
+        attribute_every: every N steps (0 = never) each token gets `update_share`, its exact share of the
+            update, and the applied update's dlogprob_pred / dlogprob (record/step_attribution.py); passes
+            must be tracked with `recompute=`. Costs one directional pass per tracked pass and update.
+        attribute_method: a name of record.attribution.ATTRIBUTION_METHODS ("jvp" exact, or
+            "central_difference" for models without forward-mode AD); attribute_eps its step (None: auto).
+        attribute_applied: also attribute the applied update (one parameter-sized copy).
+        token_budget: at most this many token rows per step and rank (None = all): whole sampled
+            sequences plus the largest |update_share| (else gradient norm) tokens, flagged in
+            `selected_by`; steps, buckets, prob_bins and vocab stay exact over all tokens (record/budget.py).
     """
 
     def __init__(
@@ -95,12 +106,20 @@ class Recorder:
         on_error: str = "count",
         compact_every: int = 64,
         resume_step: int | None = None,
+        attribute_every: int = 0,
+        attribute_method: str = "jvp",
+        attribute_eps: float | None = None,
+        attribute_applied: bool = True,
+        token_budget: int | None = None,
     ):
         if bucket_every < 0:
             raise ValueError(f"bucket_every must be >= 0, got {bucket_every}")
         self.run_dir = Path(run_dir)
         self.model = model
         self.bucket_every = int(bucket_every)
+        self.attribute_every, self.attribute_method = _attribution_args(attribute_every, attribute_method)
+        self.attribute_eps, self.attribute_applied = attribute_eps, bool(attribute_applied)
+        self.budget = Budget(token_budget) if token_budget is not None else None
         self.bucket_edges = validate_edges(bucket_edges)
         self.layers = layers
         self.rank, self.world_size = _dist_rank_world()
@@ -193,7 +212,8 @@ class Recorder:
             raise RuntimeError(f"step {self._step.step} is still open; end it before beginning step {step}")
         step = self._check_step(step)
         bucket = self.bucket_every > 0 and step % self.bucket_every == 0
-        self._step = StepRecorder(self, step, bucket)
+        attribute = self.attribute_every > 0 and step % self.attribute_every == 0
+        self._step = StepRecorder(self, step, bucket, attribute)
         return self._step
 
     def _check_step(self, step) -> int:
@@ -265,6 +285,9 @@ class Recorder:
             "world_size": self.world_size,
             "bucket_every": self.bucket_every,
             "bucket_edges": list(self.bucket_edges),
+            "attribute_every": self.attribute_every,
+            "attribute_method": self.attribute_method,
+            "token_budget": self.budget.k if self.budget else None,
             "rows_dropped": {},
             "finished": False,
         }
@@ -364,3 +387,10 @@ class Recorder:
 def _plain_json(value):
     """A value as JSON would give it back (tuples become lists), to compare meta.json with a new run's."""
     return json.loads(json.dumps(value, default=str))
+
+
+def _attribution_args(every: int, method: str) -> tuple[int, str]:
+    if int(every) < 0:
+        raise ValueError(f"attribute_every must be >= 0, got {every}")
+    ATTRIBUTION_METHODS[method]  # an unknown name raises ValueError listing the known ones
+    return int(every), method
