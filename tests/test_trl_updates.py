@@ -166,8 +166,8 @@ def test_rule_parameters_come_from_the_trainer(tmp_path, beta):
     assert len(kl_warnings) == (1 if beta else 0)
     params = rec.rule[1]
     assert (params["eps_low"], params["eps_high"]) == (0.1, 0.3)  # TRL's epsilons, not the rule's 0.2/0.2
-    assert rec.recorder.meta["weighting"]["params"]["eps_high"] == 0.3
     rec.detach()
+    assert load_run(tmp_path / "run").meta["weighting"]["params"]["eps_high"] == 0.3
     with pytest.raises(ValueError, match="epsilon_low=0.1"):
         tg_trl.attach(make_trainer(tmp_path / "b", "dapo", epsilon=0.1), tmp_path / "run2",
                       weighting="clip_cov", weighting_params={"eps_low": 0.2})
