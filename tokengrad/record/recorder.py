@@ -69,6 +69,8 @@ class Recorder:
         compact_every: merge small per-step files after this many steps.
         resume_step: continuing a run from a checkpoint taken before this step: rows already recorded for
             steps >= resume_step (after the checkpoint) are removed on open, so no step appears twice.
+        trackers: `tokengrad.integrations.trackers` backends (TensorBoard, W&B) that get each step's
+            aggregates live, from rank 0 only (docs/trackers.md).
     """
 
     def __init__(
@@ -86,6 +88,7 @@ class Recorder:
         on_error: str = "count",
         compact_every: int = 64,
         resume_step: int | None = None,
+        trackers=(),
     ):
         if bucket_every < 0:
             raise ValueError(f"bucket_every must be >= 0, got {bucket_every}")
@@ -100,6 +103,7 @@ class Recorder:
         self._writer: RunWriter | None = None
         self._on_error, self._compact_every = on_error, compact_every
         self._resume_step = resume_step
+        self._trackers = list(trackers) if self.rank == 0 else []
         self._step: StepRecorder | None = None
         self.last_step: int | None = None
         self._last_seq: int | None = None
@@ -138,6 +142,8 @@ class Recorder:
         try:
             self._writer.close()
         finally:
+            for tracker in self._trackers:
+                tracker.close()
             self._write_status(finished=True)
             if self.rank == 0:
                 self._write_meta(finished=True)
@@ -173,6 +179,8 @@ class Recorder:
         if st is None:
             raise RuntimeError("no step is open")
         bundle = st.finish()
+        for tracker in self._trackers:  # published on the writer thread once the tables are built
+            bundle = tracker.tee(bundle)
         writer = self._require_open()
         # At most one finished step is ever waiting for the writer: before handing over step k, step k-1
         # must be on disk (normally long done), so a crash loses at most the step in flight and the one
@@ -196,7 +204,10 @@ class Recorder:
             accuracy=float(accuracy),
             n=int(n),
         )
-        self._require_open().submit({"evals": lambda: scalar_table("evals", [row])})
+        bundle = {"evals": lambda: scalar_table("evals", [row])}
+        for tracker in self._trackers:
+            bundle = tracker.tee(bundle)
+        self._require_open().submit(bundle)
 
     # ---- meta -------------------------------------------------------------------------------------
     def _make_meta(self, config, run_name, model_name, model, tokenizer, weighting) -> dict:
