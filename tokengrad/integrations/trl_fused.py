@@ -89,7 +89,8 @@ class FusedCapture:
             hidden = torch.cat([x[:, -keep - 1:-1] for x in self.hidden]).detach()           # [B, K, D]
         self.outputs, self.hidden = [], []
         head = self.model.get_output_embeddings() if hidden is not None else None
-        return Captured(sum_p2, hidden, head, float(self.trainer.temperature))
+        fp32 = bool(getattr(self.trainer.args, "cast_lm_head_to_fp32", False))
+        return Captured(sum_p2, hidden, head, float(self.trainer.temperature), fp32)
 
 
 class Captured(NamedTuple):
@@ -97,6 +98,7 @@ class Captured(NamedTuple):
     hidden: torch.Tensor | None    # [B, K, D] LM-head input (only for heads without logit scaling)
     head: torch.nn.Module | None   # the output projection
     temperature: float
+    fp32_head: bool = False        # TRL runs the head in fp32 (cast_lm_head_to_fp32), else in its dtype
 
     @property
     def head_input(self) -> torch.Tensor | None:
@@ -116,30 +118,44 @@ def fused_token_stats(logps: torch.Tensor, entropies, captured: Captured, token_
     ent = entropies.detach().float().clone()                                        # [B, T]
     sum_p2 = sum_p2.clone()
     unit = (1.0 - 2.0 * p + sum_p2).clamp_min(0.0).sqrt()  # exact while p <= 1/2 (no cancellation)
-    if captured.hidden is not None:
+    weight = _head_weight(captured)
+    if weight is not None:
         rows = (p > 0.5) & mask.bool()                                              # [B, T]
-        h, s2, u = _confident_stats(captured, captured.hidden[rows], token_ids[rows])
+        h, s2, u = _confident_stats(captured, weight, captured.hidden[rows], token_ids[rows])
         ent[rows], sum_p2[rows], unit[rows] = h, s2, u
     return TokenStats(lp, p, ent, sum_p2, unit)
 
 
+def _head_weight(captured: Captured) -> torch.Tensor | None:
+    """The [V, D] head weight in the dtype TRL's head computes in, or None where it cannot be had whole."""
+    if captured.hidden is None or captured.head is None:
+        return None
+    w = captured.head.weight.detach()
+    if hasattr(w, "full_tensor"):  # FSDP2 shards the head as a DTensor; TRL's head gathers it the same way
+        w = w.full_tensor()
+    if w.dim() != 2 or w.shape[1] != captured.hidden.shape[-1]:  # a flattened (FSDP1) shard
+        return None
+    return w.float() if captured.fp32_head else w
+
+
 @torch.no_grad()
-def _confident_stats(captured: Captured, hidden: torch.Tensor, ids: torch.Tensor,
+def _confident_stats(captured: Captured, weight: torch.Tensor, hidden: torch.Tensor, ids: torch.Tensor,
                      chunk_rows: int = CHUNK_ROWS):
-    """(entropy, sum_p2, unit) [M] of M rows from their LM-head input [M, D], a [chunk, V] block at a time."""
-    weight, bias = captured.head.weight, captured.head.bias                         # [V, D], [V]
+    """(entropy, sum_p2, unit) [M] of M rows from their LM-head input [M, D], a [chunk, V] block at a time.
+
+    The logits are W h (+ b) in the head's compute dtype, as TRL's fused head forms them, then fp32 / T."""
+    bias = captured.head.bias                                                       # [V] or None
     M, V = hidden.shape[0], weight.shape[0]
     out = torch.empty(3, M, dtype=torch.float32, device=hidden.device)             # [3, M]
     c = max(1, min(chunk_rows, M))
-    logits = torch.empty(c, V, dtype=torch.float32, device=hidden.device)          # [c, V] reused buffers
-    d, e = torch.empty_like(logits), torch.empty_like(logits)
-    w = weight.float()
+    d = torch.empty(c, V, dtype=torch.float32, device=hidden.device)               # [c, V] reused buffers
+    e = torch.empty_like(d)
     for s in range(0, M, c):
         k = min(c, M - s)
-        z = torch.mm(hidden[s : s + k].float(), w.t(), out=logits[:k])             # [k, V]
+        z = torch.mm(hidden[s : s + k].to(weight.dtype), weight.t())               # [k, V]
         if bias is not None:
-            z.add_(bias.float())
-        z.div_(captured.temperature)
+            z = z + bias.to(z.dtype)
+        z = z.float().div_(captured.temperature)
         _, ent, s2, unit = _chunk_stats(z, ids[s : s + k], d[:k], e[:k])
         out[:, s : s + k] = torch.stack([ent, s2, unit])
     return out[0], out[1], out[2]
