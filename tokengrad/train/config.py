@@ -149,6 +149,8 @@ class TrainConfig:
     # evaluation, recording, checkpoints
     eval_every: int = _f(0, "held-out evaluation every K steps and after the last step (0 = off)",
                          _at_least(0))
+    eval_at_start: bool = _f(False, "also evaluate before the first update (logged as step -1), the "
+                             "baseline the run's accuracy gain is measured from")
     eval_per_difficulty: int = _f(10, "held-out problems per difficulty level", _at_least(1))
     bucket_every: int = _f(0, "probability-bucket gradient analysis every N steps "
                            "(0 = off; one extra backward per bucket)", _at_least(0))
