@@ -427,3 +427,22 @@ def test_a_crafted_pickle_in_trainer_pt_is_not_run(tmp_path, tiny_model):
     (checkpoint_path(tmp_path) / "model" / "pytorch_model.bin").write_bytes(b"x")
     with pytest.raises(ValueError, match="holds pickled weights"):
         load_trainer_state(tmp_path)
+
+
+# ---- Low: a run killed before its first checkpoint -----------------------------------------------------
+def test_a_run_without_a_checkpoint_offers_resume_from_step_0(tmp_path):
+    from letters_task import LettersTask  # noqa: F401  (registers the "letters" task)
+
+    from tokengrad.train.trainer import train
+
+    cfg = dict(model="tiny", task="letters", steps=2, prompts_per_step=2, group_size=2, max_new_tokens=4,
+               bf16=False, progress=False, run_dir=str(tmp_path / "run"))
+    train({**cfg, "checkpoint": False})  # leaves a run without a checkpoint, as a kill before the first one
+    with pytest.raises(ValueError, match="pass resume=true to continue it \\(from step 0, as it has no "):
+        train(cfg)
+    with pytest.warns(RuntimeWarning, match="has no checkpoint .* starting it again from step 0"):
+        run_dir = train({**cfg, "resume": True})
+    run = load_run(run_dir)
+    assert run.steps["step"].tolist() == [0, 1] and run.meta["finished"] is True
+    with pytest.raises(ValueError, match="config keys \\['lr'\\] differ"):
+        train({**cfg, "resume": True, "lr": 0.5, "steps": 4})

@@ -89,6 +89,8 @@ class Recorder:
         token_budget: at most this many token rows per step and rank (None = all): whole sampled
             sequences plus the largest |update_share| (else gradient norm) tokens, flagged in
             `selected_by`; steps, buckets, prob_bins and vocab stay exact over all tokens (record/budget.py).
+        trackers: `tokengrad.integrations.trackers` backends (TensorBoard, W&B) that get each step's
+            aggregates live, from rank 0 only (docs/trackers.md).
     """
 
     def __init__(
@@ -111,6 +113,7 @@ class Recorder:
         attribute_eps: float | None = None,
         attribute_applied: bool = True,
         token_budget: int | None = None,
+        trackers=(),
     ):
         if bucket_every < 0:
             raise ValueError(f"bucket_every must be >= 0, got {bucket_every}")
@@ -128,6 +131,7 @@ class Recorder:
         self._writer: RunWriter | None = None
         self._on_error, self._compact_every = on_error, compact_every
         self._resume_step = resume_step
+        self._trackers = list(trackers) if self.rank == 0 else []
         self._step: StepRecorder | None = None
         self.last_step: int | None = None
         self._floor: int | None = None  # the last step already on disk when opened: new steps come after it
@@ -177,6 +181,8 @@ class Recorder:
         try:
             self._writer.close()
         finally:
+            for tracker in self._trackers:
+                tracker.close()
             saved = self._write_status(finished=finished)
             if self.rank == 0:
                 saved = self._write_meta(finished=finished) and saved
@@ -238,6 +244,8 @@ class Recorder:
         if st is None:
             raise RuntimeError("no step is open")
         bundle = st.finish()
+        for tracker in self._trackers:  # published on the writer thread once the tables are built
+            bundle = tracker.tee(bundle)
         writer = self._require_open()
         # At most one finished step is ever waiting for the writer: before handing over step k, step k-1
         # must be on disk (normally long done), so a crash loses at most the step in flight and the one
@@ -268,7 +276,10 @@ class Recorder:
             accuracy=float(accuracy),
             n=int(n),
         )
-        self._require_open().submit({"evals": Rows(lambda: scalar_table("evals", [row]), 1)})
+        bundle = {"evals": Rows(lambda: scalar_table("evals", [row]), 1)}
+        for tracker in self._trackers:
+            bundle = tracker.tee(bundle)
+        self._require_open().submit(bundle)
 
     # ---- meta -------------------------------------------------------------------------------------
     def _make_meta(self, config, run_name, model_name, model, tokenizer, weighting) -> dict:

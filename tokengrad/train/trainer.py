@@ -150,6 +150,8 @@ class Trainer:
             dynamic_ncols=True,
         )
         with dist.ending(self.owns_group), self.rec:
+            if cfg.eval_every and cfg.eval_at_start and self.start_step == 0:
+                self.evaluate(-1)  # the starting policy, logged as step -1: before step 0's update
             for step in bar:
                 logged = self.step(step)
                 bar.set_postfix(
