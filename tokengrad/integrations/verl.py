@@ -56,7 +56,7 @@ def register_losses() -> list[str]:
     import verl
     from verl.trainer.ppo import core_algos
 
-    from tokengrad.integrations.trl import supported_weightings
+    from tokengrad.integrations.trl_weighting import supported_weightings
 
     if not check_verl_version(verl.__version__):
         raise RuntimeError(
@@ -74,7 +74,7 @@ def register_losses() -> list[str]:
 
 def make_policy_loss(rule: str | None):
     """A verl PolicyLossFn: verl's vanilla PPO loss on the tracked (and, with a rule, rescaled) log_prob."""
-    from tokengrad.integrations.trl import resolve_weighting
+    from tokengrad.integrations.trl_weighting import resolve_weighting
 
     resolved = resolve_weighting(rule, None)
 
@@ -113,9 +113,9 @@ class VerlRecording:
     def __init__(self, run_dir: str | os.PathLike, rule: str | None):
         import verl
 
-        from tokengrad.integrations.trl import _weighting_meta
+        from tokengrad.integrations.trl_weighting import weighting_meta
 
-        meta = _weighting_meta(rule, None)
+        meta = weighting_meta(rule, None)
         self.recorder = Recorder(
             run_dir,
             config={"integration": "verl", "verl_version": verl.__version__, "loss_mode": loss_name(rule)},
