@@ -66,13 +66,17 @@ def attach(trainer, run_dir, *, weighting: str | None = None, weighting_params: 
         bucket_every: probability-bucket gradient analysis every N steps (0 = off; one extra backward per
             bucket on those steps).
         allow_untested_trl: try a TRL version outside `TESTED_TRL` instead of refusing it.
-        recorder_kwargs: passed to `tokengrad.Recorder` (layers, on_error, compact_every, ...).
+        recorder_kwargs: passed to `tokengrad.Recorder` (layers, on_error, compact_every, attribute_every,
+            attribute_method, token_budget, ...).
     """
     import trl
 
     check_trl_version(trl.__version__, allow_untested_trl)
     check_trainer(trainer)
     rule = resolve_weighting(weighting, weighting_params)
+    # TRL's fused LM head is a custom autograd.Function without a forward-mode derivative, so update
+    # shares inside TRL come from the central difference (two plain forwards) unless asked otherwise
+    recorder_kwargs.setdefault("attribute_method", "central_difference")
     tokenizer = getattr(trainer, "_tokenizer", None) or trainer.processing_class
     model_cfg = getattr(trainer.model, "config", None)
     rec = Recorder(
@@ -309,11 +313,14 @@ class TRLRecording:
             sum_p2, hidden = self._fused.stop(logits_to_keep)
         if active:
             logps, entropies = out[0], out[1]
-            self._track(logps, fused_token_stats(logps, entropies, sum_p2), hidden)
+            # attribution steps score the same micro-batch again with substituted parameters
+            again = lambda: orig(model, input_ids, attention_mask, logits_to_keep, *a, **k)[0]  # noqa: E731
+            self._track(logps, fused_token_stats(logps, entropies, sum_p2), hidden, again)
             self._inputs = None  # one tracked pass per compute_loss call
         return out
 
-    def _track(self, logps: torch.Tensor, stats: TokenStats | None, hidden: torch.Tensor | None) -> None:
+    def _track(self, logps: torch.Tensor, stats: TokenStats | None, hidden: torch.Tensor | None,
+               recompute=None) -> None:
         inp = self._inputs
         mask = inp["completion_mask"]  # [B, T]
         loss_mask = mask * inp["tool_mask"] if "tool_mask" in inp else mask  # [B, T]
@@ -341,6 +348,7 @@ class TRLRecording:
             hidden=hidden,
             update_id=self.update_id,
             extra=extra,
+            recompute=recompute,
         )
 
     def _weights(self, logps, old, adv, loss_mask) -> torch.Tensor | None:
