@@ -6,6 +6,7 @@ Runs on the writer thread, so the training thread only pays for detaching and co
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -64,7 +65,7 @@ class TokenDecoder:
 
     def __init__(self, tokenizer=None):
         self.tokenizer = tokenizer
-        self.cache: dict[int, str] = {}
+        self.cache: dict[int, str | None] = {}
 
     def __call__(self, ids: np.ndarray) -> pa.Array:
         if self.tokenizer is None:
@@ -72,8 +73,20 @@ class TokenDecoder:
         uniq, inverse = np.unique(ids, return_inverse=True)
         for i in uniq.tolist():
             if i not in self.cache:
-                self.cache[i] = self.tokenizer.decode([i])
+                self.cache[i] = self._decode(i)
         return pc.take(pa.array([self.cache[i] for i in uniq.tolist()], pa.string()), pa.array(inverse))
+
+
+    def _decode(self, i: int) -> str | None:
+        """One id's text; an id the tokenizer cannot decode keeps its row, with a null `token` (warned)."""
+        try:
+            return self.tokenizer.decode([i])
+        except Exception as err:  # noqa: BLE001 - tokenizers raise many types; the row matters more
+            warnings.warn(
+                f"tokengrad: the tokenizer cannot decode token id {i} ({type(err).__name__}: {err}); "
+                "its rows get a null token text", RuntimeWarning, stacklevel=2,
+            )
+            return None
 
 
 def tokens_table(step: int, rank: int, batches: list[CapturedBatch], decode: TokenDecoder) -> pa.Table | None:

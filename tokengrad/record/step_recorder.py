@@ -13,18 +13,24 @@ import time
 import warnings
 from dataclasses import dataclass, field
 
-import numpy as np
+import pyarrow as pa
 import torch
 
 from tokengrad import schema
 from tokengrad.record import bucket_analysis as bk
 from tokengrad.record.budget import budgeted, capture_pass
-from tokengrad.record.checks import check_track_inputs
+from tokengrad.record.checks import RESERVED, check_ids, check_scalars, check_track_inputs
 from tokengrad.record.distributed import global_grad_norms, grads_are_sharded
 from tokengrad.record.gradnorms import grad_norms, trainable_params
 from tokengrad.record.rows import CapturedBatch, scalar_table, step_derived, tokens_table
 from tokengrad.record.stats import TokenStats, token_stats
 from tokengrad.record.step_attribution import StepAttribution, bucket_share_rows
+from tokengrad.record.writer import Rows
+
+_NUMERIC_STEP_COLUMNS = {
+    f.name for f in schema.arrow_schema("steps")
+    if pa.types.is_floating(f.type) or pa.types.is_integer(f.type)
+}
 
 
 @dataclass
@@ -130,6 +136,9 @@ class StepRecorder:
                                   extra=extra)
         dev = logprobs.device
         mask_b = torch.ones(N, T, dtype=torch.bool, device=dev) if mask is None else mask.to(torch.bool)
+        # a model's vocabulary may be larger than its tokenizer's, so only logits give the bound
+        vocab = logits.shape[-1] if logits is not None else None
+        check_ids(token_ids, mask_b, vocab, _ids(sample_ids, N, dev))
         in_loss = mask_b if loss_mask is None else (loss_mask.to(torch.bool) & mask_b)
         tensors = self._values(logprobs, token_ids, mask_b, old_logprobs, ref_logprobs, advantages, weights,
                                logits, stats, hidden)
@@ -213,6 +222,18 @@ class StepRecorder:
             for b in range(nb):
                 state.n_tokens[b] += int(((idx == b) & p.in_loss).sum())
         self._t_record += time.perf_counter() - t
+
+    def take_open_buckets(self, update_id: int) -> _BucketState | None:
+        """Hand over the bucket gradients of an update that has no optimizer step yet, for an update that
+        spans steps (TRL accumulating over generation batches); `continue_buckets` on the next step."""
+        return self._bucket_state.pop(update_id, None)
+
+    def continue_buckets(self, analyze: bool, state: _BucketState | None, update_id: int = 0) -> None:
+        """Carry on an update begun in the previous step: its bucket analysis goes on (with the gradients
+        `take_open_buckets` took) or stays off, whatever this step's own schedule says."""
+        self.is_bucket_step = analyze and self.rec.model is not None
+        if state is not None:
+            self._bucket_state[update_id] = state
 
     def record_grad_norms(self, update_id: int = 0) -> float:
         """Total and per-block gradient norms of the update, read before clipping; returns the total."""
@@ -324,10 +345,7 @@ class StepRecorder:
     # ---- scalars and samples -----------------------------------------------------------------------
     def log(self, **scalars) -> None:
         """Per-step scalars (loss, reward_mean, kl, lr, time_*, or any new name -> an extra column)."""
-        for k, v in scalars.items():
-            self._scalars[k] = (
-                float(v) if isinstance(v, (int, float, np.floating, np.integer)) or torch.is_tensor(v) else v
-            )
+        self._scalars.update(check_scalars(scalars, _NUMERIC_STEP_COLUMNS))
 
     def samples(
         self,
@@ -345,6 +363,8 @@ class StepRecorder:
     ) -> None:
         """One row per completion into the samples table; list-like arguments of equal length."""
         n = len(sample_ids)
+        if RESERVED & set(extra):
+            raise ValueError(f"samples(): {sorted(RESERVED & set(extra))} are set by the recorder; rename")
         cols = dict(
             sample_id=sample_ids,
             group_id=group_ids,
@@ -381,8 +401,8 @@ class StepRecorder:
                                 self.rec.bucket_edges, scalars, tables, self.rec.decode)
         else:
             captured = [capture_pass(p) for p in self._passes]
-        scalars.setdefault("n_token_rows", sum(len(c.index[0]) if c.index is not None else int(c.mask.sum())
-                                               for c in captured))
+        n_token_rows = sum(len(c.index[0]) if c.index is not None else int(c.mask.sum()) for c in captured)
+        scalars.setdefault("n_token_rows", n_token_rows)
         self._t_record += time.perf_counter() - t
         scalars.setdefault("time_step", time.perf_counter() - self._t0)
         scalars.setdefault("time_record", self._t_record)
@@ -391,12 +411,13 @@ class StepRecorder:
         scalars.setdefault("n_updates", len({p.update_id for p in self._passes}) or None)
         step, rank, decode = self.step, self.rec.rank, self.rec.decode
         layer_rows, bucket_rows, sample_rows = self._layer_rows, self._bucket_rows, self._samples
+        # Rows(build, n): built on the writer thread; n counts them exactly if building fails there
         return {
-            "tokens": lambda: tokens_table(step, rank, captured, decode),
-            "steps": lambda: scalar_table("steps", [_steps_row(step, rank, scalars, captured)]),
-            "layers": lambda: scalar_table("layers", layer_rows),
-            "buckets": lambda: scalar_table("buckets", bucket_rows),
-            "samples": lambda: scalar_table("samples", sample_rows),
+            "tokens": Rows(lambda: tokens_table(step, rank, captured, decode), n_token_rows),
+            "steps": Rows(lambda: scalar_table("steps", [_steps_row(step, rank, scalars, captured)]), 1),
+            "layers": Rows(lambda: scalar_table("layers", layer_rows), len(layer_rows)),
+            "buckets": Rows(lambda: scalar_table("buckets", bucket_rows), len(bucket_rows)),
+            "samples": Rows(lambda: scalar_table("samples", sample_rows), len(sample_rows)),
             **tables,
         }
 
