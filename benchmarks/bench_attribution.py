@@ -1,11 +1,13 @@
 """Cost of an attribution step against today's exact bucket passes, in forward-pass units.
 
-    python benchmarks/bench_attribution.py                  # Llama 4 x 256, V = 8192, batch 8 x 128
+    python benchmarks/bench_attribution.py                  # Llama 4 x 256, V = 8192, batch 4 x 128
     python benchmarks/bench_attribution.py --quick          # fewer repetitions
     python benchmarks/bench_attribution.py --hidden 512 --layers 8 --vocab 32000
 
 One micro-batch of a random Llama, every token in the loss. Each figure is a median over repetitions and
-divided by the median plain forward of the same batch (no grad):
+divided by the median plain forward of the same batch (no grad). Times are CPU seconds of this process
+with one thread by default (--threads), so a machine shared with other work still gives the ratios; on a
+GPU, or with --wall, wall-clock seconds (synchronised).
 
 - jvp: `directional_logprobs(method="jvp")` along the gradient (forward-mode AD, SDPA math kernel);
 - central_difference: the same by two plain forwards at theta +- h g;
@@ -55,12 +57,17 @@ def logprobs(model, ids):
     return logits.gather(2, ids[:, 1:, None]).squeeze(-1) - logits.logsumexp(-1)  # [N, T]
 
 
+CLOCK = time.process_time  # --wall switches to time.perf_counter
+
+
 def timed(fn, reps: int) -> float:
     out = []
     for _ in range(reps):
-        t = time.perf_counter()
+        t = CLOCK()
         fn()
-        out.append(time.perf_counter() - t)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        out.append(CLOCK() - t)
     return statistics.median(out)
 
 
@@ -79,10 +86,15 @@ def main(argv=None) -> None:
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--wall", action="store_true", help="wall-clock instead of CPU seconds")
     args = ap.parse_args(argv)
+    global CLOCK
+    CLOCK = time.perf_counter if args.wall else time.process_time
+    torch.set_num_threads(args.threads)
     reps = 3 if args.quick else 7
     model = make_model(args.vocab, args.hidden, args.layers)
     params = [p for p in model.parameters()]
@@ -110,12 +122,12 @@ def main(argv=None) -> None:
 
     def buckets():
         lp_ = train_pass()
-        t = time.perf_counter()
+        t = CLOCK()
         g = bk.bucket_gradients(lp_, coef, in_loss, idx, len(edges) - 1, params)
         store = [None] * (len(edges) - 1)
         bk.accumulate(store, g)
         bk.bucket_shares(store, [p.grad for p in params])
-        return time.perf_counter() - t
+        return CLOCK() - t
 
     t_fwd = timed(fwd, reps)
     t_jvp = timed(lambda: directional_logprobs(model, recompute, grads, "jvp"), reps)
@@ -136,7 +148,7 @@ def main(argv=None) -> None:
     m_bk = peak_mb(bucket_mem) - peak_mb(lambda: train_pass())
     print(f"attribution cost: Llama {args.layers} x {args.hidden}, V = {args.vocab}, {n_par / 1e6:.1f} M "
           f"parameters ({par_mb:.0f} MB), batch {args.batch} x {args.seq}; medians of {reps}; "
-          f"{torch.get_num_threads()} threads")
+          f"{torch.get_num_threads()} threads, {'wall' if args.wall else 'CPU'} seconds")
     line("what", "measured", "target")
     line("plain forward (the unit)", f"{t_fwd * 1e3:.0f} ms")
     line("forward + backward of the training pass", f"{t_train / t_fwd:.2f} forwards")
