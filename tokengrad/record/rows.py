@@ -142,6 +142,8 @@ def step_derived(batches: list[CapturedBatch]) -> dict[str, float]:
     """Step statistics that follow from the token rows (used when the caller did not log them)."""
     if not batches:
         return {"n_tokens": 0, "n_nonfinite": 0}
+    if any(b.index is not None for b in batches):  # a budget's sample: record.budget computed them exactly
+        return {}
     sel = [(b, b.in_loss & b.mask) for b in batches]
 
     def cat(name):
