@@ -25,7 +25,8 @@ SMALL_TABLES = ("steps", "layers", "buckets", "samples", "evals")
 # The token-table aggregations the pages run (tokengrad.queries, all computed inside DuckDB).
 QUERIES = {f.__name__: f for f in (
     queries.token_frequencies, queries.grad_norm_by_prob, queries.top_tokens,
-    queries.top_samples, queries.sample_tokens, queries.token_steps,
+    queries.top_samples, queries.sample_tokens, queries.token_steps, queries.gradient_by_bucket,
+    queries.step_gradients, queries.token_totals,
 )}
 _CACHE_ENTRIES = 256
 

@@ -97,7 +97,7 @@ def test_every_page_renders_without_warnings(good_root, monkeypatch, page):
     at = _app(good_root, monkeypatch, page)
     assert not at.warning, [w.value for w in at.warning]
     assert at.get("plotly_chart"), f"{page} drew no chart"
-    assert at.multiselect[0].value == ["grpo", "tr_grpo"]  # both runs picked by default
+    assert at.multiselect(key="tg_pick").value == ["grpo", "tr_grpo"]  # both runs picked by default
 
 
 def test_overview_summary_finds_the_injected_spike(good_root, monkeypatch):
@@ -117,11 +117,28 @@ def test_overview_summary_finds_the_injected_spike(good_root, monkeypatch):
 
 def test_bucket_page_shows_recorded_token_shares(good_root, monkeypatch):
     at = _app(good_root, monkeypatch, "views/buckets.py")
-    share_fig = _charts(at)[0]
+    charts = _charts(at)
+    share_fig = next(f for f in charts if any(t.get("name") == "token share" for t in f["data"]))
     token_share = next(t for t in share_fig["data"] if t["name"] == "token share")
     # n_tokens per bucket are 80, 70, 100, 750 (residual 0) -> shares 80/1000, 70/1000, 100/1000, 750/1000
     np.testing.assert_allclose(token_share["y"], [0.08, 0.07, 0.10, 0.75, 0.0])
     assert token_share["x"][-1] == schema.RESIDUAL_BUCKET
+
+
+def test_bucket_page_headline_is_the_token_table_share_of_gradient(good_root, monkeypatch):
+    """The run-wide figure: each quarter of [0, 1]'s share of loss tokens and of Σ logit_grad_norm,
+    recomputed from the parquet file with numpy."""
+    at = _app(good_root, monkeypatch, "views/buckets.py")
+    fig = next(f for f in _charts(at) if any(t.get("name") == "share of tokens" for t in f["data"]))
+    t = _tokens(good_root / "grpo")
+    prob, grad = t.column("prob").to_numpy(), t.column("logit_grad_norm").to_numpy().astype(float)
+    idx = np.minimum((prob * 4).astype(int), 3)  # [0, .25), ..., [.75, 1]
+    counts = np.bincount(idx, minlength=4)
+    sums = np.bincount(idx, weights=grad, minlength=4)
+    bars = {tr["name"]: tr["y"] for tr in fig["data"]}
+    np.testing.assert_allclose(bars["share of tokens"], counts / counts.sum(), rtol=1e-6)
+    np.testing.assert_allclose(bars["share of Σ logit_grad_norm"], sums / sums.sum(), rtol=1e-4)
+    assert f"{N_STEPS} live of {N_STEPS} steps" in fig["layout"]["title"]["text"]
 
 
 def _cloud_table(at: AppTest, which: int) -> dict[str, int]:

@@ -11,8 +11,10 @@ from tokengrad import load_run, schema
 from tokengrad.queries import (
     bin_edges,
     grad_norm_by_prob,
+    gradient_by_bucket,
     prob_histogram,
     sample_tokens,
+    step_gradients,
     token_frequencies,
     token_steps,
     top_samples,
@@ -295,3 +297,40 @@ def test_recorded_run_obeys_the_one_minus_p_wedge(tmp_path, tiny_model):
     lower = np.sqrt(TINY_V / (TINY_V - 1)) * (1 - b["prob"])
     assert (b["logit_grad_unit"] >= lower - 1e-5).all()
     assert (b["logit_grad_unit"] <= np.sqrt(2) * (1 - b["prob"]) + 1e-5).all()
+
+
+def _add_dead_and_attributed_steps(run_dir):
+    """Step 2: three loss tokens with coef 0 (every advantage 0: no gradient). Step 3: two tokens with an
+    extra per-token update_share column (per-token attribution), p 0.2 and 0.7, coef 1."""
+    dead = [(0, i, "cat", 0.1, 0.0, 0.0, True) for i in range(3)]
+    _write(run_dir, "tokens", _token_rows(2, 0, dead), seq=2)
+    rows = _token_rows(3, 0, [(0, 0, "cat", 0.2, 1.0, 1.0, True), (0, 1, "dog", 0.7, 1.0, 1.0, True)])
+    t = pa.table({f.name: [r.get(f.name) for r in rows] for f in schema.arrow_schema("tokens")},
+                 schema=schema.arrow_schema("tokens")).append_column("update_share", pa.array([0.75, 0.25]))
+    pq.write_table(t, run_dir / schema.rank_dir("tokens", 0) / schema.file_name(3, 3))
+
+
+def test_gradient_by_bucket_over_live_steps(tmp_path):
+    run_dir = make_tiny_run(tmp_path / "tiny")
+    assert "update_share" not in gradient_by_bucket(load_run(run_dir)).columns  # no attribution recorded
+    _add_dead_and_attributed_steps(run_dir)
+    run = load_run(run_dir)
+    per_step = step_gradients(run)
+    assert per_step["step"].tolist() == [0, 1, 2, 3]
+    assert per_step["live"].tolist() == [True, True, False, True]
+    g = gradient_by_bucket(run, [0.0, 0.5, 1.0])
+    # logit_grad_norm = |coef| c (1 - p), c = 0.9 sqrt2. Loss tokens of every update, live steps 0, 1, 3:
+    # [0, .5): step 0 u0 .5*.95 + .5*.7 + .25*.9, u1 .5*.95 + .5*.7, step 3 1*.8 -> 2.675 c over 6 tokens
+    # [.5, 1]: step 0 .5*.2 + .5*.05 + .25*.4 + .25*0, step 1 4 * .5*.5, step 3 1*.3 -> 1.525 c over 9
+    c = 0.9 * np.sqrt(2)
+    assert g["count"].tolist() == [6, 9]
+    np.testing.assert_allclose(g["grad_sum"], [2.675 * c, 1.525 * c], rtol=1e-5)
+    np.testing.assert_allclose(g["grad_share"], [2.675 / 4.2, 1.525 / 4.2], rtol=1e-5)
+    np.testing.assert_allclose(g["token_share"], [6 / 15, 9 / 15])
+    np.testing.assert_allclose(g["update_share"], [0.75, 0.25])  # only step 3 recorded attribution
+    assert (g.attrs["n_steps"], g.attrs["n_live"], g.attrs["steps"]) == (4, 3, [0, 1, 3])
+    with_dead = gradient_by_bucket(run, [0.0, 0.5, 1.0], live_only=False)
+    assert with_dead["count"].tolist() == [9, 9]  # the dead step's three p = 0.1 tokens
+    only_dead = gradient_by_bucket(run, [0.0, 0.5, 1.0], step_range=(2, 2))
+    assert only_dead["count"].sum() == 0 and only_dead.attrs["n_live"] == 0
+    assert np.isnan(only_dead["grad_share"]).all()

@@ -31,6 +31,9 @@ ADV_SIGN_SQL = {1: f"{TOK.advantage} > 0", -1: f"{TOK.advantage} < 0", 0: f"{TOK
 # Per-token columns whose per-bin mean grad_norm_by_prob reports.
 BINNED_MEANS = (TOK.prob, TOK.logit_grad_unit, TOK.logit_grad_norm, TOK.head_grad_norm, TOK.entropy)
 ABS_COEF = "abs_coef"
+# A token's contribution to the step's gradient: the exact norm at its logits, else |coef| (same ordering
+# within a step when logit_grad_unit was not recorded).
+_GRAD = f"coalesce({TOK.logit_grad_norm}, abs({TOK.coef}), 0)"
 # Token columns the forensics tables show next to the ranked value.
 FORENSIC_COLUMNS = (TOK.sample_id, TOK.group_id, TOK.position, TOK.token, TOK.prob, TOK.entropy,
                     TOK.advantage, TOK.weight, TOK.coef, TOK.clipped)
@@ -79,6 +82,15 @@ def _token_column(name: str) -> str:
     return name
 
 
+def _frequency_where(prob_lo, prob_hi, step_range, adv_sign, loss_only, update_id) -> _Where:
+    if adv_sign is not None and adv_sign not in ADV_SIGN_SQL:
+        raise ValueError(f"adv_sign must be one of {sorted(ADV_SIGN_SQL)} or None, got {adv_sign!r}")
+    w = _prob_range(_base(step_range, loss_only, update_id), prob_lo, prob_hi)
+    if adv_sign is not None:
+        w.add(ADV_SIGN_SQL[adv_sign])
+    return w
+
+
 def token_frequencies(
     run,
     prob_lo: float = 0.0,
@@ -89,26 +101,49 @@ def token_frequencies(
     limit: int = 200,
     loss_only: bool = True,
     update_id: int | None = None,
+    order_by: str = BIN.count,
 ) -> pd.DataFrame:
-    """[token, count] of the tokens with prob in [prob_lo, prob_hi), most frequent first.
+    """[token, count, grad_sum] of the tokens with prob in [prob_lo, prob_hi), largest `order_by` first
+    (count, or grad_sum: the summed per-token gradient norm, logit_grad_norm).
 
     adv_sign 1 / -1 / 0 keeps tokens with positive / negative / zero advantage (None: all). Tokens with
     no decoded text (recorded without a tokenizer) are named '#<token_id>'.
     """
-    if adv_sign is not None and adv_sign not in ADV_SIGN_SQL:
-        raise ValueError(f"adv_sign must be one of {sorted(ADV_SIGN_SQL)} or None, got {adv_sign!r}")
     if int(limit) < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
-    w = _prob_range(_base(step_range, loss_only, update_id), prob_lo, prob_hi)
-    if adv_sign is not None:
-        w.add(ADV_SIGN_SQL[adv_sign])
+    if order_by not in (BIN.count, "grad_sum"):
+        raise ValueError(f"order_by must be 'count' or 'grad_sum', got {order_by!r}")
+    w = _frequency_where(prob_lo, prob_hi, step_range, adv_sign, loss_only, update_id)
     # count per integer token_id first (cheap hash keys), name only the surviving groups
     name = f"coalesce(nullif(any_value({TOK.token}), ''), '#' || CAST({TOK.token_id} AS VARCHAR))"
     q = (
-        f"SELECT {name} AS {TOK.token}, count(*) AS {BIN.count} FROM tokens{w.sql()} "
-        f"GROUP BY {TOK.token_id} ORDER BY {BIN.count} DESC, {TOK.token} LIMIT ?"
+        f"SELECT {name} AS {TOK.token}, count(*) AS {BIN.count}, sum({_GRAD}) AS grad_sum "
+        f"FROM tokens{w.sql()} "
+        f"GROUP BY {TOK.token_id} ORDER BY {order_by} DESC, {TOK.token} LIMIT ?"
     )
     return run.sql(q, w.params + [int(limit)])
+
+
+def token_totals(
+    run,
+    prob_lo: float = 0.0,
+    prob_hi: float = 1.0,
+    *,
+    step_range: tuple[int, int] | None = None,
+    adv_sign: int | None = None,
+    loss_only: bool = True,
+    update_id: int | None = None,
+) -> dict:
+    """{count, distinct, grad_sum, all_count, all_grad_sum} of a token_frequencies selection, and of the
+    same selection over every probability (the word clouds' totals: n tokens, share of the gradient)."""
+    w = _frequency_where(prob_lo, prob_hi, step_range, adv_sign, loss_only, update_id)
+    every = _frequency_where(0.0, 1.0, step_range, adv_sign, loss_only, update_id)
+    sel = run.sql(f"SELECT count(*) AS n, count(DISTINCT {TOK.token_id}) AS d, sum({_GRAD}) AS g "
+                  f"FROM tokens{w.sql()}", w.params).iloc[0]
+    tot = run.sql(f"SELECT count(*) AS n, sum({_GRAD}) AS g FROM tokens{every.sql()}", every.params).iloc[0]
+    num = lambda v: float(v) if pd.notna(v) else 0.0  # noqa: E731 - SUM over no rows is NULL
+    return {"count": int(sel["n"]), "distinct": int(sel["d"]), "grad_sum": num(sel["g"]),
+            "all_count": int(tot["n"]), "all_grad_sum": num(tot["g"])}
 
 
 def bin_edges(bins: int | Sequence[float]) -> np.ndarray:
@@ -234,3 +269,65 @@ def token_steps(run) -> list[int]:
     """Steps that have token rows, ascending."""
     df = run.sql(f"SELECT DISTINCT {TOK.step} FROM tokens ORDER BY {TOK.step}")
     return [int(s) for s in df[TOK.step]]
+
+
+# ---- gradient by probability bucket (the AR-Lopti view, from the token table) --------------------------
+UPDATE_SHARE = "update_share"  # per-token <g_t, g>/|g|^2, where the run recorded attribution
+
+
+def token_columns(run) -> list[str]:
+    """Columns the run's token table has (the schema's plus extra ones such as update_share)."""
+    return list(run.sql("SELECT * FROM tokens LIMIT 0").columns)
+
+
+def step_gradients(run, *, loss_only: bool = True) -> pd.DataFrame:
+    """[step, n_tokens, grad_sum, live] per step with token rows: grad_sum = sum of the in-loss tokens'
+    logit_grad_norm (|coef| where it was not recorded); live = grad_sum > 0. A step whose every advantage
+    is 0 has coef = 0 on every token and is not live (figures.liveness)."""
+    w = _base(None, loss_only, None)
+    q = (f"SELECT {TOK.step}, count(*) AS n_tokens, sum({_GRAD}) AS grad_sum FROM tokens{w.sql()} "
+         f"GROUP BY {TOK.step} ORDER BY {TOK.step}")
+    df = run.sql(q, w.params)
+    df["live"] = df["grad_sum"].fillna(0) > 0
+    return df
+
+
+def gradient_by_bucket(
+    run,
+    edges: Sequence[float] | int = (0.0, 0.25, 0.5, 0.75, 1.0),
+    *,
+    step_range: tuple[int, int] | None = None,
+    live_only: bool = True,
+    loss_only: bool = True,
+) -> pd.DataFrame:
+    """Per probability bucket: its share of loss tokens and its share of the per-token gradient.
+
+    Columns lo, hi, count, token_share, grad_sum, grad_share (= sum of logit_grad_norm in the bucket /
+    sum over all buckets), and update_sum, update_share where the token table has an update_share column
+    (per-token attribution). live_only keeps the steps with a gradient (step_gradients). Every in-loss row
+    of every update counts, so with Lopti each token counts in the phase that trained it (module doc).
+    attrs: n_steps (steps with token rows in the range), n_live (of them with a gradient), steps used.
+    """
+    e = bin_edges(edges)
+    w = _base(step_range, loss_only, None)
+    per_step = step_gradients(run, loss_only=loss_only)
+    if step_range is not None:
+        per_step = per_step[per_step[TOK.step].between(*step_range)]
+    if live_only:
+        w.add(f"{TOK.step} IN (SELECT {TOK.step} FROM tokens{_base(None, loss_only, None).sql()} "
+              f"GROUP BY {TOK.step} HAVING sum({_GRAD}) > 0)", *_base(None, loss_only, None).params)
+    has_update = UPDATE_SHARE in token_columns(run)
+    select = f"sum({_GRAD}) AS grad_sum" + (f", sum({UPDATE_SHARE}) AS update_sum" if has_update else "")
+    out = _binned(run, e, select, w)
+    total = out[BIN.count].sum()
+    out["token_share"] = out[BIN.count] / total if total else np.nan
+    out["grad_sum"] = out["grad_sum"].fillna(0.0)
+    g = out["grad_sum"].sum()
+    out["grad_share"] = out["grad_sum"] / g if g > 0 else np.nan
+    if has_update:
+        out["update_sum"] = out["update_sum"].fillna(0.0)
+        u = out["update_sum"].sum()
+        out[UPDATE_SHARE] = out["update_sum"] / u if u != 0 else np.nan
+    out.attrs.update(n_steps=int(len(per_step)), n_live=int(per_step["live"].sum()),
+                     steps=[int(s) for s in per_step.loc[per_step["live"] | (not live_only), TOK.step]])
+    return out
