@@ -507,9 +507,12 @@ def test_per_layer_chart_highlights_the_top_k_blocks():
     assert top_layers(_layers([1.0, 2.0], blocks), 3) == ["model.layers.29", "model.layers.28",
                                                          "model.layers.27"]
     legend = [t.name for t in fig.data if t.showlegend is not False]
-    assert "other blocks" in legend and "model.layers.29" in legend and len(legend) == 4
+    assert "other blocks" in legend and "model.layers.29" in legend and len(legend) == 5  # + dead ticks
     grey = [t for t in fig.data if t.name == "other blocks"]
     assert len(grey) == 27 and {t.line.color for t in grey} == {"#BDBDBD"}
+    assert all(np.isnan(t.y[2]) for t in fig.data if t.yaxis == "y")  # step 2 is dead: a gap in every block
+    ticks = [t for t in fig.data if t.yaxis == "y2"]
+    assert len(ticks) == 1 and ticks[0].name == "all blocks: 1 of 3 steps had no gradient"
 
 
 # ---- the gradient by probability, and the bucket analysis -------------------------------------------

@@ -73,14 +73,18 @@ def _runs_ui(root: str) -> list[str]:
 
 
 def _chip_colors(picked: list[str]) -> None:
-    """Colour the run picker's chips with the runs' chart colours (chips follow the picked order)."""
+    """Colour the run picker's chips (tags carry the option as aria-label) with the runs' chart colours."""
     colors = run_colors(picked)
     rules = "".join(
-        f'[data-testid="stSidebar"] [data-testid="stMultiSelect"] [data-baseweb="tag"]:nth-of-type({i + 1})'
+        f'[data-testid="stSidebar"] [data-tag][aria-label="{_css_string(name)}"]'
         f"{{background-color:{colors[name]};color:#fff}}"
-        for i, name in enumerate(picked)
+        for name in picked
     )
     st.html(f"<style>{rules}</style>")
+
+
+def _css_string(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("<", "\\3c ")
 
 
 def _watch(root: str, run_dirs: list[str]) -> None:

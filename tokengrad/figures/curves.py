@@ -100,14 +100,15 @@ def x_values(steps: pd.DataFrame, x_axis: str, at_steps) -> np.ndarray:
 
 
 def add_curve(fig: go.Figure, x, y, name: str, color: str, *, smoothing: float = 0.0,
-              gradient: bool = False, spike_k: float | None = None, pos: dict | None = None,
-              showlegend: bool = True) -> None:
+              gradient: bool = False, mark_dead: bool = True, spike_k: float | None = None,
+              pos: dict | None = None, showlegend: bool = True) -> None:
     """Raw (faint) + smoothed line of one run into a curve_grid panel `pos` (row, col); gradient curves
     also get dead-step and spike markers.
 
     With gradient=True a value of 0 is a step without a gradient: a gap in both lines (the EMA runs over
-    live steps only and bridges the gap), a tick at the panel's bottom, and spikes are searched among live
-    steps. Everything of one run shares a legend group so one legend click hides it.
+    live steps only and bridges the gap), a tick at the panel's bottom (unless mark_dead is False, when
+    several curves share the ticks), and spikes are searched among live steps. Everything of one run
+    shares a legend group so one legend click hides it.
     """
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     pos = pos or dict(row=1, col=1)
@@ -125,8 +126,8 @@ def add_curve(fig: go.Figure, x, y, name: str, color: str, *, smoothing: float =
             x=x, y=ema, customdata=shown, mode="lines", name=name, legendgroup=name, showlegend=showlegend,
             connectgaps=True, line=dict(color=color, width=2),
             hovertemplate="%{y:.4g} (recorded %{customdata:.4g})"), **pos)
-    if gradient and dead.any():
-        _dead_markers(fig, x[dead], name, color, dead_note(int(dead.sum()), int(np.isfinite(y).sum())), pos)
+    if gradient and mark_dead and dead.any():
+        dead_markers(fig, x[dead], name, color, dead_note(int(dead.sum()), int(np.isfinite(y).sum())), pos)
     if spike_k is not None:
         live = np.flatnonzero(live_mask(y))
         idx = live[find_spikes(y[live], spike_k)]
@@ -137,7 +138,7 @@ def add_curve(fig: go.Figure, x, y, name: str, color: str, *, smoothing: float =
                 hovertemplate="spike %{y:.4g}"), **pos)
 
 
-def _dead_markers(fig: go.Figure, x, name: str, color: str, note: str, pos: dict) -> None:
+def dead_markers(fig: go.Figure, x, name: str, color: str, note: str, pos: dict) -> None:
     """Ticks at the bottom of the panel (its hidden 0..1 secondary axis), one per step without a gradient;
     the legend entry carries the count."""
     fig.add_trace(go.Scatter(

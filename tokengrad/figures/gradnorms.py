@@ -17,8 +17,15 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 
-from tokengrad.figures.curves import add_curve, curve_grid, finish_curves, step_series, x_values
-from tokengrad.figures.liveness import live_mask
+from tokengrad.figures.curves import (
+    add_curve,
+    curve_grid,
+    dead_markers,
+    finish_curves,
+    step_series,
+    x_values,
+)
+from tokengrad.figures.liveness import count_note, dead_steps, live_mask
 from tokengrad.figures.smoothing import DEFAULT_SPIKE_K
 from tokengrad.figures.style import dashboard_layout, empty_figure, run_colors
 from tokengrad.schema import LAYER, STEP, TOTAL_LAYER
@@ -65,11 +72,12 @@ def make_grad_norm_figure(layers: Mapping[str, pd.DataFrame], *, layer: str = TO
             any_live = any_live or bool(live_mask(s[LAYER.grad_norm]).any())
     if not fig.data:
         return empty_figure(f"no gradient norms recorded for '{layer}'", title)
-    if not any_live:
-        fig.add_annotation(text="no step had a gradient", showarrow=False, x=0.5, y=0.5, xref="paper",
-                           yref="paper", font=dict(size=14, color="#666"))
     label = "grad norm (pre-clip)" if layer == TOTAL_LAYER else f"grad norm of {layer}"
     fig.update_yaxes(type="log" if log_y else "linear", title_text=label, secondary_y=False)
+    if not any_live:  # only dead-step ticks: no value axis to read
+        fig.add_annotation(text="no step had a gradient", showarrow=False, x=0.5, y=0.5, xref="paper",
+                           yref="paper", font=dict(size=14, color="#666"))
+        fig.update_yaxes(type="linear", showticklabels=False, showgrid=False, secondary_y=False)
     fig.update_xaxes(title_text=x_axis)
     return finish_curves(fig, title)
 
@@ -102,6 +110,9 @@ def make_layer_grad_norm_figure(layers: pd.DataFrame, *, names: Sequence[str] | 
     names = list(names) if names is not None else layer_names(layers)
     if not names:
         return empty_figure("no per-layer gradient norms recorded", title)
+    blocks = layers[layers[LAYER.layer].isin(names)]
+    if not live_mask(blocks[LAYER.grad_norm]).any():
+        return empty_figure("no step had a gradient: every per-layer norm is 0", title)
     top = set(top_layers(layers, top_k, names))
     shown = [n for n in names if n in top]
     palette = dict(zip(shown, sample_colorscale("Viridis", list(np.linspace(0, 0.9, max(len(shown), 1))))))
@@ -114,10 +125,13 @@ def make_layer_grad_norm_figure(layers: pd.DataFrame, *, names: Sequence[str] | 
         n_before = len(fig.data)
         add_curve(fig, s[STEP.step], s[LAYER.grad_norm], name if name in top else OTHER_BLOCKS,
                   palette.get(name, OTHER_COLOR), smoothing=smoothing if name in top else 0.0,
-                  showlegend=name in top or first_other)
+                  gradient=True, mark_dead=False, showlegend=name in top or first_other)
         first_other = first_other and name in top
         for t in fig.data[n_before:]:
             t.hovertemplate = f"{name} %{{y:.4g}}" if name not in top else t.hovertemplate
+    total = run_grad_norms(layers)
+    if dead_steps(total):  # one row of ticks for all blocks: the steps whose total norm is 0
+        dead_markers(fig, dead_steps(total), "all blocks", "#666666", count_note(total), dict(row=1, col=1))
     fig.update_yaxes(type="log" if log_y else "linear", title_text="grad norm (pre-clip)", secondary_y=False)
     fig.update_xaxes(title_text="step")
     return finish_curves(fig, title, hovermode="closest")

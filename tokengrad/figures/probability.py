@@ -36,8 +36,11 @@ def make_gradient_share_figure(shares: pd.DataFrame, *, title: str | None = None
     """Each probability bucket's share of the loss tokens next to its share of the per-token gradient
     (Σ logit_grad_norm, and Σ update_share where recorded), over the steps `shares` was computed on
     (tokengrad.queries.gradient_by_bucket). Bars are labelled with their percentage; hover adds counts."""
+    n_steps, n_live = shares.attrs.get("n_steps"), shares.attrs.get("n_live")
+    if n_steps and not n_live:
+        return empty_figure(f"none of the {n_steps} steps had a gradient (every advantage was 0)", title)
     if shares.empty or shares[BIN.count].sum() == 0:
-        return empty_figure("no loss tokens in live steps of the selection", title)
+        return empty_figure("no loss tokens in the selection", title)
     if not np.isfinite(shares["grad_share"]).any():
         return empty_figure("no live step in the selection: every token's gradient is 0", title)
     labels = [bucket_label(lo, hi) for lo, hi in zip(shares[BIN.lo], shares[BIN.hi])]

@@ -104,7 +104,10 @@ PAPER_TEMPLATE = go.layout.Template(layout=go.Layout(
 
 
 def dashboard_layout(fig: go.Figure, title: str | None = None, **layout) -> go.Figure:
-    """Apply the dashboard template (in place) and return the figure."""
+    """Apply the dashboard template (in place) and return the figure. A two-line title (a subtitle after
+    <br>) gets the room above the legend row it needs."""
+    if title and "<br>" in title and "margin" not in layout:
+        layout["margin"] = dict(t=100)
     fig.update_layout(template=DASHBOARD_TEMPLATE, title=title, **layout)
     return fig
 
