@@ -411,6 +411,10 @@ def test_clean_token_and_frequencies():
     }
     with pytest.raises(ValueError, match="missing"):
         prepare_frequencies(pd.DataFrame({"word": ["a"]}))
+    # byte pieces stay (special-token look-alikes), sizes can be the summed gradient
+    assert prepare_frequencies({"<0xE2>": 3, "<|im_end|>": 2}) == {"<0xE2>": 3.0}
+    grads = pd.DataFrame({"token": ["a", "b"], "count": [1, 5], "grad_sum": [2.0, 0.5]})
+    assert prepare_frequencies(grads, size_by="grad_sum") == {"a": 2.0, "b": 0.5}
 
 
 def test_wordcloud_figure_two_png_panels():

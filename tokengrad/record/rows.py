@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tokengrad import schema
+from tokengrad.record.token_text import piece_text
 
 # Per-token float columns the recorder fills from tensors, in schema order.
 TOKEN_VALUE_COLUMNS = (
@@ -61,7 +62,7 @@ class TokenDecoder:
         uniq, inverse = np.unique(ids, return_inverse=True)
         for i in uniq.tolist():
             if i not in self.cache:
-                self.cache[i] = self.tokenizer.decode([i])
+                self.cache[i] = piece_text(self.tokenizer, i)
         return pc.take(pa.array([self.cache[i] for i in uniq.tolist()], pa.string()), pa.array(inverse))
 
 
