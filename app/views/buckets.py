@@ -47,6 +47,8 @@ def _headline(run: str, step_range: tuple[int, int] | None) -> None:
     edges = st.radio("Buckets", list(EDGES), horizontal=True, key="bk_edges")
     shares = data.query(run, "gradient_by_bucket", edges=list(EDGES[edges]), step_range=step_range)
     note = scope_note(shares.attrs.get("n_live", 0), shares.attrs.get("n_steps", 0), step_range)
+    if shares.attrs.get("source") == "prob_bins":
+        note += ", from the exact per-step histogram (prob_bins)"
     common.chart(
         make_gradient_share_figure(shares, title=f"Share of tokens vs share of the gradient: {name}<br>"
                                                  f"<sup>{note}</sup>"),

@@ -1,7 +1,7 @@
 """Gradient against token probability, from the token table: the AR-Lopti view of which tokens make the
 update (arXiv 2505.12929, Fig. 1 and Prop. 4.2), available on every run that recorded tokens.
 
-    shares = gradient_by_bucket(run, step_range=(0, 100))     # tokengrad.queries, live steps only
+    shares = gradient_by_bucket(run, step_range=(0, 100))     # tokengrad.gradient_shares, live steps
     make_gradient_share_figure(shares)                        # share of tokens vs share of the gradient
     make_grad_vs_prob_figure(grad_norm_by_prob(run))          # with the (1 - p), sqrt2 (1 - p) references
 
@@ -35,7 +35,8 @@ def scope_note(n_live: int, n_steps: int, step_range: tuple[int, int] | None = N
 def make_gradient_share_figure(shares: pd.DataFrame, *, title: str | None = None) -> go.Figure:
     """Each probability bucket's share of the loss tokens next to its share of the per-token gradient
     (Σ logit_grad_norm, and Σ update_share where recorded), over the steps `shares` was computed on
-    (tokengrad.queries.gradient_by_bucket). Bars are labelled with their percentage; hover adds counts."""
+    (tokengrad.gradient_shares.gradient_by_bucket). Bars are labelled with their percentage; hover adds
+    counts."""
     n_steps, n_live = shares.attrs.get("n_steps"), shares.attrs.get("n_live")
     if n_steps and not n_live:
         return empty_figure(f"none of the {n_steps} steps had a gradient (every advantage was 0)", title)
