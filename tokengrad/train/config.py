@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -283,6 +284,8 @@ def _coerce(key: str, value: Any) -> Any:
     ok = isinstance(value, want) and not (want is int and isinstance(value, bool))
     if want is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if want is float and isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"config key {key!r} must be a finite number, got {value!r}")
     if not ok:
         raise ValueError(f"config key {key!r} must be {want.__name__}, got {type(value).__name__} {value!r}")
     return want(value) if want in (dict, list) else value
