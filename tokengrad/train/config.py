@@ -37,6 +37,10 @@ def _positive(v: float) -> str | None:
     return None if v > 0 else "must be > 0"
 
 
+def _dual_clip(v: float) -> str | None:
+    return None if v == 0 or v > 1 else "must be 0 (off) or > 1"
+
+
 def _in_unit(v: float) -> str | None:
     return None if 0 < v <= 1 else "must be in (0, 1]"
 
@@ -125,11 +129,18 @@ class TrainConfig:
                         "GRPO)", _one_of(_scales))
     dynamic_sampling: bool = _f(False, "drop groups whose rewards are all equal "
                                 "(DAPO dynamic sampling, arXiv 2503.14476)")
-    num_iterations: int = _f(1, "PPO epochs: optimizer updates per rollout batch "
+    max_gen_batches: int = _f(1, "dynamic sampling: generation rounds of prompts_per_step prompts per step, "
+                              "until prompts_per_step informative groups (verl's max_num_gen_batches; "
+                              "1 = filter only)", _at_least(1))
+    num_iterations: int = _f(1, "PPO epochs: passes over the rollout batch per phase "
                              "(TRL's num_iterations, the GRPO paper's mu)", _at_least(1))
+    mini_batches: int = _f(1, "PPO mini-batches: optimizer updates per pass, each on a disjoint row subset "
+                           "(AR-Lopti's K&K runs: 2, Clip-Cov/KL-Cov: 8)", _at_least(1))
     eps_low: float = _f(0.2, "PPO clip: ratio lower bound 1 - eps_low", _at_least(0.0))
     eps_high: float = _f(0.2, "PPO clip: ratio upper bound 1 + eps_high (DAPO clip-higher: 0.28)",
                          _at_least(0.0))
+    clip_ratio_c: float = _f(0.0, "dual-clip PPO (arXiv 1912.09729): for A < 0 the loss is at most -c A "
+                             "(0 = off; verl's default 3, AR-Lopti 10); must be > 1", _dual_clip)
     beta: float = _f(0.0, "coefficient of the k3 KL to the frozen initial model (0 = no reference model)",
                      _at_least(0.0))
     aggregation: str = _f("grpo", "loss aggregation (what the summed per-token loss is divided by)",

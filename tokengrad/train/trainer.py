@@ -4,18 +4,22 @@
     run_dir = tokengrad.train("configs/tiny_kk.toml", steps=20, weighting="tr_grpo")
 
 One step (GRPO, arXiv 2402.03300, with DAPO's options, arXiv 2503.14476):
-  1. generate  B prompts x G sampled completions; tool tasks get their tool turns   -> time_generate
-  2. score     verifiable rewards, group-relative advantages, optional dynamic sampling, log pi_old of
-               the rollout policy and log pi_ref of the frozen initial model          -> time_score
+  1. generate  B prompts x G sampled completions at temperature T; tool tasks get their tool turns; with
+               dynamic sampling, more rounds until B informative groups (tokengrad.train.sampling)
+                                                                                      -> time_generate
+  2. score     verifiable rewards, group-relative advantages, log pi_old of the rollout policy and log
+               pi_ref of the frozen initial model, both through the loss's own log-prob function
+               (tokengrad.train.policy: softmax(z / T))                              -> time_score
   3. update    for each phase of the weighting rule (one phase, or Lopti's low-probability tokens then
-               the rest, arXiv 2505.12929) and each of num_iterations epochs: one AdamW update built from
-               grad_accum micro-batches, after gradient clipping                      -> time_update
+               the rest, arXiv 2505.12929), each of num_iterations epochs and each of mini_batches row
+               subsets: one AdamW update built from grad_accum micro-batches, after gradient clipping
+               (tokengrad.train.batch)                                                -> time_update
 Every pass goes through the tokengrad Recorder, which writes the run format (see tokengrad.schema).
 
 Under torchrun / accelerate launch (`torchrun --nproc_per_node 2 -m tokengrad.cli train CONFIG`) each process
 samples and trains an equal share of every step's prompt groups in DistributedDataParallel, its loss weighted
-so that the update equals one process on the whole batch. Logged scalars are global; rank 0 writes evals and
-checkpoints.
+so that the update equals one process on the whole batch (batch statistics of the rules are taken per rank).
+Logged scalars are global; rank 0 writes evals and checkpoints.
 """
 
 from __future__ import annotations
@@ -25,49 +29,37 @@ import contextlib
 import copy
 import math
 import os
+import sys
 import time
+import warnings
 from pathlib import Path
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Mapping
 
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from tokengrad.record.fused_logprobs import logprobs_with_stats
 from tokengrad.record.recorder import Recorder
+from tokengrad.train import batch as tb
 from tokengrad.train import distributed as dist
-from tokengrad.train.advantages import compute_advantages, keep_groups
+from tokengrad.train.advantages import keep_groups
+from tokengrad.train.batch import Batch, Update, plan_updates, row_layout, score_chunks, update_weights
 from tokengrad.train.checkpoint import checkpoint_path, resolve_run_dir, resume_state, save_checkpoint
 from tokengrad.train.config import TrainConfig, describe_config, load_config, make_config
 from tokengrad.train.loss import micro_batch_share, normaliser, phase_masks, policy_loss
 from tokengrad.train.models import load_model
+from tokengrad.train.policy import logprob_temperature, score_logprobs, token_logprobs
 from tokengrad.train.rollout import (
-    Rollout,
     evaluate,
-    gather_logprobs,
     generate_completions,
-    make_rollout,
     policy_forward,
     render_prompt,
     sampling_kwargs,
+    score_completions,
 )
+from tokengrad.train.sampling import Gathered, gather_rollout, rollout_stats, scalar_meta
 from tokengrad.train.tasks import get_task
-from tokengrad.train.weighting import TokenBatch, get_weighting, rule_params, weight_curve
-
-
-class Batch(NamedTuple):
-    """The rollout rows that enter the update (all of them, or the groups dynamic sampling keeps)."""
-    input_ids: Tensor              # [N, P + T]
-    attention_mask: Tensor         # [N, P + T]
-    prompt_len: int                # P
-    completion_ids: Tensor         # [N, T]
-    mask: Tensor                   # [N, T] 1 = completion token (recorded)
-    loss_mask: Tensor              # [N, T] 1 = generated token (tool output is 0)
-    advantages: Tensor             # [N]
-    old_logprobs: Tensor           # [N, T] log pi_old
-    ref_logprobs: Tensor | None    # [N, T] log pi_ref, or None when beta = 0
-    sample_ids: Tensor             # [N] row in the step's global rollout (unique over ranks)
-    group_ids: Tensor              # [N] prompt of the row, numbered over ranks
+from tokengrad.train.weighting import TokenBatch, check_rule, get_weighting, rule_params, weight_curve
 
 
 class Trainer:
@@ -85,13 +77,18 @@ class Trainer:
         self.run_dir = dist.on_main(lambda: resolve_run_dir(cfg))  # one name (and check) for all ranks
         self.task = get_task(cfg.task, **cfg.task_params)  # bad task params fail before the model loads
         self.rule, self.rule_params = get_weighting(cfg.weighting), _rule_kwargs(cfg)
+        for msg in check_rule(cfg.weighting, cfg.weighting_params, eps_low=cfg.eps_low,
+                              eps_high=cfg.eps_high):
+            warnings.warn(msg, UserWarning, stacklevel=2)
+        # log-probs of the policy being trained describe the distribution the sampler draws from
+        self.temperature = logprob_temperature(cfg.temperature)
         state = resume_state(cfg, self.run_dir) if cfg.resume else None
         source = str(checkpoint_path(self.run_dir) / "model") if state else cfg.model
         self.model, self.tok = load_model(source, seed=cfg.seed)
         # Dropout off for good: pi_old, the update's pi and the sampling policy must be one function.
         self.model.to(self.device).eval()
-        # (logits, hidden) = self.policy(ids, attn, P) for the loss, in DDP under torchrun; generation and
-        # scoring use the model itself.
+        # (logits, hidden) = self.policy(ids, attn, P) for the loss, in DDP under torchrun; generation uses
+        # the model itself, scoring policy_forward on the model: the same function without the wrapper.
         self.policy = dist.wrap(dist.ModelFunction(policy_forward, self.model), self.device)
         # The reference is the initial policy, so a resumed run reloads it from the original model.
         self.ref = (
@@ -109,7 +106,7 @@ class Trainer:
         # Tasks draw problems as a seeded stream, so a longer pool (a resumed run with more steps) starts
         # with the same problems as a shorter one.
         self.problems = self.task.train_problems(
-            cfg.n_train_problems or cfg.prompts_per_step * cfg.steps, cfg.seed
+            cfg.n_train_problems or cfg.prompts_per_step * cfg.steps * self.rounds, cfg.seed
         )
         self.eval_problems = (
             self.task.eval_problems(cfg.eval_per_difficulty, cfg.seed) if cfg.eval_every else []
@@ -126,7 +123,9 @@ class Trainer:
             weighting=self.weighting_meta(),
             bucket_every=cfg.bucket_every,
             resume_step=self.start_step if state else None,
+            temperature=self.temperature,
         )
+        self.dead_steps = {"tied": 0, "other": 0}  # steps without a gradient, by cause
         return self
 
     def weighting_meta(self) -> dict:
@@ -167,7 +166,20 @@ class Trainer:
                             self.run_dir, step, self.model, self.tok, self.opt, cfg.to_dict()
                         )
                     )
+        if dist.is_main():
+            print(self.closing_line(), file=sys.stderr)
         return self.run_dir
+
+    def closing_line(self) -> str:
+        """How many steps ran and how many had no gradient, and why."""
+        n = self.cfg.steps - self.start_step
+        tied, other = self.dead_steps["tied"], self.dead_steps["other"]
+        line = f"tokengrad: {n} steps, {tied + other} with zero gradient"
+        if tied:
+            line += f" ({tied} with tied rewards: every group scored alike, so every advantage is 0)"
+        if other:
+            line += f" ({other} with advantages but no gradient: every token clipped or weighted 0)"
+        return line + f"; run in {self.run_dir}"
 
     def step(self, step: int) -> dict:
         """One rollout batch and its updates; returns the scalars logged to the steps table."""
@@ -176,167 +188,162 @@ class Trainer:
         lr = self.set_lr(step)
         with self.rec.step(step) as st:
             t0 = time.perf_counter()
-            problems = self.problems_for(step)
-            with self.autocast():
-                comps = generate_completions(
-                    self.model,
-                    self.tok,
-                    [render_prompt(self.tok, p) for p in problems],
-                    self.cfg.group_size,
-                    self.cfg.max_new_tokens,
-                    self.sampling,
-                    self.task,
-                    self.cfg.max_turns,
-                )
-            t1 = time.perf_counter()
-            rollout = make_rollout(comps, self.task, problems, self.tok)
-            # [B, G, 3] reward, correct, length of every rank's groups, in prompt order
-            scores = dist.gather_cat(
-                torch.stack(
-                    [rollout.rewards, rollout.correct.float(), rollout.mask.sum(1).view_as(rollout.rewards)],
-                    -1,
-                )
+            cfg = self.cfg
+            g = gather_rollout(
+                lambda k: self.generate_round(step, k), self.task, self.tok, prompts=cfg.prompts_per_step,
+                group_size=cfg.group_size, share=self.share, filter_groups=cfg.dynamic_sampling,
+                max_rounds=self.rounds, adv_scale=cfg.adv_scale,
             )
-            batch, advantages = self.score(rollout, scores[..., 0])
+            t1 = time.perf_counter()
+            batch, mismatch = self.score(g)
             t2 = time.perf_counter()
-            logged = self.update(st, batch, rollout)
+            logged = self.update(st, batch, g)
             t3 = time.perf_counter()
             logged.update(
-                rollout_stats(scores), lr=lr, time_generate=t1 - t0, time_score=t2 - t1, time_update=t3 - t2
+                rollout_stats(g.scores), lr=lr, time_generate=t1 - t0, time_score=t2 - t1,
+                time_update=t3 - t2, groups_generated=len(g.scores), groups_kept=g.n_kept,
+                gen_rounds=g.n_rounds,
             )
+            if mismatch is not None:
+                logged["rollout_mismatch"] = mismatch
+            if not logged.get("grad_norm"):  # 0, or no update at all
+                self.dead_steps["other" if keep_groups(g.scores[..., 0]).any() else "tied"] += 1
             st.log(**logged)
-            self.log_samples(st, rollout, advantages, batch)
+            self.log_samples(st, g)
         return logged
 
-    @torch.no_grad()
-    def score(self, r: Rollout, all_rewards: Tensor) -> tuple[Batch | None, Tensor]:
-        """Advantages of this rank's rows ([B, G]), scaled over the global batch ([B_all, G] rewards), and
-        the update batch (None if dynamic sampling drops all of this rank's groups)."""
-        B, G = r.rewards.shape
-        advantages = compute_advantages(all_rewards, self.cfg.adv_scale)[self.share]  # [B, G]
-        keep = keep_groups(r.rewards) if self.cfg.dynamic_sampling else torch.ones(B, dtype=torch.bool)  # [B]
-        rows = keep.repeat_interleave(G).nonzero().squeeze(1)  # [N]
-        if rows.numel() == 0:
-            return None, advantages
-        on = lambda x: x[rows].to(self.device)  # noqa: E731
-        ids, attn, comp = on(r.input_ids), on(r.attention_mask), on(r.completion_ids)
-        old = self.logprobs(self.model, ids, attn, r.prompt_len, comp)
-        ref = self.logprobs(self.ref, ids, attn, r.prompt_len, comp) if self.ref is not None else None
-        first = self.share.start * G  # global id of this rank's first row
-        batch = Batch(
-            input_ids=ids, attention_mask=attn, prompt_len=r.prompt_len, completion_ids=comp,
-            mask=on(r.mask), loss_mask=on(r.loss_mask), advantages=on(advantages.flatten()),
-            old_logprobs=old, ref_logprobs=ref, sample_ids=(rows + first).to(self.device),
-            group_ids=(rows // G + self.share.start).to(self.device),
-        )
-        return batch, advantages
+    def generate_round(self, step: int, k: int) -> tuple:
+        """Round k of the step: this rank's completions, problems and (rewards, correct)."""
+        problems = self.problems_for(step, k)
+        with self.autocast():
+            comps = generate_completions(
+                self.model, self.tok, [render_prompt(self.tok, p) for p in problems], self.cfg.group_size,
+                self.cfg.max_new_tokens, self.sampling, self.task, self.cfg.max_turns,
+            )
+        return comps, problems, score_completions(comps, self.task, problems)
 
-    def update(self, st, b: Batch | None, r: Rollout) -> dict:
-        """num_iterations optimizer updates per phase of the weighting rule, each built from grad_accum
-        backward passes (micro-batches). Returns global scalars."""
+    @torch.no_grad()
+    def score(self, g: Gathered) -> tuple[Batch | None, float | None]:
+        """The update batch of this rank (None if it holds no kept group) with log pi_old and log pi_ref,
+        and the step's mean |log pi_old - log pi_rollout| over loss tokens of all ranks (None without any)."""
+        r, rows = g.rollout, g.in_update.nonzero().squeeze(1)  # [N]
+        batch = None
+        if rows.numel():
+            on = lambda x: x[rows].to(self.device)  # noqa: E731
+            ids, attn, comp = on(r.input_ids), on(r.attention_mask), on(r.completion_ids)
+            chunks = score_chunks(self.layout(len(rows)))  # the loss passes' own micro-batches
+            lp = lambda m: score_logprobs(  # noqa: E731
+                m, ids, attn, r.prompt_len, comp, chunks, self.temperature, self.autocast
+            )
+            adv = g.advantages.flatten()[rows]
+            batch = Batch(
+                input_ids=ids, attention_mask=attn, prompt_len=r.prompt_len, completion_ids=comp,
+                mask=on(r.mask), loss_mask=on(r.loss_mask), advantages=adv.to(self.device),
+                old_logprobs=lp(self.model), ref_logprobs=lp(self.ref) if self.ref is not None else None,
+                rollout_logprobs=on(r.rollout_logprobs), sample_ids=on(g.sample_ids),
+                group_ids=on(g.group_ids),
+            )
+        diff = torch.zeros(2, dtype=torch.float64)
+        if batch is not None:
+            d = (batch.old_logprobs - batch.rollout_logprobs).abs()  # [N, T]
+            sel = (batch.loss_mask > 0) & d.isfinite()
+            diff = torch.stack([d[sel].double().sum().cpu(), sel.sum().double().cpu()])
+        total, n = dist.all_reduce(diff.tolist()).tolist()
+        return batch, (total / n if n else None)
+
+    def update(self, st, b: Batch | None, g: Gathered) -> dict:
+        """The step's optimizer updates (phase > epoch > mini-batch), each built from grad_accum backward
+        passes (micro-batches). Returns global scalars."""
         cfg = self.cfg
-        update_masks = self.update_masks(b)  # each [N, T]
+        plan = self.plan(b)
         # Every rank must join every gradient all-reduce, also one whose groups dynamic sampling all dropped.
-        n_updates, any_idle = (int(x) for x in dist.all_reduce([len(update_masks), b is None], "max"))
+        n_updates, any_idle = (int(x) for x in dist.all_reduce([len(plan), b is None], "max"))
         if n_updates == 0:
             return {"n_updates": 0}
         st.is_bucket_step = st.is_bucket_step and not any_idle  # bucket all-reduces need every rank's buckets
-        rank_scale = dist.rank_scale(normaliser(cfg.aggregation, b.loss_mask) if b is not None else 0.0)
         losses, kls, norms = [], [], []
         for update_id in range(n_updates):
-            if b is None:  # zeros into the all-reduce: one row's forward, times 0
+            u = plan[update_id] if b is not None else None
+            rows = u.rows if u is not None else torch.zeros(0, dtype=torch.long)
+            local = normaliser(cfg.aggregation, b.loss_mask[rows]) if rows.numel() else 0.0
+            rank_scale = dist.rank_scale(local)  # collective: every rank, every update
+            if not rows.numel():  # zeros into the all-reduce: one row's forward, times 0
+                r = g.rollout
                 parts = dist.idle_backward(
-                    self.policy,
-                    r.input_ids[:1].to(self.device),
-                    r.attention_mask[:1].to(self.device),
+                    self.policy, r.input_ids[:1].to(self.device), r.attention_mask[:1].to(self.device),
                     r.prompt_len,
                 )
             else:  # under DDP only the last micro-batch's backward all-reduces the gradients
-                micro = self.micro_batches(len(b.sample_ids))
-                mask = update_masks[update_id]
-                parts = [self.loss_pass(st, b, rows, mask, update_id, rank_scale, i == len(micro) - 1)
-                         for i, rows in enumerate(micro)]
+                current = b.old_logprobs if update_id == 0 else None  # pi at the start of the first update
+                if current is None and not getattr(self.rule, "pointwise", False):
+                    current = score_logprobs(self.model, b.input_ids, b.attention_mask, b.prompt_len,
+                                             b.completion_ids, [rows[m] for m in u.micro], self.temperature,
+                                             self.autocast)
+                weights = update_weights(self.rule, self.rule_params, b, rows, current)
+                parts = [self.loss_pass(st, b, u, m, weights, update_id, rank_scale, i == len(u.micro) - 1)
+                         for i, m in enumerate(u.micro)]
             losses.append(sum(p[0] for p in parts))
             kls += [p[1] for p in parts]
             # records the norms before clipping, then clips with that same norm (gradients read once)
             norms.append(
-                st.clip_grad_norm_(cfg.grad_clip, update_id)
-                if cfg.grad_clip > 0
+                st.clip_grad_norm_(cfg.grad_clip, update_id) if cfg.grad_clip > 0
                 else st.record_grad_norms(update_id)
             )
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
-        if st.is_bucket_step:  # how the update moved the probabilities of the first tracked micro-batch
-            rows = self.micro_batches(len(b.sample_ids))[0]
-            st.record_prob_change(
-                self.logprobs(
-                    self.model,
-                    b.input_ids[rows],
-                    b.attention_mask[rows],
-                    b.prompt_len,
-                    b.completion_ids[rows],
-                )
-            )
+        if st.is_bucket_step:  # how the step's updates moved the probabilities of its loss tokens
+            chunks = score_chunks(self.layout(len(b.sample_ids)))
+            new = score_logprobs(self.model, b.input_ids, b.attention_mask, b.prompt_len, b.completion_ids,
+                                 chunks, self.temperature, self.autocast)
+            st.record_prob_change(new, sample_ids=b.sample_ids)
         loss, kl, n_kl = dist.all_reduce([sum(losses), sum(kls), len(kls)]).tolist()
         out = {"loss": loss / dist.world_size() / n_updates, "grad_norm": max(norms), "n_updates": n_updates}
         if cfg.beta > 0:
             out["kl"] = kl / max(n_kl, 1)
         return out
 
-    def update_masks(self, b: Batch | None) -> list[Tensor]:
-        """The loss mask of each optimizer update: num_iterations per phase of the weighting rule ([N, T]
-        each; none without rows)."""
+    def plan(self, b: Batch | None) -> list[Update]:
+        """The step's optimizer updates; none without rows."""
         if b is None:
             return []
         # Phases (Lopti) are fixed from pi_old for the whole step, so they are found once, up front.
         first = self.rule(
             TokenBatch(b.old_logprobs, b.old_logprobs, b.advantages, b.loss_mask), **self.rule_params
         )
-        return [phase for phase in phase_masks(first, b.loss_mask) for _ in range(self.cfg.num_iterations)]
+        phases = phase_masks(first, b.loss_mask)  # each [N, T]
+        return plan_updates(self.layout(len(b.sample_ids)), phases, self.cfg.num_iterations)
 
-    def loss_pass(
-        self,
-        st,
-        b: Batch,
-        rows: Tensor,
-        update_mask: Tensor,
-        update_id: int,
-        rank_scale: float = 1.0,
-        sync: bool = True,
-    ) -> tuple[float, float]:
-        """Forward, weighting rule, GRPO loss and backward of one micro-batch (one backward pass); returns
-        (loss, kl). `rank_scale` is this rank's `dist.rank_scale` (1 in one process); `sync`: the backward
+    def loss_pass(self, st, b: Batch, u: Update, micro: Tensor, weights, update_id: int,
+                  rank_scale: float = 1.0, sync: bool = True) -> tuple[float, float]:
+        """Forward, weighting rule, GRPO loss and backward of one micro-batch (positions `micro` within the
+        update's rows); returns (loss, kl). `weights`: the update's weights over its rows (None: the rule
+        is pointwise and runs here). `rank_scale`: this rank's `dist.rank_scale`; `sync`: the backward
         all-reduces (DDP)."""
-        cfg = self.cfg
-        with self.autocast(), dist.sync_grads(self.policy, sync):  # DDP decides in the forward
-            logits, hidden = self.policy(b.input_ids[rows], b.attention_mask[rows], b.prompt_len)
-        # log pi and the recorder's softmax statistics from one pass over the vocabulary (fused_logprobs)
-        logprobs, stats = logprobs_with_stats(logits, b.completion_ids[rows])  # [n, T]
+        cfg, rows = self.cfg, u.rows[micro]
+        with dist.sync_grads(self.policy, sync):  # DDP decides in the forward
+            # log pi and the recorder's softmax statistics from one pass over the vocabulary
+            logprobs, stats, hidden = token_logprobs(
+                self.policy, b.input_ids[rows], b.attention_mask[rows], b.prompt_len, b.completion_ids[rows],
+                self.temperature, self.autocast,
+            )  # [n, T]
         old, adv, loss_mask = b.old_logprobs[rows], b.advantages[rows], b.loss_mask[rows]
         ref = b.ref_logprobs[rows] if b.ref_logprobs is not None else None
-        weights = self.rule(TokenBatch(logprobs, old, adv, loss_mask), **self.rule_params)
+        if weights is None:
+            w = self.rule(TokenBatch(logprobs, old, adv, loss_mask), **self.rule_params)
+        else:
+            w = tb.slice_weights(weights, micro)
         out = policy_loss(
-            logprobs, old, adv, update_mask[rows], weights, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
+            logprobs, old, adv, u.phase[rows], w, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
             beta=cfg.beta, ref_logprobs=ref, aggregation=cfg.aggregation, max_len=self.max_len,
-            norm_mask=loss_mask,
+            norm_mask=loss_mask, ppo_clip=getattr(self.rule, "ppo_clip", True), clip_ratio_c=cfg.clip_ratio_c,
         )
         st.track(
-            logprobs,
-            token_ids=b.completion_ids[rows],
-            mask=b.mask[rows],
-            loss_mask=update_mask[rows],
-            old_logprobs=old,
-            ref_logprobs=ref,
-            advantages=adv,
-            weights=weights.effective(logprobs),
-            sample_ids=b.sample_ids[rows],
-            group_ids=b.group_ids[rows],
-            stats=stats,
-            hidden=hidden,
-            clipped=out.clipped,
-            update_id=update_id,
+            logprobs, token_ids=b.completion_ids[rows], mask=b.mask[rows], loss_mask=u.phase[rows],
+            old_logprobs=old, ref_logprobs=ref, advantages=adv, weights=w.effective(logprobs),
+            sample_ids=b.sample_ids[rows], group_ids=b.group_ids[rows], stats=stats, hidden=hidden,
+            clipped=out.clipped, update_id=update_id, rollout_logprobs=b.rollout_logprobs[rows],
         )
-        share = micro_batch_share(cfg.aggregation, loss_mask, b.loss_mask) * rank_scale
+        share = micro_batch_share(cfg.aggregation, loss_mask, b.loss_mask[u.rows]) * rank_scale
         st.backward(out.loss * share)
         return out.loss.item() * share, out.metrics["kl_mean"]
 
@@ -363,6 +370,11 @@ class Trainer:
     def sampling(self) -> dict:
         return sampling_kwargs(self.cfg.temperature, self.cfg.top_p)
 
+    @property
+    def rounds(self) -> int:
+        """Generation rounds a step may run (dynamic sampling's refills)."""
+        return self.cfg.max_gen_batches if self.cfg.dynamic_sampling else 1
+
     def autocast(self):
         if not self.cfg.bf16:
             return contextlib.nullcontext()
@@ -376,66 +388,37 @@ class Trainer:
             group["lr"] = lr
         return lr
 
-    def problems_for(self, step: int) -> list:
-        """This rank's share of the step's prompts (all of them in one process)."""
+    def problems_for(self, step: int, round_: int = 0) -> list:
+        """This rank's share of the prompts of generation round `round_` of the step (all of them in one
+        process); a function of (step, round) alone, so a resumed run draws the same prompts."""
         B, pool = self.cfg.prompts_per_step, self.problems
-        return [pool[(step * B + j) % len(pool)] for j in range(B)][self.share]
+        first = (step * self.rounds + round_) * B
+        return [pool[(first + j) % len(pool)] for j in range(B)][self.share]
 
-    def micro_batches(self, n: int) -> list[Tensor]:
-        return list(torch.arange(n, device=self.device).chunk(self.cfg.grad_accum))
+    def layout(self, n_rows: int) -> list[list[Tensor]]:
+        return row_layout(n_rows, self.cfg.mini_batches, self.cfg.grad_accum, self.device)
 
-    @torch.no_grad()
-    def logprobs(self, model, ids: Tensor, attn: Tensor, prompt_len: int, comp: Tensor) -> Tensor:
-        """[N, T] log-probs of the completion tokens under `model`, micro-batch by micro-batch."""
-        out = []
-        for rows in self.micro_batches(len(ids)):
-            with self.autocast():
-                logits, _ = policy_forward(model, ids[rows], attn[rows], prompt_len)
-            out.append(gather_logprobs(logits, comp[rows]))
-        return torch.cat(out)
-
-    def log_samples(self, st, r: Rollout, advantages: Tensor, batch: Batch | None) -> None:
-        B, G = r.rewards.shape
-        first = self.share.start * G  # global id of this rank's first row
+    def log_samples(self, st, g: Gathered) -> None:
+        r = g.rollout
+        G = self.cfg.group_size
         per_row = lambda xs: [x for x in xs for _ in range(G)]  # noqa: E731  prompt-level -> row-level
-        in_update = torch.zeros(B * G, dtype=torch.long)
-        if batch is not None:
-            in_update[batch.sample_ids.cpu() - first] = 1
-        meta = {k: per_row(v) for k, v in _scalar_meta(r.problems).items()}
+        meta = {k: per_row(v) for k, v in scalar_meta(r.problems).items()}
         st.samples(
-            sample_ids=list(range(first, first + B * G)),
-            group_ids=[(first + i) // G for i in range(B * G)],
+            sample_ids=g.sample_ids.tolist(),
+            group_ids=g.group_ids.tolist(),
             prompts=per_row([p.prompt for p in r.problems]),
             completions=r.texts,
             rewards=r.rewards.flatten().tolist(),
-            advantages=advantages.flatten().tolist(),
+            advantages=g.advantages.flatten().tolist(),
             lengths=r.mask.sum(1).long().tolist(),
             task=self.cfg.task,
             difficulty=per_row([str(p.difficulty) for p in r.problems]),
             correct=r.correct.flatten().long().tolist(),
-            in_update=in_update.tolist(),
+            in_update=g.in_update.long().tolist(),
             n_tool_calls=list(r.n_tool_calls),
             answer=per_row([str(p.answer) for p in r.problems]),
             **meta,
         )
-
-
-def rollout_stats(scores: Tensor) -> dict:
-    """Step scalars of the global rollout from its [B, G, 3] reward, correct, length."""
-    rewards = scores[..., 0].flatten()  # [N]
-    return {
-        "reward_mean": float(rewards.mean()),
-        "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
-        "accuracy": float(scores[..., 1].mean()),
-        "completion_len": float(scores[..., 2].mean()),
-    }
-
-
-def _scalar_meta(problems: list) -> dict[str, list]:
-    """Problem.meta entries that every problem has as a scalar: extra columns of the samples table."""
-    keys = set.intersection(*(set(p.meta) for p in problems)) if problems else set()
-    keys = {k for k in keys if all(isinstance(p.meta[k], (int, float, str, bool)) for p in problems)}
-    return {f"meta_{k}": [p.meta[k] for p in problems] for k in sorted(keys)}
 
 
 def _rule_kwargs(cfg: TrainConfig) -> dict:

@@ -1,0 +1,141 @@
+"""Faithful training math (issue 10): the sampled distribution, one log-prob path, the update schedule."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from letters_task import LettersTask
+
+from tokengrad import load_run, schema
+from tokengrad.train.loss import ROUNDING, policy_loss
+from tokengrad.train.tasks import TASKS, register_task
+from tokengrad.train.trainer import train
+from tokengrad.train.weighting import WEIGHTINGS, TokenWeights
+
+
+def tiny(tmp_path, name="run", **overrides) -> dict:
+    cfg = dict(model="tiny", task="letters", steps=1, prompts_per_step=2, group_size=4, max_new_tokens=8,
+               lr=1e-2, bf16=False, progress=False, checkpoint=False, run_dir=str(tmp_path / name))
+    return {**cfg, **overrides}
+
+
+class HalfTiedTask(LettersTask):
+    """Every other prompt scores 0.5 for any completion (a tied, uninformative group); the others score the
+    share of lowercase letters, as the letters task."""
+
+    name = "half_tied"
+
+    def reward(self, problem, completion):
+        return 0.5 if problem.meta["round"] % 2 else super().reward(problem, completion)
+
+
+if "half_tied" not in TASKS:
+    register_task("half_tied")(HalfTiedTask)
+
+
+# ---- 1. temperature and the sampler's own log-probs --------------------------------------------------
+def test_recorded_probabilities_are_the_sampled_distribution_at_temperature_0_05(tmp_path):
+    run = load_run(train(tiny(tmp_path, temperature=0.05)))
+    assert run.meta["temperature"] == 0.05
+    tok = run.tokens(where="in_loss")
+    assert tok["rollout_logprob"].notna().all()
+    # prob is softmax(z / 0.05): the distribution generate() sampled from, token by token
+    sampled = tok["rollout_logprob"].map(math.exp)
+    assert (tok["prob"] - sampled).abs().max() < 1e-4
+    assert tok["prob"].median() > 0.5  # at T = 1 the tiny model gives every token about 1/259
+    assert run.steps["rollout_mismatch"].item() < 1e-4
+    # entropy and sum_p2 describe the same sharp distribution
+    assert tok["entropy"].median() < 1.0 and tok["sum_p2"].median() > 0.25
+
+
+def test_top_p_truncation_shows_as_rollout_mismatch(tmp_path):
+    run = load_run(train(tiny(tmp_path, top_p=0.3)))
+    tok = run.tokens(where="in_loss")
+    # the nucleus renormalises over fewer tokens: the sampler's log-prob is never below the trained one
+    assert (tok["rollout_logprob"] >= tok["logprob"] - 1e-5).all()
+    gap = (tok["rollout_logprob"] - tok["old_logprob"]).abs().mean()
+    assert run.steps["rollout_mismatch"].item() == pytest.approx(gap, rel=1e-4) and gap > 0.1
+
+
+def test_greedy_runs_have_no_sampler_logprob_and_train_at_temperature_1(tmp_path):
+    run = load_run(train(tiny(tmp_path, temperature=0.0, task_params={"noisy": True})))
+    assert run.meta["temperature"] == 1.0
+    assert run.tokens()["rollout_logprob"].isna().all() and run.steps["n_nonfinite"].item() == 0
+
+
+# ---- 2. one log-prob path ------------------------------------------------------------------------------
+@pytest.mark.parametrize("extra", [dict(weighting="kl_cov", grad_accum=2), dict(mini_batches=2, beta=0.1),
+                                   dict(temperature=0.7, weighting="cw_grpo", grad_accum=3)])
+def test_first_pass_ratio_is_exactly_one_on_every_token(tmp_path, extra):
+    run = load_run(train(tiny(tmp_path, num_iterations=2, **extra)))
+    tok = run.tokens()
+    first = tok[tok.update_id == 0]
+    assert len(first) > 0 and (first["ratio"] == 1.0).all()
+    assert (first["logprob"] == first["old_logprob"]).all()
+    later = tok[tok.update_id == tok.update_id.max()]
+    assert (later["ratio"] != 1.0).any()  # the policy moved
+
+
+def test_kl_cov_penalty_is_zero_below_rounding():
+    old = torch.tensor([[-2.0, -2.0, -2.0]])
+    tiny_shift = 0.5 * ROUNDING * 3.0  # below the tolerance (1 + |log pi_old|) * ROUNDING at log pi_old = -2
+    lp = (old + torch.tensor([[tiny_shift, -tiny_shift, 1e-3]])).requires_grad_()
+    coef = TokenWeights(kl_cov_coef=torch.ones(1, 3))
+    mask = torch.ones(1, 3)
+    out = policy_loss(lp, old, torch.zeros(1), mask, coef, aggregation="dapo", ppo_clip=False)
+    assert out.per_token_loss[0, :2].tolist() == [0.0, 0.0]
+    assert out.per_token_loss[0, 2].item() == pytest.approx(1e-3, rel=1e-3)
+    out.loss.backward()
+    assert lp.grad[0, :2].tolist() == [0.0, 0.0] and lp.grad[0, 2].item() == pytest.approx(1 / 3)
+
+
+def test_rule_switches_the_ppo_clip_off():
+    assert WEIGHTINGS["kl_cov"].ppo_clip is False and WEIGHTINGS["grpo"].ppo_clip is True
+    old = torch.zeros(1, 2)
+    lp = torch.log(torch.tensor([[2.0, 0.5]])).requires_grad_()  # ratios 2 and 0.5
+    adv = torch.tensor([[1.0, -1.0]])
+    clipped = policy_loss(lp, old, adv, torch.ones(1, 2), aggregation="dapo")
+    assert clipped.clipped.tolist() == [[True, True]]
+    free = policy_loss(lp, old, adv, torch.ones(1, 2), aggregation="dapo", ppo_clip=False)
+    assert free.clipped.tolist() == [[False, False]]
+    free.loss.backward()
+    # d(-r A / 2)/d log pi = -r A / 2
+    assert lp.grad[0].tolist() == pytest.approx([-1.0, 0.25])
+
+
+# ---- 5. dynamic sampling that refills -------------------------------------------------------------------
+def test_dynamic_sampling_refills_until_the_batch_holds_informative_groups(tmp_path):
+    base = tiny(tmp_path, task="half_tied", steps=2, dynamic_sampling=True)
+    once = load_run(train({**base, "run_dir": str(tmp_path / "once")}))
+    # one round of 2 prompts: prompt 0 informative, prompt 1 tied -> filtered to 1 group
+    assert once.steps["groups_generated"].tolist() == [2, 2] and once.steps["groups_kept"].tolist() == [1, 1]
+    refill = load_run(train({**base, "run_dir": str(tmp_path / "refill"), "max_gen_batches": 3}))
+    # a second round brings the second informative group; then generation stops
+    assert refill.steps["gen_rounds"].tolist() == [2, 2]
+    assert refill.steps["groups_generated"].tolist() == [4, 4]
+    assert refill.steps["groups_kept"].tolist() == [2, 2]
+    s = refill.samples[refill.samples.step == 0].sort_values("sample_id")
+    assert s["sample_id"].tolist() == list(range(16)) and s["group_id"].tolist() == [g for g in range(4)
+                                                                                      for _ in range(4)]
+    kept = s[s.in_update == 1]
+    assert sorted(kept["group_id"].unique()) == [0, 2]  # the informative groups of rounds 0 and 1
+    assert (s[s.in_update == 0]["reward"] == 0.5).all()
+    tok = refill.tokens(where="step = 0")
+    assert sorted(tok["group_id"].unique()) == [0, 2]
+    assert len(kept["prompt"].unique()) == 2
+
+
+def test_refill_gives_up_after_max_gen_batches(tmp_path):
+    cfg = tiny(tmp_path, dynamic_sampling=True, max_gen_batches=3, task_params={"constant": True})
+    run = load_run(train(cfg))
+    assert run.steps["gen_rounds"].item() == 3 and run.steps["groups_generated"].item() == 6
+    assert run.steps["groups_kept"].item() == 0 and run.steps["n_updates"].item() == 0
+    assert len(run.samples) == 24 and (run.samples["in_update"] == 0).all()
+
+
+def test_schema_documents_the_new_columns():
+    for table, name in [("tokens", "rollout_logprob"), ("steps", "rollout_mismatch"),
+                        ("steps", "groups_generated"), ("steps", "groups_kept"), ("steps", "gen_rounds")]:
+        assert name in schema.column_names(table)
