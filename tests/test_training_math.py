@@ -139,3 +139,119 @@ def test_schema_documents_the_new_columns():
     for table, name in [("tokens", "rollout_logprob"), ("steps", "rollout_mismatch"),
                         ("steps", "groups_generated"), ("steps", "groups_kept"), ("steps", "gen_rounds")]:
         assert name in schema.column_names(table)
+
+
+# ---- 3. PPO mini-batches -------------------------------------------------------------------------------
+def test_mini_batches_are_optimizer_steps_over_disjoint_rows(tmp_path):
+    run = load_run(train(tiny(tmp_path, mini_batches=2, num_iterations=2, weighting="lopti",
+                              weighting_params={"eta": 0.004})))
+    assert run.steps["n_updates"].item() == 2 * 2 * 2  # phases x epochs x mini-batches
+    tok = run.tokens()
+    rows = {u: set(t["sample_id"]) for u, t in tok.groupby("update_id")}
+    assert rows[0] == {0, 1, 2, 3} and rows[1] == {4, 5, 6, 7}  # contiguous halves, disjoint
+    assert rows[2] == rows[0] and rows[3] == rows[1]  # the second epoch sweeps them again
+    layers = run.layers[run.layers.layer == schema.TOTAL_LAYER]
+    assert sorted(layers["update_id"]) == list(range(8))
+    # on-policy for the first mini-batch only: the second one is trained after an optimizer step
+    assert (tok[tok.update_id == 0]["ratio"] == 1.0).all() and (tok[tok.update_id == 1]["ratio"] != 1.0).any()
+
+
+def test_a_mini_batch_update_is_the_gradient_of_its_rows_alone(tmp_path):
+    """Update 0 of a run with 2 mini-batches equals the single update of a run on its rows alone: the loss
+    of a mini-batch is normalised over the mini-batch."""
+    split = load_run(train(tiny(tmp_path, "split", mini_batches=2, aggregation="dapo")))
+    t = split.tokens(where="update_id = 0")
+    total = split.layers[(split.layers.layer == schema.TOTAL_LAYER) & (split.layers.update_id == 0)]
+    # the same rows' coefficients, summed, against the token-mean over the mini-batch's loss tokens
+    n_tokens = int(t["in_loss"].sum())
+    adv_sum = float((-t[t.in_loss]["advantage"] * t[t.in_loss]["ratio"]).sum()) / n_tokens
+    assert float(t[t.in_loss]["coef"].sum()) == pytest.approx(adv_sum, rel=1e-4)
+    assert total["grad_norm"].item() > 0
+
+
+# ---- 4. dual-clip ---------------------------------------------------------------------------------------
+def test_dual_clip_bounds_the_loss_of_negative_advantages():
+    old = torch.zeros(1, 4)
+    r = torch.tensor([[5.0, 5.0, 1.1, 2.0]])
+    adv = torch.tensor([[-1.0, 1.0, -1.0, -1.0]])
+    lp = r.log().requires_grad_()
+    out = policy_loss(lp, old, adv, torch.ones(1, 4), aggregation="dapo", clip_ratio_c=3.0)
+    # A < 0, r = 5: PPO gives -min(5 * -1, 1.2 * -1) = 5; dual-clip caps it at -c A = 3 (no gradient)
+    # A > 0, r = 5: clipped at 1.2 as usual (loss -1.2); A < 0, r = 1.1: inside the range (loss 1.1)
+    # A < 0, r = 2: loss 2 < 3, the dual clip does not bind
+    assert out.per_token_loss[0].tolist() == pytest.approx([3.0, -1.2, 1.1, 2.0])
+    assert out.clipped[0].tolist() == [True, True, False, False]
+    out.loss.backward()
+    assert lp.grad[0].tolist() == pytest.approx([0.0, 0.0, 1.1 / 4, 2.0 / 4])
+    plain = policy_loss(lp, old, adv, torch.ones(1, 4), aggregation="dapo")
+    assert plain.per_token_loss[0, 0].item() == pytest.approx(5.0)
+    with pytest.raises(ValueError, match="clip_ratio_c"):
+        policy_loss(lp, old, adv, torch.ones(1, 4), clip_ratio_c=0.5)
+
+
+def test_clip_ratio_c_config_key(tmp_path):
+    from tokengrad.train.config import make_config
+
+    assert make_config({"clip_ratio_c": 3}).clip_ratio_c == 3.0
+    with pytest.raises(ValueError, match="clip_ratio_c"):
+        make_config({"clip_ratio_c": 0.9})
+    run = load_run(train(tiny(tmp_path, clip_ratio_c=3.0, num_iterations=2)))
+    assert run.meta["config"]["clip_ratio_c"] == 3.0 and run.steps["n_updates"].item() == 2
+
+
+# ---- 6. batch statistics once per update ---------------------------------------------------------------
+def _rules_by_cost():
+    """Rules with batch statistics run in the default tier; pointwise rules (equal by construction, their
+    weights need no batch statistic) in the slow tier."""
+    return [pytest.param(r, marks=pytest.mark.slow) if getattr(WEIGHTINGS[r], "pointwise", False) else r
+            for r in sorted(WEIGHTINGS)]
+
+
+@pytest.mark.parametrize("rule", _rules_by_cost())
+def test_grad_accum_does_not_change_the_update(tmp_path, rule):
+    runs = []
+    for accum in (1, 4):
+        runs.append(load_run(train(tiny(tmp_path, f"a{accum}", weighting=rule, grad_accum=accum,
+                                        num_iterations=2, aggregation="dapo"))))
+    one, four = runs
+    assert four.tokens()["pass_id"].nunique() == 4 * one.tokens()["pass_id"].nunique()
+    norms = [r.layers[r.layers.layer == schema.TOTAL_LAYER].sort_values("update_id")["grad_norm"].tolist()
+             for r in runs]
+    assert norms[0][0] > 0 and norms[1] == pytest.approx(norms[0], rel=1e-4)
+    cols = ["update_id", "sample_id", "position", "coef", "weight"]
+    a, b = (r.tokens(columns=cols).sort_values(cols[:3]).reset_index(drop=True) for r in runs)
+    assert (a[cols[:3]] == b[cols[:3]]).all().all()
+    assert b["weight"].to_numpy() == pytest.approx(a["weight"].to_numpy(), rel=1e-4, abs=1e-6)
+    assert b["coef"].to_numpy() == pytest.approx(a["coef"].to_numpy(), rel=1e-3, abs=1e-7)
+
+
+# ---- 7. Lopti's probability change ---------------------------------------------------------------------
+def test_prob_change_covers_every_pass_bucketed_by_pi_old(tmp_path):
+    from tokengrad.record.recorder import Recorder
+
+    lp_old = torch.log(torch.tensor([[0.1, 0.6, 1.0, 0.9], [0.2, 0.3, 0.8, 0.7]]))  # [2, 4]
+    adv = torch.tensor([1.0, 0.0])
+    phase1 = torch.tensor([[1, 0, 0, 0], [1, 0, 0, 0]]).float()  # pi_old < 0.25
+    phase2 = torch.tensor([[0, 1, 1, 1], [0, 1, 1, 1]]).float()
+    model = torch.nn.Linear(1, 1)
+    with Recorder(tmp_path / "r", model=model) as rec:
+        with rec.step(0) as st:
+            for update_id, phase in enumerate((phase1, phase2)):
+                lp = lp_old.clone().requires_grad_()
+                st.track(lp, token_ids=torch.zeros(2, 4, dtype=torch.long), loss_mask=phase,
+                         old_logprobs=lp_old, advantages=adv, update_id=update_id)
+                (lp * phase).sum().backward()
+            new = lp_old + torch.tensor([[0.1, -0.1, 0.0, 0.05], [0.3, 0.3, -0.2, 0.0]])
+            st.record_prob_change(new, sample_ids=torch.tensor([0, 1]))
+    b = load_run(tmp_path / "r").buckets.sort_values("lo")
+    assert b["update_id"].tolist() == [1, 1, 1, 1]  # the step's last update
+    assert b["n_tokens"].tolist() == [2, 1, 2, 3]  # pi_old: 0.1, 0.2 | 0.3 | 0.6, 0.7 | 1.0, 0.9, 0.8
+    # row 1 has A = 0: left out of the change; row 0: 0.1 -> 0.1 e^0.1, 0.6 -> 0.6 e^-0.1, 0.9 -> 0.9 e^0.05
+    dp = b["dprob_mean"].tolist()
+    assert dp[0] == pytest.approx(0.1 * (math.exp(0.1) - 1))
+    assert math.isnan(dp[1])
+    assert dp[2] == pytest.approx(0.6 * (math.exp(-0.1) - 1))
+    assert dp[3] == pytest.approx((0.0 + 0.9 * (math.exp(0.05) - 1)) / 2)  # p = 1 stays, p = 0.9 rises
+    # correct ratio: A > 0 tokens whose log-prob rose; the token at p = 1 cannot rise and is left out
+    assert b["correct_ratio"].tolist()[0] == 1.0 and b["correct_ratio"].tolist()[2] == 0.0
+    assert b["correct_ratio"].tolist()[3] == 1.0

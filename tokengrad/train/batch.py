@@ -41,6 +41,33 @@ class Batch(NamedTuple):
     group_ids: Tensor              # [N] prompt of the row, numbered over ranks
 
 
+def select_rows(g, device) -> Batch | None:
+    """The rows of the update batch (the kept groups of a `sampling.Gathered`) on `device`, without log pi_old
+    and log pi_ref yet (zeros and None); None when this rank keeps no group."""
+    r, rows = g.rollout, g.in_update.nonzero().squeeze(1)  # [N]
+    if not rows.numel():
+        return None
+    on = lambda x: x[rows].to(device)  # noqa: E731
+    comp = on(r.completion_ids)
+    return Batch(
+        input_ids=on(r.input_ids), attention_mask=on(r.attention_mask), prompt_len=r.prompt_len,
+        completion_ids=comp, mask=on(r.mask), loss_mask=on(r.loss_mask),
+        advantages=on(g.advantages.flatten()), old_logprobs=torch.zeros(comp.shape, device=device),
+        ref_logprobs=None, rollout_logprobs=on(r.rollout_logprobs), sample_ids=on(g.sample_ids),
+        group_ids=on(g.group_ids),
+    )
+
+
+def mismatch_sums(b: Batch | None) -> list[float]:
+    """[sum of |log pi_old - log pi_rollout|, count] over loss tokens with a sampler log-prob; summed over
+    ranks, their quotient is the step's training/inference mismatch."""
+    if b is None:
+        return [0.0, 0.0]
+    d = (b.old_logprobs - b.rollout_logprobs).abs()  # [N, T]
+    sel = (b.loss_mask > 0) & d.isfinite()  # [N, T]
+    return [float(d[sel].double().sum()), float(sel.sum())]
+
+
 class Update(NamedTuple):
     """One optimizer update: its phase's loss mask, its rows and their micro-batches."""
     phase: Tensor        # [N, T] loss mask of the update's phase (the batch's loss mask without phases)

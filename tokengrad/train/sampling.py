@@ -102,3 +102,26 @@ def scalar_meta(problems: list) -> dict[str, list]:
     keys = set.intersection(*(set(p.meta) for p in problems)) if problems else set()
     keys = {k for k in keys if all(isinstance(p.meta[k], (int, float, str, bool)) for p in problems)}
     return {f"meta_{k}": [p.meta[k] for p in problems] for k in sorted(keys)}
+
+
+def sample_rows(g: Gathered, task: str, group_size: int) -> dict:
+    """The samples-table columns of every generated row (`StepRecorder.samples` keywords)."""
+    r, G = g.rollout, group_size
+    per_row = lambda xs: [x for x in xs for _ in range(G)]  # noqa: E731  prompt-level -> row-level
+    meta = {k: per_row(v) for k, v in scalar_meta(r.problems).items()}
+    return dict(
+        sample_ids=g.sample_ids.tolist(),
+        group_ids=g.group_ids.tolist(),
+        prompts=per_row([p.prompt for p in r.problems]),
+        completions=r.texts,
+        rewards=r.rewards.flatten().tolist(),
+        advantages=g.advantages.flatten().tolist(),
+        lengths=r.mask.sum(1).long().tolist(),
+        task=task,
+        difficulty=per_row([str(p.difficulty) for p in r.problems]),
+        correct=r.correct.flatten().long().tolist(),
+        in_update=g.in_update.long().tolist(),
+        n_tool_calls=list(r.n_tool_calls),
+        answer=per_row([str(p.answer) for p in r.problems]),
+        **meta,
+    )

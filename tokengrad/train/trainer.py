@@ -43,23 +43,21 @@ from tokengrad.record.recorder import Recorder
 from tokengrad.train import batch as tb
 from tokengrad.train import distributed as dist
 from tokengrad.train.advantages import keep_groups
-from tokengrad.train.batch import Batch, Update, plan_updates, row_layout, score_chunks, update_weights
 from tokengrad.train.checkpoint import checkpoint_path, resolve_run_dir, resume_state, save_checkpoint
 from tokengrad.train.config import TrainConfig, describe_config, load_config, make_config
 from tokengrad.train.loss import micro_batch_share, normaliser, phase_masks, policy_loss
 from tokengrad.train.models import load_model
-from tokengrad.train.policy import logprob_temperature, score_logprobs, token_logprobs
+from tokengrad.train.policy import logprob_temperature, policy_forward, score_logprobs, token_logprobs
 from tokengrad.train.rollout import (
     evaluate,
     generate_completions,
-    policy_forward,
     render_prompt,
     sampling_kwargs,
     score_completions,
 )
-from tokengrad.train.sampling import Gathered, gather_rollout, rollout_stats, scalar_meta
+from tokengrad.train.sampling import Gathered, gather_rollout, rollout_stats, sample_rows
 from tokengrad.train.tasks import get_task
-from tokengrad.train.weighting import TokenBatch, check_rule, get_weighting, rule_params, weight_curve
+from tokengrad.train.weighting import TokenBatch, check_rule, get_weighting, rule_meta, rule_params
 
 
 class Trainer:
@@ -91,13 +89,9 @@ class Trainer:
         # the model itself, scoring policy_forward on the model: the same function without the wrapper.
         self.policy = dist.wrap(dist.ModelFunction(policy_forward, self.model), self.device)
         # The reference is the initial policy, so a resumed run reloads it from the original model.
-        self.ref = (
-            _frozen(
-                load_model(cfg.model, seed=cfg.seed)[0] if state else copy.deepcopy(self.model), self.device
-            )
-            if cfg.beta > 0
-            else None
-        )
+        if cfg.beta > 0:
+            ref = load_model(cfg.model, seed=cfg.seed)[0] if state else copy.deepcopy(self.model)
+        self.ref = _frozen(ref, self.device) if cfg.beta > 0 else None
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.start_step = 0
         if state:
@@ -114,40 +108,20 @@ class Trainer:
         # Dr. GRPO divides by a constant: the most generated tokens a completion can hold.
         self.max_len = cfg.max_new_tokens * (cfg.max_turns if self.task.tool_stop else 1)
         self.rec = Recorder(
-            self.run_dir,
-            model=self.model,
-            tokenizer=self.tok,
-            config=cfg.to_dict(),
-            run_name=cfg.run_name or self.run_dir.name,
-            model_name=cfg.model,
-            weighting=self.weighting_meta(),
-            bucket_every=cfg.bucket_every,
-            resume_step=self.start_step if state else None,
-            temperature=self.temperature,
+            self.run_dir, model=self.model, tokenizer=self.tok, config=cfg.to_dict(),
+            run_name=cfg.run_name or self.run_dir.name, model_name=cfg.model,
+            weighting=rule_meta(cfg.weighting, self.rule_params), bucket_every=cfg.bucket_every,
+            resume_step=self.start_step if state else None, temperature=self.temperature,
         )
         self.dead_steps = {"tied": 0, "other": 0}  # steps without a gradient, by cause
         return self
 
-    def weighting_meta(self) -> dict:
-        params = {**rule_params(self.cfg.weighting), **self.rule_params}
-        params = {k: v for k, v in params.items() if isinstance(v, (int, float, str, bool, type(None)))}
-        return {
-            "name": self.cfg.weighting,
-            "params": params,
-            "curve": weight_curve(self.cfg.weighting, self.rule_params),
-        }
-
     # ---- the loop ---------------------------------------------------------------------------------
     def train(self) -> Path:
         cfg = self.cfg
-        bar = tqdm(
-            range(self.start_step, cfg.steps),
-            initial=self.start_step,
-            total=cfg.steps,
-            disable=not cfg.progress or not dist.is_main(),
-            desc=f"{cfg.task}/{cfg.weighting}",
-            dynamic_ncols=True,
-        )
+        bar = tqdm(range(self.start_step, cfg.steps), initial=self.start_step, total=cfg.steps,
+                   disable=not cfg.progress or not dist.is_main(), desc=f"{cfg.task}/{cfg.weighting}",
+                   dynamic_ncols=True)
         with dist.ending(self.owns_group), self.rec:
             for step in bar:
                 logged = self.step(step)
@@ -157,15 +131,11 @@ class Trainer:
                 last = step == cfg.steps - 1
                 if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or last):
                     self.evaluate(step)
-                if cfg.checkpoint and (
-                    last or (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0)
-                ):
+                every = cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0
+                if cfg.checkpoint and (last or every):
                     # rank 0 writes it; the other ranks wait until it is complete
-                    dist.on_main(
-                        lambda: save_checkpoint(
-                            self.run_dir, step, self.model, self.tok, self.opt, cfg.to_dict()
-                        )
-                    )
+                    dist.on_main(lambda: save_checkpoint(self.run_dir, step, self.model, self.tok, self.opt,
+                                                         cfg.to_dict()))
         if dist.is_main():
             print(self.closing_line(), file=sys.stderr)
         return self.run_dir
@@ -209,7 +179,7 @@ class Trainer:
             if not logged.get("grad_norm"):  # 0, or no update at all
                 self.dead_steps["other" if keep_groups(g.scores[..., 0]).any() else "tied"] += 1
             st.log(**logged)
-            self.log_samples(st, g)
+            st.samples(**sample_rows(g, self.cfg.task, self.cfg.group_size))
         return logged
 
     def generate_round(self, step: int, k: int) -> tuple:
@@ -223,39 +193,20 @@ class Trainer:
         return comps, problems, score_completions(comps, self.task, problems)
 
     @torch.no_grad()
-    def score(self, g: Gathered) -> tuple[Batch | None, float | None]:
+    def score(self, g: Gathered) -> tuple[tb.Batch | None, float | None]:
         """The update batch of this rank (None if it holds no kept group) with log pi_old and log pi_ref,
         and the step's mean |log pi_old - log pi_rollout| over loss tokens of all ranks (None without any)."""
-        r, rows = g.rollout, g.in_update.nonzero().squeeze(1)  # [N]
-        batch = None
-        if rows.numel():
-            on = lambda x: x[rows].to(self.device)  # noqa: E731
-            ids, attn, comp = on(r.input_ids), on(r.attention_mask), on(r.completion_ids)
-            chunks = score_chunks(self.layout(len(rows)))  # the loss passes' own micro-batches
-            lp = lambda m: score_logprobs(  # noqa: E731
-                m, ids, attn, r.prompt_len, comp, chunks, self.temperature, self.autocast
-            )
-            adv = g.advantages.flatten()[rows]
-            batch = Batch(
-                input_ids=ids, attention_mask=attn, prompt_len=r.prompt_len, completion_ids=comp,
-                mask=on(r.mask), loss_mask=on(r.loss_mask), advantages=adv.to(self.device),
-                old_logprobs=lp(self.model), ref_logprobs=lp(self.ref) if self.ref is not None else None,
-                rollout_logprobs=on(r.rollout_logprobs), sample_ids=on(g.sample_ids),
-                group_ids=on(g.group_ids),
-            )
-        diff = torch.zeros(2, dtype=torch.float64)
-        if batch is not None:
-            d = (batch.old_logprobs - batch.rollout_logprobs).abs()  # [N, T]
-            sel = (batch.loss_mask > 0) & d.isfinite()
-            diff = torch.stack([d[sel].double().sum().cpu(), sel.sum().double().cpu()])
-        total, n = dist.all_reduce(diff.tolist()).tolist()
-        return batch, (total / n if n else None)
+        b = tb.select_rows(g, self.device)
+        if b is not None:  # the loss passes' own micro-batches, through the loss's own function
+            ref = self.score_rows(self.ref, b) if self.ref is not None else None
+            b = b._replace(old_logprobs=self.score_rows(self.model, b), ref_logprobs=ref)
+        total, n = dist.all_reduce(tb.mismatch_sums(b)).tolist()
+        return b, (total / n if n else None)
 
-    def update(self, st, b: Batch | None, g: Gathered) -> dict:
+    def update(self, st, b: tb.Batch | None, g: Gathered) -> dict:
         """The step's optimizer updates (phase > epoch > mini-batch), each built from grad_accum backward
         passes (micro-batches). Returns global scalars."""
-        cfg = self.cfg
-        plan = self.plan(b)
+        cfg, plan = self.cfg, self.plan(b)
         # Every rank must join every gradient all-reduce, also one whose groups dynamic sampling all dropped.
         n_updates, any_idle = (int(x) for x in dist.all_reduce([len(plan), b is None], "max"))
         if n_updates == 0:
@@ -263,25 +214,7 @@ class Trainer:
         st.is_bucket_step = st.is_bucket_step and not any_idle  # bucket all-reduces need every rank's buckets
         losses, kls, norms = [], [], []
         for update_id in range(n_updates):
-            u = plan[update_id] if b is not None else None
-            rows = u.rows if u is not None else torch.zeros(0, dtype=torch.long)
-            local = normaliser(cfg.aggregation, b.loss_mask[rows]) if rows.numel() else 0.0
-            rank_scale = dist.rank_scale(local)  # collective: every rank, every update
-            if not rows.numel():  # zeros into the all-reduce: one row's forward, times 0
-                r = g.rollout
-                parts = dist.idle_backward(
-                    self.policy, r.input_ids[:1].to(self.device), r.attention_mask[:1].to(self.device),
-                    r.prompt_len,
-                )
-            else:  # under DDP only the last micro-batch's backward all-reduces the gradients
-                current = b.old_logprobs if update_id == 0 else None  # pi at the start of the first update
-                if current is None and not getattr(self.rule, "pointwise", False):
-                    current = score_logprobs(self.model, b.input_ids, b.attention_mask, b.prompt_len,
-                                             b.completion_ids, [rows[m] for m in u.micro], self.temperature,
-                                             self.autocast)
-                weights = update_weights(self.rule, self.rule_params, b, rows, current)
-                parts = [self.loss_pass(st, b, u, m, weights, update_id, rank_scale, i == len(u.micro) - 1)
-                         for i, m in enumerate(u.micro)]
+            parts = self.backward_passes(st, b, plan[update_id] if b is not None else None, update_id, g)
             losses.append(sum(p[0] for p in parts))
             kls += [p[1] for p in parts]
             # records the norms before clipping, then clips with that same norm (gradients read once)
@@ -292,17 +225,33 @@ class Trainer:
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
         if st.is_bucket_step:  # how the step's updates moved the probabilities of its loss tokens
-            chunks = score_chunks(self.layout(len(b.sample_ids)))
-            new = score_logprobs(self.model, b.input_ids, b.attention_mask, b.prompt_len, b.completion_ids,
-                                 chunks, self.temperature, self.autocast)
-            st.record_prob_change(new, sample_ids=b.sample_ids)
+            st.record_prob_change(self.score_rows(self.model, b), sample_ids=b.sample_ids)
         loss, kl, n_kl = dist.all_reduce([sum(losses), sum(kls), len(kls)]).tolist()
         out = {"loss": loss / dist.world_size() / n_updates, "grad_norm": max(norms), "n_updates": n_updates}
         if cfg.beta > 0:
             out["kl"] = kl / max(n_kl, 1)
         return out
 
-    def plan(self, b: Batch | None) -> list[Update]:
+    def backward_passes(self, st, b: tb.Batch | None, u: tb.Update | None, update_id: int, g: Gathered):
+        """The backward passes of one optimizer update on this rank; [(loss, kl)] per micro-batch."""
+        rows = u.rows if u is not None else torch.zeros(0, dtype=torch.long)
+        local = normaliser(self.cfg.aggregation, b.loss_mask[rows]) if rows.numel() else 0.0
+        rank_scale = dist.rank_scale(local)  # collective: every rank, every update
+        if not rows.numel():  # zeros into the all-reduce: one row's forward, times 0
+            r = g.rollout
+            ids, attn = r.input_ids[:1].to(self.device), r.attention_mask[:1].to(self.device)
+            return dist.idle_backward(self.policy, ids, attn, r.prompt_len)
+        # log pi at the start of the update, for rules with batch statistics: pi_old itself (bitwise) before
+        # the first optimizer step, else one no-grad pass in the loss's own micro-batches
+        current = b.old_logprobs if update_id == 0 else None
+        if current is None and not getattr(self.rule, "pointwise", False):
+            current = self.score_rows(self.model, b, [rows[m] for m in u.micro])
+        weights = tb.update_weights(self.rule, self.rule_params, b, rows, current)
+        # under DDP only the last micro-batch's backward all-reduces the gradients
+        return [self.loss_pass(st, b, u, m, weights, update_id, rank_scale, i == len(u.micro) - 1)
+                for i, m in enumerate(u.micro)]
+
+    def plan(self, b: tb.Batch | None) -> list[tb.Update]:
         """The step's optimizer updates; none without rows."""
         if b is None:
             return []
@@ -311,9 +260,9 @@ class Trainer:
             TokenBatch(b.old_logprobs, b.old_logprobs, b.advantages, b.loss_mask), **self.rule_params
         )
         phases = phase_masks(first, b.loss_mask)  # each [N, T]
-        return plan_updates(self.layout(len(b.sample_ids)), phases, self.cfg.num_iterations)
+        return tb.plan_updates(self.layout(len(b.sample_ids)), phases, self.cfg.num_iterations)
 
-    def loss_pass(self, st, b: Batch, u: Update, micro: Tensor, weights, update_id: int,
+    def loss_pass(self, st, b: tb.Batch, u: tb.Update, micro: Tensor, weights, update_id: int,
                   rank_scale: float = 1.0, sync: bool = True) -> tuple[float, float]:
         """Forward, weighting rule, GRPO loss and backward of one micro-batch (positions `micro` within the
         update's rows); returns (loss, kl). `weights`: the update's weights over its rows (None: the rule
@@ -351,15 +300,9 @@ class Trainer:
         """Greedy accuracy on the held-out problems, per difficulty, into the evals table (each rank
         evaluates every world_size-th problem; rank 0 writes the summed counts)."""
         with self.autocast():
-            mine = evaluate(
-                self.model,
-                self.tok,
-                self.task,
-                self.eval_problems[dist.rank() :: dist.world_size()],
-                self.cfg.max_new_tokens,
-                self.cfg.max_turns,
-                self.cfg.prompts_per_step * self.cfg.group_size,
-            )
+            cfg, mine = self.cfg, self.eval_problems[dist.rank() :: dist.world_size()]
+            mine = evaluate(self.model, self.tok, self.task, mine, cfg.max_new_tokens, cfg.max_turns,
+                            cfg.prompts_per_step * cfg.group_size)
         results = dist.merge_accuracies(mine, sorted({str(p.difficulty) for p in self.eval_problems}))
         for difficulty, (accuracy, n) in results.items() if dist.is_main() else ():
             self.rec.log_eval(step, task=self.cfg.task, difficulty=difficulty, accuracy=accuracy, n=n)
@@ -396,29 +339,13 @@ class Trainer:
         return [pool[(first + j) % len(pool)] for j in range(B)][self.share]
 
     def layout(self, n_rows: int) -> list[list[Tensor]]:
-        return row_layout(n_rows, self.cfg.mini_batches, self.cfg.grad_accum, self.device)
+        return tb.row_layout(n_rows, self.cfg.mini_batches, self.cfg.grad_accum, self.device)
 
-    def log_samples(self, st, g: Gathered) -> None:
-        r = g.rollout
-        G = self.cfg.group_size
-        per_row = lambda xs: [x for x in xs for _ in range(G)]  # noqa: E731  prompt-level -> row-level
-        meta = {k: per_row(v) for k, v in scalar_meta(r.problems).items()}
-        st.samples(
-            sample_ids=g.sample_ids.tolist(),
-            group_ids=g.group_ids.tolist(),
-            prompts=per_row([p.prompt for p in r.problems]),
-            completions=r.texts,
-            rewards=r.rewards.flatten().tolist(),
-            advantages=g.advantages.flatten().tolist(),
-            lengths=r.mask.sum(1).long().tolist(),
-            task=self.cfg.task,
-            difficulty=per_row([str(p.difficulty) for p in r.problems]),
-            correct=r.correct.flatten().long().tolist(),
-            in_update=g.in_update.long().tolist(),
-            n_tool_calls=list(r.n_tool_calls),
-            answer=per_row([str(p.answer) for p in r.problems]),
-            **meta,
-        )
+    def score_rows(self, model, b: tb.Batch, chunks: list[Tensor] | None = None) -> Tensor:
+        """[N, T] log pi of the batch under `model` (rows in `chunks`, default all in the loss's chunks)."""
+        chunks = chunks if chunks is not None else tb.score_chunks(self.layout(len(b.sample_ids)))
+        return score_logprobs(model, b.input_ids, b.attention_mask, b.prompt_len, b.completion_ids, chunks,
+                              self.temperature, self.autocast)
 
 
 def _rule_kwargs(cfg: TrainConfig) -> dict:

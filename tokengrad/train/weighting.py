@@ -149,6 +149,13 @@ def validate_params(name: str, params: dict) -> None:
         raise ValueError(f"weighting rule {name!r} has no parameters {unknown}; it takes {known}")
 
 
+def rule_meta(name: str, params: dict) -> dict:
+    """meta.json's description of a rule: name, scalar parameters (defaults filled in) and w(p) curve."""
+    full = {**rule_params(name), **params}
+    full = {k: v for k, v in full.items() if isinstance(v, (int, float, str, bool, type(None)))}
+    return {"name": name, "params": full, "curve": weight_curve(name, params)}
+
+
 def weight_curve(name: str, params: dict | None = None, n: int = 101) -> dict | None:
     """w(p) on ``n`` grid points of p in [0, 1] for pointwise rules, else None.
 
