@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -255,3 +256,60 @@ def test_prob_change_covers_every_pass_bucketed_by_pi_old(tmp_path):
     # correct ratio: A > 0 tokens whose log-prob rose; the token at p = 1 cannot rise and is left out
     assert b["correct_ratio"].tolist()[0] == 1.0 and b["correct_ratio"].tolist()[2] == 0.0
     assert b["correct_ratio"].tolist()[3] == 1.0
+
+
+# ---- refusals and labels -------------------------------------------------------------------------------
+CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("tiny_*"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_tiny_configs_have_reward_spread_and_a_gradient(tmp_path, path):
+    run = load_run(train(str(path), steps=1, eval_every=0, bucket_every=0, checkpoint=False, progress=False,
+                         run_dir=str(tmp_path / "run")))
+    assert run.steps["reward_std"].item() > 0 and run.steps["grad_norm"].item() > 0
+
+
+def test_charset_reward_is_the_share_of_the_asked_class():
+    from tokengrad.train.tasks import get_task
+
+    task = get_task("charset", classes=["digit"])
+    p = task.train_problems(1, 0)[0]
+    assert p.answer == "digit" and "digits" in p.prompt
+    assert task.reward(p, "12ab") == 0.5 and task.reward(p, "") == 0.0 and task.is_correct(p, "123a")
+    with pytest.raises(ValueError, match="charset classes"):
+        get_task("charset", classes=["emoji"])
+
+
+def test_closing_line_counts_steps_without_gradient(tmp_path, capsys):
+    train(tiny(tmp_path, "tied", steps=2, task_params={"constant": True}))
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "2 steps, 2 with zero gradient (2 with tied rewards" in line
+    train(tiny(tmp_path, "live", steps=1))
+    assert "1 steps, 0 with zero gradient;" in capsys.readouterr().err
+
+
+def test_tr_grpo_ratio_placement_warns_when_the_weight_exceeds_the_clip(tmp_path):
+    from tokengrad.train.weighting import check_rule
+
+    assert check_rule("tr_grpo", {}, eps_low=0.2, eps_high=0.2) == []  # placement "loss"
+    msgs = check_rule("tr_grpo", {"placement": "ratio"}, eps_low=0.2, eps_high=0.2)
+    assert len(msgs) == 1 and "p > 0.19" in msgs[0]
+    assert check_rule("tr_grpo", {"placement": "ratio"}, eps_low=0.2, eps_high=0.4) == []
+    with pytest.warns(UserWarning, match="upper=1.4 > 1 \\+ eps_high = 1.2"):
+        train(tiny(tmp_path, weighting="tr_grpo", weighting_params={"placement": "ratio"}))
+    # the documented threshold: w(p) = 2 (sigmoid(9 p) - 0.25) crosses 1.2 at p = ln(0.85 / 0.15) / 9
+    p = math.log(0.85 / 0.15) / 9
+    assert p == pytest.approx(0.1927, abs=1e-4)
+    assert 2 * (1 / (1 + math.exp(-9 * p)) - 0.25) == pytest.approx(1.2)
+
+
+def test_head_grad_norm_doc_names_the_tied_embedding_path():
+    doc = {c.name: c.doc for c in schema.TOKENS}["head_grad_norm"]
+    assert "tied" in doc and "embedding" in doc
+
+
+def test_requires_python_311():
+    import tomllib
+
+    meta = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    assert meta["project"]["requires-python"] == ">=3.11"

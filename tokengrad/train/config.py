@@ -1,6 +1,6 @@
 """The trainer's configuration: one flat dataclass, loaded from TOML (or YAML) plus `key=value` overrides.
 
-    cfg = load_config("configs/tiny_kk.toml", ["steps=2", "weighting=tr_grpo", "weighting_params.alpha=3"])
+    cfg = load_config("configs/tiny_charset.toml", ["steps=2", "weighting=ar", "weighting_params.alpha=0.2"])
     cfg = make_config({"task": "countdown", "lr": 1e-5})         # from a dict (the Python API)
 
 Every field carries its default and a one-line meaning (`describe_config()` prints them). Loading checks
@@ -14,10 +14,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import tomllib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
-
-import tomllib
 
 Check = Callable[[Any], "str | None"]  # returns an error message, or None when the value is fine
 

@@ -1,7 +1,7 @@
 """The built-in GRPO / TR-GRPO trainer: a readable loop of setup(), step() and train().
 
-    tokengrad train configs/tiny_kk.toml steps=20 weighting=tr_grpo
-    run_dir = tokengrad.train("configs/tiny_kk.toml", steps=20, weighting="tr_grpo")
+    tokengrad train configs/tiny_charset.toml steps=20 weighting=tr_grpo
+    run_dir = tokengrad.train("configs/tiny_charset.toml", steps=20, weighting="tr_grpo")
 
 One step (GRPO, arXiv 2402.03300, with DAPO's options, arXiv 2503.14476):
   1. generate  B prompts x G sampled completions at temperature T; tool tasks get their tool turns; with
@@ -365,8 +365,8 @@ def _frozen(model, device) -> torch.nn.Module:
 def train(
     config_or_path: str | os.PathLike | TrainConfig | Mapping[str, Any] | None = None, **overrides
 ) -> Path:
-    """Run the trainer; returns the run directory. `config_or_path`: a TOML/YAML path, a TrainConfig, a
-    dict of keys, or None (defaults); keyword overrides win, e.g. `train("configs/tiny_kk.toml", steps=2)`."""
+    """Run the trainer; returns the run directory. `config_or_path`: a TOML/YAML path, a TrainConfig, a dict
+    of keys, or None (defaults); keyword overrides win, e.g. `train("configs/tiny_charset.toml", steps=2)`."""
     if isinstance(config_or_path, TrainConfig):
         cfg = make_config({**config_or_path.to_dict(), **overrides})
     elif isinstance(config_or_path, Mapping):
