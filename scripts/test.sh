@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up (idempotent) and run the whole test suite: ruff, the default (fast, offline) tier, then the tests marked
-# slow, torchrun, browser or subprocess once (pyproject.toml [tool.pytest.ini_options] lists the tiers).
+# slow, torchrun, browser or subprocess once (pyproject.toml [tool.pytest.ini_options] lists the tiers), then
+# verl's tests in their own environment (.venv-verl, built by scripts/verl_env.sh; docs/verl.md says why).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -10,3 +11,6 @@ ruff check .
 python -m pytest -q -p no:cacheprovider "$@"
 python -m pytest -q -p no:cacheprovider -m "slow or torchrun or browser or subprocess" "$@" \
   || { rc=$?; [ "$rc" = 5 ] && echo "no tests in the second tier" || exit "$rc"; }
+deactivate
+bash scripts/verl_env.sh
+PYTHONPATH="$PWD" .venv-verl/bin/python -m pytest -q -p no:cacheprovider tests/test_verl.py "$@"

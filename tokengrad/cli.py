@@ -4,6 +4,7 @@
     tokengrad dashboard sample_runs --port 8501
     tokengrad export sample_runs/* --out figures --format pdf
     tokengrad inspect sample_runs/grpo            # summary of a run;  --schema prints the run format
+    tokengrad publish sample_runs/grpo --tensorboard tb   # aggregates to TensorBoard (--wandb PROJECT)
 
 Each subcommand's own options: `tokengrad SUBCOMMAND --help`.
 
@@ -33,6 +34,11 @@ SUBCOMMANDS = {
     ),
     "export": ("tokengrad.figures.export", "cli_export", "write the paper figure set of runs as PNG/SVG/PDF"),
     "inspect": ("tokengrad.cli", "cli_inspect", "print a run's summary, or the run-format schema"),
+    "publish": (
+        "tokengrad.integrations.trackers",
+        "cli_publish",
+        "write a run's aggregates to TensorBoard / W&B",
+    ),
 }
 
 

@@ -43,7 +43,7 @@ from tokengrad.record.recorder import Recorder
 from tokengrad.train import batch as tb
 from tokengrad.train import distributed as dist
 from tokengrad.train.advantages import keep_groups
-from tokengrad.train.checkpoint import checkpoint_path, resolve_run_dir, resume_state, save_checkpoint
+from tokengrad.train.checkpoint import checkpoint_after_step, checkpoint_path, resolve_run_dir, resume_state
 from tokengrad.train.config import TrainConfig, describe_config, load_config, make_config
 from tokengrad.train.loss import micro_batch_share, normaliser, phase_masks, policy_loss
 from tokengrad.train.models import load_model
@@ -111,7 +111,8 @@ class Trainer:
             self.run_dir, model=self.model, tokenizer=self.tok, config=cfg.to_dict(),
             run_name=cfg.run_name or self.run_dir.name, model_name=cfg.model,
             weighting=rule_meta(cfg.weighting, self.rule_params), bucket_every=cfg.bucket_every,
-            resume_step=self.start_step if state else None, temperature=self.temperature,
+            resume_step=self.start_step if cfg.resume else None,  # no checkpoint yet: from step 0
+            temperature=self.temperature,
         )
         self.dead_steps = {"tied": 0, "other": 0}  # steps without a gradient, by cause
         return self
@@ -123,6 +124,8 @@ class Trainer:
                    disable=not cfg.progress or not dist.is_main(), desc=f"{cfg.task}/{cfg.weighting}",
                    dynamic_ncols=True)
         with dist.ending(self.owns_group), self.rec:
+            if cfg.eval_every and cfg.eval_at_start and self.start_step == 0:
+                self.evaluate(-1)  # the starting policy, logged as step -1: before step 0's update
             for step in bar:
                 logged = self.step(step)
                 bar.set_postfix(
@@ -133,9 +136,9 @@ class Trainer:
                     self.evaluate(step)
                 every = cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0
                 if cfg.checkpoint and (last or every):
-                    # rank 0 writes it; the other ranks wait until it is complete
-                    dist.on_main(lambda: save_checkpoint(self.run_dir, step, self.model, self.tok, self.opt,
-                                                         cfg.to_dict()))
+                    # every rank's rows of steps <= step reach disk first; rank 0 writes it
+                    checkpoint_after_step(self.rec, self.run_dir, step, self.model, self.tok, self.opt,
+                                          cfg.to_dict())
         if dist.is_main():
             print(self.closing_line(), file=sys.stderr)
         return self.run_dir

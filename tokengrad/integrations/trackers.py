@@ -1,0 +1,213 @@
+"""Tracker backends: a run's aggregates (tracker_scalars.TAGS) in TensorBoard or Weights & Biases.
+
+    tokengrad publish runs/demo --tensorboard tb/ --wandb my-project      # a finished or running run
+
+    from tokengrad.integrations.trackers import make_tracker
+    tb = make_tracker("tensorboard", "tb/demo")                           # or TensorBoardTracker("tb/demo")
+    with Recorder("runs/demo", model=model, trackers=[tb]) as rec: ...    # the same scalars, live
+
+Backends live in the TRACKERS registry (name -> class taking one target argument: a log directory, a
+project). A backend opens its writer on the first scalar, so trackers handed to every rank create files
+only where the Recorder publishes (rank 0). The Recorder passes each step's tables through `tee`, which
+publishes them on the writer thread once they are built: tracking never holds up the training step.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterable
+from itertools import groupby
+
+from tokengrad.integrations.tracker_scalars import Scalar, run_scalars, table_scalars
+from tokengrad.registry import Registry
+
+TRACKERS: Registry = Registry("tracker")
+STEP_KEY = "step"  # W&B: the x axis the tokengrad/* metrics are plotted against
+
+
+class Tracker:
+    """A destination for scalars. Subclasses implement `_open()` and `_write(step, {tag: value})`."""
+
+    def __init__(self):
+        self._opened = False
+        self._lock = threading.Lock()
+
+    # ---- what subclasses implement ----------------------------------------------------------------
+    def _open(self) -> None:
+        raise NotImplementedError
+
+    def _write(self, step: int, values: dict[str, float]) -> None:
+        raise NotImplementedError
+
+    def _close(self) -> None:
+        raise NotImplementedError
+
+    # ---- public ---------------------------------------------------------------------------------------
+    def publish(self, scalars: Iterable[Scalar]) -> int:
+        """Write scalars (in step order, as trackers like W&B require); returns how many were written."""
+        ordered = sorted(scalars, key=lambda s: s.step)
+        if not ordered:
+            return 0
+        with self._lock:
+            if not self._opened:
+                self._open()
+                self._opened = True
+            for step, group in groupby(ordered, key=lambda s: s.step):
+                self._write(int(step), {s.tag: float(s.value) for s in group})
+        return len(ordered)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._opened:
+                self._close()
+                self._opened = False
+
+    def tee(self, bundle: dict[str, object]) -> dict[str, object]:
+        """A Recorder bundle (table -> pyarrow Table or zero-argument callable) whose tables, once all are
+        built on the writer thread, are also published here. A table that fails to build is left out."""
+        built: dict = {}
+        left = [len(bundle)]
+
+        def wrap(name: str, payload):
+            # a record.writer.Rows (build, n) keeps its row count; read without importing the torch side
+            rows = hasattr(payload, "build") and hasattr(payload, "n")
+            make = payload.build if rows else payload
+
+            def build():
+                try:
+                    data = make() if callable(make) else make
+                    if data is not None and data.num_rows:
+                        built[name] = data.to_pandas()
+                    return data
+                finally:
+                    left[0] -= 1
+                    if left[0] == 0:
+                        self.publish(table_scalars(built))
+
+            return type(payload)(build, payload.n) if rows else build
+
+        return {name: wrap(name, payload) for name, payload in bundle.items()}
+
+    def __enter__(self) -> "Tracker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@TRACKERS.register("tensorboard")
+class TensorBoardTracker(Tracker):
+    """Event files under `logdir`, written with TensorBoard's own EventFileWriter (no torch needed)."""
+
+    def __init__(self, logdir: str | os.PathLike):
+        super().__init__()
+        self.logdir = os.fspath(logdir)
+        self._writer = None
+
+    def _open(self) -> None:
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        os.makedirs(self.logdir, exist_ok=True)
+        self._writer = EventFileWriter(self.logdir, flush_secs=10)
+
+    def _write(self, step: int, values: dict[str, float]) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        summary = Summary(value=[Summary.Value(tag=t, simple_value=v) for t, v in values.items()])
+        self._writer.add_event(Event(wall_time=time.time(), step=step, summary=summary))
+
+    def flush(self) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+
+    def _close(self) -> None:
+        self._writer.close()
+        self._writer = None
+
+
+@TRACKERS.register("wandb")
+class WandbTracker(Tracker):
+    """A W&B run in `project`. `mode="offline"` writes locally (synced later with `wandb sync`); extra keyword
+    arguments go to `wandb.init` (name, dir, config, ...)."""
+
+    def __init__(self, project: str, mode: str | None = None, **init_kwargs):
+        super().__init__()
+        self.project, self.mode, self.init_kwargs = project, mode, init_kwargs
+        self.run = None
+
+    def _open(self) -> None:
+        import wandb
+
+        kwargs = dict(self.init_kwargs)
+        if self.mode is not None:
+            kwargs["mode"] = self.mode
+        self.run = wandb.init(project=self.project, reinit="create_new", **kwargs)
+        # plot against tokengrad's step, not W&B's own log counter
+        self.run.define_metric(STEP_KEY)
+        self.run.define_metric("tokengrad/*", step_metric=STEP_KEY)
+
+    def _write(self, step: int, values: dict[str, float]) -> None:
+        self.run.log({**values, STEP_KEY: step})
+
+    def _close(self) -> None:
+        self.run.finish()
+        self.run = None
+
+
+def make_tracker(kind: str, target: str, **kwargs) -> Tracker:
+    """A registered backend by name: make_tracker("tensorboard", "tb/"), make_tracker("wandb", "proj")."""
+    return TRACKERS[kind](target, **kwargs)
+
+
+def publish_run(run, trackers: Iterable[Tracker]) -> int:
+    """Every scalar of a run (`tokengrad.runs.Run`) to each tracker; returns the number of scalars."""
+    scalars = run_scalars(run)
+    for tracker in trackers:
+        tracker.publish(scalars)
+    return len(scalars)
+
+
+def cli_publish(argv: list[str]) -> int:
+    """`tokengrad publish RUN --tensorboard DIR --wandb PROJECT`."""
+    import argparse
+
+    from tokengrad.runs import load_run
+
+    p = argparse.ArgumentParser(
+        prog="tokengrad publish",
+        description="Write a run's per-step aggregates (grad norms, bucket shares, dead steps, evals, step "
+        "scalars) to TensorBoard and/or W&B; docs/trackers.md lists the tags.",
+    )
+    p.add_argument("run", help="run directory")
+    p.add_argument("--tensorboard", metavar="DIR", help="write TensorBoard event files into DIR")
+    p.add_argument("--wandb", metavar="PROJECT", help="log to this W&B project")
+    p.add_argument("--wandb-mode", choices=["online", "offline"], default=None,
+                   help="W&B mode (default: WANDB_MODE or online); offline runs sync with `wandb sync`")
+    p.add_argument("--wandb-name", default=None, help="W&B run name (default: the run's name)")
+    p.add_argument("--wandb-dir", default=None, help="where W&B keeps its files (default: WANDB_DIR or .)")
+    args = p.parse_args(argv)
+    if not (args.tensorboard or args.wandb):
+        p.error("give --tensorboard DIR and/or --wandb PROJECT")
+    run = load_run(args.run)
+    trackers = []
+    if args.tensorboard:
+        trackers.append(make_tracker("tensorboard", args.tensorboard))
+    if args.wandb:
+        name = args.wandb_name or run.name
+        config = run.meta.get("config") or {}
+        extra = {"dir": args.wandb_dir} if args.wandb_dir else {}
+        trackers.append(
+            make_tracker("wandb", args.wandb, mode=args.wandb_mode, name=name, config=config, **extra)
+        )
+    try:
+        n = publish_run(run, trackers)
+    finally:
+        for t in trackers:
+            t.close()
+    where = " and ".join(f"{type(t).__name__[:-7]} ({t.logdir if hasattr(t, 'logdir') else t.project})"
+                         for t in trackers)
+    print(f"published {n} scalars of {run.name} to {where}")
+    return 0

@@ -1,0 +1,192 @@
+"""Record verl actor updates and train with tokengrad's weighting rules inside verl (extra `verl`).
+
+A verl user installs the extra and sets one config entry:
+
+    actor_rollout_ref.actor.policy_loss.loss_mode=tokengrad            # verl's PPO loss, recorded
+    actor_rollout_ref.actor.policy_loss.loss_mode=tokengrad_tr_grpo    # TR-GRPO weighting, recorded
+
+verl imports the `verl.plugins` entry point group in every process (verl/__init__.py); tokengrad's entry
+(tokengrad.integrations.verl_plugin) registers these names with `register_policy_loss` in
+verl/trainer/ppo/core_algos.py. verl's loss entry, `ppo_loss` in verl/workers/utils/losses.py, calls the
+registered function with the padded `log_prob` [B, T] the actor's gradient flows through; tokengrad tracks
+that tensor, so an autograd hook reads the exact coef = dL/dlog pi_t of verl's actor loss (policy term
+under every `loss_agg_mode`, and the KL loss, which is built on the same log_prob), and delegates the
+loss itself to verl's `compute_policy_loss_vanilla` (nothing of verl's loss is re-implemented). A
+weighting rule acts as a per-token scale of dL/dlog pi_t in backward, as in the TRL integration.
+
+Each process writes its own rank's files into one run directory: $TOKENGRAD_RUN_DIR (on storage shared by
+all nodes; default ./tokengrad_runs/verl). One tokengrad step is one optimizer update of the actor
+(a `train_batch` of verl's engine: one PPO mini-batch), closed by torch's global optimizer-step hook.
+docs/verl.md lists what is recorded and what this seam cannot see (token ids, rewards, block norms).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+
+import torch
+
+from tokengrad.record.recorder import Recorder
+from tokengrad.train.weighting import TokenBatch
+
+TESTED_VERL = ("0.9", "0.10")  # [lowest, first untested) minor versions; keep in step with the `verl` extra
+RUN_DIR_ENV = "TOKENGRAD_RUN_DIR"
+DEFAULT_RUN_DIR = os.path.join("tokengrad_runs", "verl")
+LOSS_PREFIX = "tokengrad"
+UNKNOWN_TOKEN = -1  # token_id of every row: verl's policy-loss seam passes log-probs, not token ids
+SAMPLE_STRIDE = 1 << 32  # sample_id = rank * SAMPLE_STRIDE + row: unique over ranks within a step
+
+
+def loss_name(rule: str | None) -> str:
+    """The verl `loss_mode` of a tokengrad rule (None: verl's PPO loss, recorded)."""
+    return LOSS_PREFIX if rule is None else f"{LOSS_PREFIX}_{rule}"
+
+
+def check_verl_version(version: str) -> bool:
+    from packaging.version import Version
+
+    lo, hi = (Version(v).release[:2] for v in TESTED_VERL)
+    return lo <= Version(version).release[:2] < hi
+
+
+def register_losses() -> list[str]:
+    """Register every tokengrad loss with verl's policy-loss registry; returns the names registered."""
+    import verl
+    from verl.trainer.ppo import core_algos
+
+    from tokengrad.integrations.trl import supported_weightings
+
+    if not check_verl_version(verl.__version__):
+        raise RuntimeError(
+            f"tokengrad's verl integration is tested with verl>={TESTED_VERL[0]},<{TESTED_VERL[1]} but verl "
+            f"{verl.__version__} is installed; its policy-loss signature may differ. Install tokengrad[verl]."
+        )
+    names = []
+    for rule in [None, *supported_weightings()]:
+        name = loss_name(rule)
+        if name not in core_algos.POLICY_LOSS_REGISTRY:
+            core_algos.register_policy_loss(name)(make_policy_loss(rule))
+        names.append(name)
+    return names
+
+
+def make_policy_loss(rule: str | None):
+    """A verl PolicyLossFn: verl's vanilla PPO loss on the tracked (and, with a rule, rescaled) log_prob."""
+    from tokengrad.integrations.trl import resolve_weighting
+
+    resolved = resolve_weighting(rule, None)
+
+    def policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                    config=None, rollout_is_weights=None):
+        from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla
+
+        weights = _weights(resolved, log_prob, old_log_prob, advantages, response_mask)  # [B, T] or None
+        if torch.is_grad_enabled() and log_prob.requires_grad:
+            recording(rule).track(log_prob, old_log_prob, advantages, response_mask, weights)
+        pg_loss, metrics = compute_policy_loss_vanilla(
+            old_log_prob, log_prob, advantages, response_mask, loss_agg_mode=loss_agg_mode, config=config,
+            rollout_is_weights=rollout_is_weights,
+        )
+        if weights is not None:
+            metrics["tokengrad/weight_mean"] = float(weights[response_mask.bool()].mean())
+        return pg_loss, metrics
+
+    policy_loss.__doc__ = f"verl's vanilla PPO loss, recorded by tokengrad; weighting: {rule or 'none'}"
+    return policy_loss
+
+
+def _weights(resolved, log_prob, old, adv, mask) -> torch.Tensor | None:
+    if resolved is None:
+        return None
+    rule, params = resolved
+    tw = rule(TokenBatch(log_prob.detach(), old.detach(), adv.detach(), mask.float()), **params)
+    if tw.loss_weight is None and tw.advantage_weight is None:
+        return None
+    return tw.effective().to(log_prob.device, log_prob.dtype)  # [B, T]
+
+
+class VerlRecording:
+    """The recorder of one verl process; a step spans the loss passes until the next optimizer update."""
+
+    def __init__(self, run_dir: str | os.PathLike, rule: str | None):
+        import verl
+
+        from tokengrad.integrations.trl import _weighting_meta
+
+        meta = _weighting_meta(rule, None)
+        self.recorder = Recorder(
+            run_dir,
+            config={"integration": "verl", "verl_version": verl.__version__, "loss_mode": loss_name(rule)},
+            weighting=meta,
+        ).open()
+        self.rule = rule
+        self.step = None
+        self.next_step = 0
+        self._rows = 0
+        self._lock = threading.Lock()
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self._hook = register_optimizer_step_post_hook(self._on_update)
+
+    def track(self, log_prob, old_log_prob, advantages, response_mask, weights) -> None:
+        with self._lock:
+            if self.step is None:
+                self.step = self.recorder.begin_step(self.next_step)
+                self._rows = 0
+            n, t = log_prob.shape
+            first = self.recorder.rank * SAMPLE_STRIDE + self._rows
+            self._rows += n
+            sid = torch.arange(first, first + n, device=log_prob.device)  # [B]
+            self.step.track(
+                log_prob,
+                token_ids=torch.full((n, t), UNKNOWN_TOKEN, dtype=torch.long, device=log_prob.device),
+                mask=response_mask,
+                old_logprobs=old_log_prob,
+                advantages=advantages,
+                weights=weights,
+                scale_grad=weights,
+                sample_ids=sid,
+            )
+
+    def _on_update(self, optimizer, args, kwargs) -> None:
+        with self._lock:
+            if self.step is not None:
+                self.recorder.end_step()
+                self.step = None
+                self.next_step += 1
+
+    def close(self) -> None:
+        """End the open step and close the recorder (finished steps are already on disk)."""
+        with self._lock:
+            self._hook.remove()
+            if self.step is not None:
+                self.recorder.end_step()
+                self.step = None
+            self.recorder.close()
+
+
+_RECORDING: VerlRecording | None = None
+
+
+def recording(rule: str | None = None) -> VerlRecording:
+    """This process's recording, opened by the first tokengrad loss call into $TOKENGRAD_RUN_DIR."""
+    global _RECORDING
+    if _RECORDING is None:
+        _RECORDING = VerlRecording(os.environ.get(RUN_DIR_ENV, DEFAULT_RUN_DIR), rule)
+        atexit.register(close_recording)
+    elif _RECORDING.rule != rule:
+        raise ValueError(
+            f"this process records loss_mode {loss_name(_RECORDING.rule)!r}; one process runs one tokengrad "
+            f"loss, got {loss_name(rule)!r} as well"
+        )
+    return _RECORDING
+
+
+def close_recording() -> None:
+    """Close this process's recording (also run at exit); the next tokengrad loss call opens a new one."""
+    global _RECORDING
+    rec, _RECORDING = _RECORDING, None
+    if rec is not None:
+        rec.close()
