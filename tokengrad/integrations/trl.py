@@ -31,6 +31,7 @@ import warnings
 import torch
 from transformers import TrainerCallback
 
+from tokengrad.integrations.trl_deepspeed import DeepSpeedNorms, check_deepspeed, deepspeed_setup
 from tokengrad.integrations.trl_fused import FusedCapture, fused_token_stats
 from tokengrad.record.recorder import Recorder
 from tokengrad.record.stats import TokenStats
@@ -72,6 +73,7 @@ def attach(trainer, run_dir, *, weighting: str | None = None, weighting_params: 
 
     check_trl_version(trl.__version__, allow_untested_trl)
     check_trainer(trainer)
+    check_deepspeed(deepspeed_setup(trainer), bucket_every)  # docs/deepspeed.md
     rule = resolve_weighting(weighting, weighting_params)
     tokenizer = getattr(trainer, "_tokenizer", None) or trainer.processing_class
     model_cfg = getattr(trainer.model, "config", None)
@@ -168,7 +170,10 @@ def _weighting_meta(name: str | None, params: dict | None) -> dict | None:
 
 def _run_config(trainer, trl_version: str) -> dict:
     args = trainer.args.to_dict() if hasattr(trainer.args, "to_dict") else dict(vars(trainer.args))
-    return {"integration": "trl", "trl_version": trl_version, "trainer": type(trainer).__name__, "args": args}
+    ds = deepspeed_setup(trainer)
+    extra = {} if ds is None else {"deepspeed": {"zero_stage": ds.zero_stage, "config": ds.config}}
+    return {"integration": "trl", "trl_version": trl_version, "trainer": type(trainer).__name__, "args": args,
+            **extra}
 
 
 # ---- the recording ------------------------------------------------------------------------------
@@ -199,6 +204,8 @@ class TRLRecording:
         self._patch(t, "_calculate_rewards", self._calculate_rewards)
         self._patch(t.accelerator, "clip_grad_norm_", self._clip_grad_norm)
         self._patch(t.accelerator, "backward", self._backward)
+        if deepspeed_setup(t) is not None:  # norms through DeepSpeed's API: .grad is partitioned
+            DeepSpeedNorms(self).install()
         self._fused.install()
         self._callback = _Callback(self)
         t.add_callback(self._callback)
