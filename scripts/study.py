@@ -1,29 +1,29 @@
-"""A small study: token-weighting rules x seeds on one config, summarised in one table.
+"""The lab study: token-weighting rules x paired seeds on the lab model, with bootstrap intervals.
 
-    python scripts/study.py                                   # configs/sample_study.toml, 3 rules x 3 seeds
-    python scripts/study.py --seeds 0 1 2 3 4 --out runs/study5 --table docs/study5.md
-    python scripts/study.py --table-only                      # re-summarise finished runs, train nothing
-    python scripts/study.py --table-only --out sample_runs --name {rule} --seeds 0   # the sample runs' row
-    python scripts/study.py --set model=tiny steps=4 --out /tmp/study_smoke   # a smoke run of the pipeline
+    python scripts/study.py                        # 7 rules x 5 seeds + SFT control -> runs/study
+    python scripts/study.py --seeds 0 1 2 --rules grpo tr_grpo --out runs/study3
+    python scripts/study.py --table-only           # re-summarise finished runs, train nothing
+    python scripts/study.py --set steps=4 eval_per_difficulty=2 --out /tmp/smoke   # pipeline smoke test
 
-Each (rule, seed) trains into OUT/<rule>-s<seed> (--name); a finished run there is reused, so an interrupted
-study continues where it stopped. The table (markdown, printed and written to --table) has one row per rule
-with the mean and standard deviation over seeds of the following ("(n=k)": only k seeds have a value, e.g.
-a seed whose analysed steps all had zero gradient has no low_update):
+Every (rule, seed) trains configs/lab_add_<rule>.toml with that seed into OUT/<rule>-s<seed> (a finished
+run there is reused, so an interrupted study continues). Seeds are paired: the same seed gives every rule
+the same training prompts, held-out set and step-0 sampling stream. The control continues the lab model's
+own SFT (sloppy-carry teacher, the RL learning rate, batch = prompts x group) for the wall time of the
+same seed's grpo run, evaluated on the same held-out set (OUT/control-s<seed>.json).
 
-    final_reward      mean reward over the last 10% of steps (tokengrad.figures.summary.final_value)
-    mean_reward       mean reward over all steps
-    eval_d<k>         greedy held-out accuracy at the last evaluation, difficulty k (digits, people, ...)
-    grad_norm_cv      std / mean of the pre-clip total gradient norm per step
-                      (summary.coefficient_of_variation)
-    grad_norm_cv_signal  the same over the steps with a gradient (grad_norm > 0, see zero_steps)
-    spikes            gradient-norm spikes, robust z-score > 3.5 (summary.summarize_run / find_spikes)
-    zero_steps        steps whose every group had equal rewards: no advantage, zero gradient
-    low_tokens        share of loss tokens with probability < 0.25 (every step, tokens table)
-    low_update        that bucket's share of the update, <g_B, g> / |g|^2 (bucket analysis steps)
-    low_logit_grad    its share of the summed per-token logit-gradient norms (every step, tokens table)
-
-Rule parameters are the ones of the sample runs (scripts/make_sample_runs.py RULES).
+Per run (tokengrad run format; "live" = steps whose update had a non-zero gradient):
+    acc_start, acc_final, acc_gain   held-out greedy exact match at step -1 and after the last step
+    acc_d<k>, gain_d<k>              the same by difficulty (number of carries k)
+    live_share                       share of steps with a gradient
+    low_tokens, low_update           AR-Lopti premise: p < 0.25 tokens' share of the loss tokens and of the
+                                     update <g_B, g>/|g|^2 (|g|^2-weighted over updates), live bucket steps
+    cr_<bucket>                      correct ratio by probability bucket (share of positive-advantage
+                                     tokens whose probability rose), mean over live bucket steps
+    grad_cv, spikes                  TR-GRPO: std/mean of the grad norm and robust-z spikes, live steps
+    entropy_start, entropy_end       mean token entropy over the first / last 10 % of steps
+Summary (written to --table, docs/study_results.md by default): mean over seeds with a percentile
+bootstrap 95 % interval (resampling seeds), and for every rule the paired difference to grpo.
+Figures (--figures): entropy trajectories and accuracy gains, rendered by tokengrad's export module.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import argparse
 import json
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -41,120 +42,173 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
-
-from make_sample_runs import RULES  # noqa: E402
 
 import tokengrad  # noqa: E402
 from tokengrad import load_run  # noqa: E402
-from tokengrad.figures.summary import coefficient_of_variation, summarize_run  # noqa: E402
-from tokengrad.train.checkpoint import checkpoint_path  # noqa: E402
-from tokengrad.train.config import parse_override  # noqa: E402
+from tokengrad.figures.smoothing import find_spikes  # noqa: E402
+from tokengrad.figures.summary import coefficient_of_variation  # noqa: E402
+from tokengrad.train.config import load_config, parse_override  # noqa: E402
 
-CONFIG = ROOT / "configs" / "sample_study.toml"
+RULES = ("grpo", "tr_grpo", "tr_grpo_reverse", "ar", "lopti", "ar_lopti", "cw_grpo")
 LOW_EDGE = 0.25  # the lowest probability bucket of the default edges [0, .25, .5, .75, 1]
-METRICS = (
-    "final_reward",
-    "mean_reward",
-    "grad_norm_cv",
-    "grad_norm_cv_signal",
-    "spikes",
-    "zero_steps",
-    "low_tokens",
-    "low_update",
-    "low_logit_grad",
-)
+TEACHER_DROP = 0.5  # the sloppy-carry teacher of scripts/make_lab_model.py
+N_BOOT = 10_000
 
 
-def run_one(rule: str, seed: int, run_dir: Path, config: Path, overrides: dict) -> Path:
-    """Train (rule, seed) into run_dir unless a finished run is already there; returns run_dir."""
+def config_path(rule: str) -> Path:
+    return ROOT / "configs" / f"lab_add_{rule}.toml"
+
+
+def run_one(rule: str, seed: int, run_dir: Path, overrides: dict) -> Path:
+    """Train (rule, seed) into run_dir unless a finished run is there; its wall time goes to study.json."""
     meta = run_dir / "meta.json"
     if meta.exists() and json.loads(meta.read_text()).get("finished"):
         return run_dir
     shutil.rmtree(run_dir, ignore_errors=True)
-    tokengrad.train(
-        str(config),
-        weighting=rule,
-        weighting_params=RULES[rule],
-        seed=seed,
-        run_dir=str(run_dir),
-        run_name=f"{rule}-s{seed}",
-        **({"progress": False} | overrides),
-    )
-    shutil.rmtree(checkpoint_path(run_dir), ignore_errors=True)
+    t0 = time.perf_counter()
+    tokengrad.train(str(config_path(rule)), seed=seed, run_dir=str(run_dir), run_name=f"{rule}-s{seed}",
+                    **({"progress": False, "checkpoint": False} | overrides))
+    (run_dir / "study.json").write_text(json.dumps({"wall_seconds": time.perf_counter() - t0}) + "\n")
     return run_dir
 
 
-def low_bucket_shares(run) -> dict:
-    """The lowest probability bucket's share of the loss tokens and of the gradient.
+def accuracy(results: dict) -> float:
+    """n-weighted mean of {difficulty: (accuracy, n)}."""
+    n = sum(k for _, k in results.values())
+    return sum(a * k for a, k in results.values()) / n
 
-    low_tokens and low_logit_grad come from the tokens table (all steps; a Lopti step's two passes hold
-    each loss token once between them). low_update combines a step's updates u (Lopti makes two) as
-    sum_u <g_B,u, g_u> / sum_u |g_u|^2 over the bucket steps, which is the bucket analysis' update_share
-    when there is one update; |g_u| is the layers table's total pre-clip norm."""
-    t = run.sql(
-        f"SELECT count(*) FILTER (WHERE prob < {LOW_EDGE}) AS n_low, count(*) AS n, "
-        f"sum(logit_grad_norm) FILTER (WHERE prob < {LOW_EDGE}) AS g_low, sum(logit_grad_norm) AS g "
-        "FROM tokens WHERE in_loss"
-    ).iloc[0]
+
+def run_control(seed: int, seconds: float, out: Path, overrides: dict) -> dict:
+    """SFT continuation of lab-add on the sloppy teacher for `seconds`; held-out accuracy before/after."""
+    from tokengrad.train.models import load_model
+    from tokengrad.train.rollout import evaluate, render_prompt
+    from tokengrad.train.sft import SFTConfig, supervised_train
+    from tokengrad.train.tasks import get_task
+
+    path = out / f"control-s{seed}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    cfg = load_config(config_path("grpo"), {"seed": seed, **overrides})
+    torch.manual_seed(seed)
+    model, tok = load_model(cfg.model, seed=seed)
+    task = get_task(cfg.task, **cfg.task_params)
+    held = task.eval_problems(cfg.eval_per_difficulty, seed)
+    batch = cfg.prompts_per_step * cfg.group_size
+    problems = task.train_problems(batch * cfg.steps, seed)
+    rng = np.random.default_rng([seed, 3])
+    pairs = [(render_prompt(tok, p), task.teacher(p, TEACHER_DROP, rng)) for p in problems]
+
+    def examples(step: int) -> list[tuple[str, str]]:
+        return [pairs[(step * batch + j) % len(pairs)] for j in range(batch)]
+
+    def held_out(step: int) -> dict:
+        res = evaluate(model, tok, task, held, cfg.max_new_tokens, 1, batch)
+        return {"accuracy": accuracy(res), **{f"acc_d{d}": a for d, (a, _) in res.items()}}
+
+    start = held_out(-1)
+    sft = SFTConfig(steps=10**6, lr=cfg.lr, min_lr=cfg.lr, warmup_steps=0, max_seconds=seconds,
+                    progress=False)
+    end = supervised_train(model, tok, examples, sft, evaluate=held_out)[-1]
+    row = {"seed": seed, "seconds": seconds, "sft_steps": end["step"] + 1, "acc_start": start["accuracy"],
+           "acc_final": end["accuracy"], "acc_gain": end["accuracy"] - start["accuracy"]}
+    path.write_text(json.dumps(row) + "\n")
+    return row
+
+
+def eval_metrics(ev: pd.DataFrame) -> dict:
+    """Held-out accuracy at the first (step -1) and last evaluation, overall and per difficulty."""
+    out = {}
+    for tag, step in (("start", ev["step"].min()), ("final", ev["step"].max())):
+        e = ev[ev["step"] == step]
+        out[f"acc_{tag}"] = float((e["accuracy"] * e["n"]).sum() / e["n"].sum())
+        for d, a in zip(e["difficulty"], e["accuracy"]):
+            out[f"{tag}_d{d}"] = float(a)
+    out["acc_gain"] = out["acc_final"] - out["acc_start"]
+    for key in [k for k in out if k.startswith("final_d")]:
+        d = key.removeprefix("final_d")
+        out[f"acc_d{d}"] = out.pop(key)
+        out[f"gain_d{d}"] = out[f"acc_d{d}"] - out.pop(f"start_d{d}")
+    return out
+
+
+def bucket_metrics(buckets: pd.DataFrame, layers: pd.DataFrame, live_steps: set) -> dict:
+    """Low-probability shares of tokens and update, and correct ratio by bucket, on live bucket steps.
+
+    A step's updates u (Lopti makes two) combine as sum_u <g_B,u, g_u> / sum_u |g_u|^2 (|g_u| is the
+    layers table's total pre-clip norm), which is the bucket analysis' update_share for one update."""
+    b = buckets[buckets["step"].isin(live_steps) & (buckets["bucket"] != "residual")]
+    if b.empty:
+        return {}
+    low = b[(b["lo"] == 0.0) & (b["hi"] <= LOW_EDGE + 1e-6)]
+    total = layers[layers["layer"] == "total"].groupby(["step", "update_id"])["grad_norm"].max()
+    g2 = total.reindex(list(zip(low["step"], low["update_id"]))).to_numpy() ** 2  # [rows]
+    share = low["update_share"].to_numpy()
+    ok = np.isfinite(share) & np.isfinite(g2)
     out = {
-        "low_tokens": float(t["n_low"]) / float(t["n"]) if t["n"] else float("nan"),
-        "low_logit_grad": float(t["g_low"] or 0.0) / float(t["g"]) if t["g"] else float("nan"),
+        "low_tokens": float(low["n_tokens"].sum() / b.groupby(["step", "update_id"])["n_tokens"].sum().sum()),
+        "low_update": float((share[ok] * g2[ok]).sum() / g2[ok].sum()) if g2[ok].sum() > 0 else np.nan,
     }
-    b, lay = run.buckets, run.layers
-    low = b[(b["lo"] == 0.0) & (b["hi"] <= LOW_EDGE + 1e-6)] if len(b) else b
-    total = (
-        lay[lay["layer"] == "total"].groupby(["step", "update_id"])["grad_norm"].max() if len(lay) else None
-    )
-    if len(low) and total is not None:
-        g2 = total.reindex(list(zip(low["step"], low["update_id"]))).to_numpy() ** 2  # |g_u|^2 per bucket row
-        share = low["update_share"].to_numpy()  # NaN where the update had no gradient
-        num, den = np.nansum(share * g2), np.nansum(np.where(np.isfinite(share), g2, 0.0))
-        out["low_update"] = float(num / den) if den > 0 else float("nan")
-    else:
-        out["low_update"] = float("nan")
+    for label, g in b.groupby("bucket"):
+        out[f"cr_{label}"] = float(g["correct_ratio"].mean())
     return out
 
 
 def run_row(run_dir: Path) -> dict:
-    """One run's metrics: the dashboard summary's definitions plus the study's own columns."""
+    """One run's metrics (module docstring)."""
     run = load_run(run_dir)
-    s = summarize_run(run.name, run.meta, run.steps, run.layers, run.evals)
-    steps = run.steps.groupby("step").agg(reward=("reward_mean", "mean"), std=("reward_std", "max"))
+    steps = run.steps.groupby("step").agg(grad_norm=("grad_norm", "max"), entropy=("entropy_mean", "mean"),
+                                          sampled=("accuracy", "mean"))
+    live = steps[steps["grad_norm"] > 0]
+    tenth = max(1, len(steps) // 10)
+    gn = live["grad_norm"].to_numpy(dtype=float)
     row = {
-        "rule": s["rule"],
+        "rule": run.meta["weighting"]["name"],
         "seed": int(run.meta["config"]["seed"]),
-        "final_reward": s["final_reward"],
-        "mean_reward": float(steps["reward"].mean()),
-        "grad_norm_cv": s["grad_norm_cv"],
-        "grad_norm_cv_signal": coefficient_of_variation(
-            run.steps.loc[run.steps["grad_norm"] > 0, "grad_norm"]
-        ),
-        "spikes": s["spikes"],
-        "zero_steps": int((steps["std"] == 0).sum()),
-        **low_bucket_shares(run),
+        "live_share": len(live) / len(steps),
+        "grad_cv": coefficient_of_variation(gn),
+        "spikes": int(len(find_spikes(gn))) if len(gn) else 0,
+        "entropy_start": float(steps["entropy"].iloc[:tenth].mean()),
+        "entropy_end": float(steps["entropy"].iloc[-tenth:].mean()),
+        "sampled_start": float(steps["sampled"].iloc[:tenth].mean()),
+        "sampled_end": float(steps["sampled"].iloc[-tenth:].mean()),
+        **eval_metrics(run.evals),
+        **bucket_metrics(run.buckets, run.layers, set(live.index)),
     }
-    ev = run.evals
-    if len(ev):
-        last = ev[ev["step"] == ev["step"].max()]
-        row |= {f"eval_d{d}": float(a) for d, a in zip(last["difficulty"], last["accuracy"])}
+    study = run_dir / "study.json"
+    row["wall_seconds"] = json.loads(study.read_text())["wall_seconds"] if study.exists() else np.nan
     return row
 
 
-def study_table(rows: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(per rule: 'mean ± std' over the seeds where the metric exists, '(n=k)' when only k of them do;
-    per run: the raw rows), both with the columns in METRICS order then eval_d*."""
-    df = pd.DataFrame(rows)
-    metrics = [m for m in METRICS if m in df] + sorted(c for c in df if c.startswith("eval_d"))
-    out = []
-    for rule, g in df.groupby("rule", sort=False):
-        cells = {"rule": rule, "seeds": len(g)}
-        for m in metrics:
-            v = g[m].astype(float).dropna()
-            partial = f" (n={len(v)})" if len(v) < len(g) else ""
-            cells[m] = "n/a" if v.empty else f"{v.mean():.3f} ± {v.std(ddof=0):.3f}{partial}"
-        out.append(cells)
-    return pd.DataFrame(out), df[["rule", "seed", *metrics]].sort_values(["rule", "seed"])
+def bootstrap_ci(values: np.ndarray, rng: np.random.Generator) -> tuple[float, float, float]:
+    """(mean, 2.5 %, 97.5 %) of the mean by a percentile bootstrap over the values (seeds)."""
+    v = values[np.isfinite(values)]
+    if v.size == 0:
+        return (np.nan, np.nan, np.nan)
+    means = rng.choice(v, size=(N_BOOT, v.size), replace=True).mean(1)  # [N_BOOT]
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return float(v.mean()), float(lo), float(hi)
+
+
+def fmt(ci: tuple[float, float, float]) -> str:
+    m, lo, hi = ci
+    return "n/a" if not np.isfinite(m) else f"{m:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def summary_tables(df: pd.DataFrame, metrics: list[str], seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(per rule: mean [95 % CI] over seeds; per rule: paired difference to grpo [95 % CI])."""
+    rng = np.random.default_rng(seed)
+    est, diff = [], []
+    base = df[df["rule"] == "grpo"].set_index("seed")
+    for rule in [r for r in [*RULES, "control"] if r in set(df["rule"])]:
+        g = df[df["rule"] == rule].set_index("seed")
+        cells = {m: fmt(bootstrap_ci(g[m].to_numpy(float), rng)) if m in g else "n/a" for m in metrics}
+        est.append({"rule": rule, "seeds": len(g), **cells})
+        if rule != "grpo" and len(base):
+            paired = g.index.intersection(base.index)
+            diff.append({"rule": f"{rule} − grpo", "pairs": len(paired), **{
+                m: fmt(bootstrap_ci((g.loc[paired, m] - base.loc[paired, m]).to_numpy(float), rng))
+                if m in g and m in base else "n/a" for m in metrics}})
+    return pd.DataFrame(est), pd.DataFrame(diff)
 
 
 def markdown(df: pd.DataFrame) -> str:
@@ -165,43 +219,90 @@ def markdown(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+SECTIONS = {
+    "Held-out accuracy (greedy exact match, step -1 → last step)": ["acc_start", "acc_final", "acc_gain",
+                                                                     "live_share", "wall_seconds"],
+    "Accuracy gain by difficulty (carries)": "gain_d",
+    "Final accuracy by difficulty (carries)": "acc_d",
+    "AR-Lopti premise: p < 0.25 tokens, live bucket steps": ["low_tokens", "low_update"],
+    "Correct ratio by probability bucket, live bucket steps": "cr_",
+    "TR-GRPO: gradient-norm stability, live steps": ["grad_cv", "spikes"],
+    "Entropy and sampled accuracy (first / last 10 % of steps)": ["entropy_start", "entropy_end",
+                                                                  "sampled_start", "sampled_end"],
+}
+
+
+def report(df: pd.DataFrame) -> str:
+    """The markdown report: one estimate table and one paired-difference table per claim."""
+    parts = [f"Runs: {len(df)} ({', '.join(f'{r}: {n}' for r, n in df['rule'].value_counts().items())}). "
+             "Cells: mean over seeds [percentile bootstrap 95 % interval over seeds]."]
+    for title, cols in SECTIONS.items():
+        cols = cols if isinstance(cols, list) else sorted(c for c in df if c.startswith(cols))
+        cols = [c for c in cols if c in df]
+        if not cols:
+            continue
+        est, diff = summary_tables(df, cols)
+        parts += [f"### {title}", markdown(est), "Paired difference to grpo (same seeds):", markdown(diff)]
+    return "\n\n".join(parts) + "\n"
+
+
+def figures(out: Path, fig_dir: Path, rules: list[str]) -> list[Path]:
+    """Entropy trajectory per rule (mean over seeds), drawn and written by tokengrad's figure/export code."""
+    from tokengrad.figures import make_metric_figure
+    from tokengrad.figures.export import FigureSpec, write_static
+
+    frames = {}
+    for rule in rules:
+        runs = [load_run(p).steps for p in sorted(out.glob(f"{rule}-s*")) if (p / "meta.json").exists()]
+        if runs:
+            cols = ["entropy_mean", "accuracy", "reward_mean"]
+            frames[rule] = pd.concat(runs).groupby("step", as_index=False)[cols].mean().assign(rank=0)
+    specs = [FigureSpec("study_entropy", make_metric_figure(frames, "entropy_mean", smoothing=0.8,
+                                                            title="token entropy, mean over seeds")),
+             FigureSpec("study_sampled_accuracy", make_metric_figure(
+                 frames, "accuracy", smoothing=0.8, title="sampled exact match, mean over seeds"))]
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    return write_static(specs, fig_dir)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", type=Path, default=CONFIG)
-    ap.add_argument("--rules", nargs="+", default=list(RULES), choices=sorted(RULES))
-    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--rules", nargs="+", default=list(RULES), choices=RULES)
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "study")
-    ap.add_argument("--name", default="{rule}-s{seed}", help="run folder name under --out")
-    ap.add_argument("--table", type=Path, default=None, help="also write the markdown table here")
+    ap.add_argument("--table", type=Path, default=ROOT / "docs" / "study_results.md")
+    ap.add_argument("--figures", default=str(ROOT / "docs" / "figures"), help="PNG folder ('' = none)")
+    ap.add_argument("--no-control", action="store_true", help="skip the SFT-continuation control")
     ap.add_argument("--table-only", action="store_true", help="summarise the runs in --out, train nothing")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: deterministic)")
-    ap.add_argument(
-        "--set",
-        nargs="*",
-        default=[],
-        metavar="KEY=VALUE",
-        help="config overrides for every run, e.g. --set steps=4 model=tiny",
-    )
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="overrides for every run")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     overrides = dict(parse_override(item) for item in args.set)
     rows = []
     for seed in args.seeds:  # seed-major: an interrupted study has every rule at the early seeds
         for rule in args.rules:
-            run_dir = args.out / args.name.format(rule=rule, seed=seed)
+            run_dir = args.out / f"{rule}-s{seed}"
             if not args.table_only:
-                run_one(rule, seed, run_dir, args.config, overrides)
+                run_one(rule, seed, run_dir, overrides)
                 print(f"finished {run_dir}", flush=True)
             if (run_dir / "meta.json").exists():
                 rows.append(run_row(run_dir))
+        wall = next((r["wall_seconds"] for r in rows if r["rule"] == "grpo" and r["seed"] == seed), None)
+        done = (args.out / f"control-s{seed}.json").exists()
+        if not args.no_control and wall and (not args.table_only or done):
+            rows.append({"rule": "control", **run_control(seed, wall, args.out, overrides)})
     if not rows:
         raise SystemExit(f"no runs under {args.out}")
-    table, per_run = study_table(rows)
-    text = f"{markdown(table)}\n\nPer run:\n\n{markdown(per_run)}\n"
+    df = pd.DataFrame(rows)
+    df.to_csv(args.out / "study_runs.csv", index=False)
+    text = report(df)
     print(text)
     if args.table:
         args.table.parent.mkdir(parents=True, exist_ok=True)
         args.table.write_text(text)
+    if args.figures:
+        print(*figures(args.out, Path(args.figures), args.rules), sep="\n")
     return 0
 
 

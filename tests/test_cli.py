@@ -41,13 +41,15 @@ def _one_error_line(out, command):
     return lines[0]
 
 
-@pytest.mark.parametrize("case", ["missing_run", "not_a_run", "bad_meta"])
+@pytest.mark.parametrize("case", ["missing_run", "not_a_run", "bad_meta", "list_meta"])
 def test_inspect_bad_paths(run_cli, tmp_path, case):
     path = tmp_path / "r"
     if case != "missing_run":
         path.mkdir()
     if case == "bad_meta":
         (path / "meta.json").write_text("{not json")
+    if case == "list_meta":
+        (path / "meta.json").write_text("[1, 2]")
     line = _one_error_line(run_cli("inspect", str(path)), "inspect")
     assert str(path) in line
 
@@ -58,6 +60,8 @@ def test_inspect_bad_paths(run_cli, tmp_path, case):
     ("mu = 2\n", ".toml", "'mu' is now 'num_iterations'"),
     ("weighting = 'nope'\n", ".toml", "unknown name 'nope'"),
     ("plugins = ['no_such_module_xyz']\n", ".toml", "cannot import plugin module 'no_such_module_xyz'"),
+    ("lr = inf\n", ".toml", "config key 'lr' must be a finite number, got inf"),
+    ("task = 'kk'\ntask_params = { bogus = 1 }\n", ".toml", "task 'kk': bad task_params ['bogus']"),
 ])
 def test_train_config_errors(run_cli, tmp_path, text, suffix, words):
     cfg = tmp_path / f"c{suffix}"

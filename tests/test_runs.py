@@ -119,7 +119,7 @@ def test_newer_schema_version_is_refused(tmp_path, tiny_model):
     meta = json.loads((d / "meta.json").read_text())
     meta["schema_version"] = schema.SCHEMA_VERSION + 1
     (d / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(SchemaVersionError, match="schema version 2"):
+    with pytest.raises(SchemaVersionError, match=f"schema version {schema.SCHEMA_VERSION + 1}"):
         load_run(d)
     with pytest.raises(FileNotFoundError, match="meta.json is missing"):
         load_run(tmp_path)

@@ -32,3 +32,15 @@ def test_extreme_logits_gradient_is_exact():
     # p = (1/2, 0, 0, 1/2): d log p_0 / dz = e_0 - p = (1/2, 0, 0, -1/2)
     assert torch.allclose(z.grad, torch.tensor([[[0.5, 0.0, 0.0, -0.5]]]), atol=1e-6)
     assert st.sum_p2.item() == pytest.approx(0.5) and lp.item() == pytest.approx(-0.693147, rel=1e-5)
+
+
+def test_confident_tokens_match_float64():
+    from test_stats import ONE_MINUS_P, confident_logits
+
+    logits, unit, logp = confident_logits(ONE_MINUS_P, seed=1)
+    ids = torch.zeros(1, len(ONE_MINUS_P), dtype=torch.long)
+    lp, s = logprobs_with_stats(logits.requires_grad_(True), ids)
+    torch.testing.assert_close(s.logit_grad_unit[0].double(), unit, rtol=2e-5, atol=0)
+    torch.testing.assert_close(lp[0].detach().double(), logp, rtol=2e-5, atol=0)
+    (g,) = torch.autograd.grad(lp.sum(), logits)  # e_y - p: the unit up to fp32 rounding of 1 - p
+    torch.testing.assert_close(g[0].double().norm(dim=-1), unit, rtol=1e-3, atol=1e-7)

@@ -88,3 +88,32 @@ def test_bad_shapes_name_the_tensors():
         token_stats(torch.randn(2, 3), torch.zeros(2, 3, dtype=torch.long))
     with pytest.raises(ValueError, match="mask shape"):
         token_stats(torch.randn(2, 3, 5), torch.zeros(2, 3, dtype=torch.long), torch.ones(3, 2))
+
+
+def confident_logits(one_minus_p, V=500, seed=0):
+    """[1, len(one_minus_p), V] fp32 logits whose token 0 has probability 1 - q for each q (the other
+    logits random), with the float64 reference |p - e_y| and log p of those very fp32 logits."""
+    g = torch.Generator().manual_seed(seed)
+    rest = torch.randn(len(one_minus_p), V - 1, generator=g)  # [T, V-1]
+    q = torch.tensor(one_minus_p, dtype=torch.float64)  # [T]
+    # p_0 = 1 / (1 + R e^-z0) with R = sum_j e^{z_j}: 1 - p_0 = q  <=>  z0 = log R + log((1 - q) / q)
+    z0 = rest.double().exp().sum(-1).log() + torch.log1p(-q) - q.log()  # [T]
+    logits = torch.cat([z0.float()[:, None], rest], 1)[None]  # [1, T, V]
+    p = torch.softmax(logits.double(), -1)[0]  # [T, V] of the fp32 logits, in float64
+    grad = p.clone()
+    grad[:, 0] -= 1.0  # p - e_y, and p_0 - 1 is exact in float64 to ~1e-16
+    return logits, grad.norm(dim=-1), torch.log_softmax(logits.double(), -1)[0, :, 0]
+
+
+ONE_MINUS_P = [0.5, 1e-2, 2.4e-4, 3.5e-5, 1e-5, 1e-6, 1e-7]
+
+
+def test_confident_tokens_match_float64():
+    # sqrt(1 - 2p + sum p^2) in fp32 is off by +45 % at 1 - p = 2.4e-4 and exactly 0 below 3.5e-5
+    logits, unit, logp = confident_logits(ONE_MINUS_P)
+    ids = torch.zeros(1, len(ONE_MINUS_P), dtype=torch.long)
+    s = token_stats(logits, ids)
+    torch.testing.assert_close(s.logit_grad_unit[0].double(), unit, rtol=2e-5, atol=0)
+    torch.testing.assert_close(s.logprob[0].double(), logp, rtol=2e-5, atol=0)  # log p ~ -(1 - p) here
+    q = -torch.expm1(logp)  # 1 - p; Prop 4.2's bounds: (1 - p) sqrt(V/(V-1)) <= |p - e_y| <= sqrt 2 (1 - p)
+    assert ((unit / q > 1.0) & (unit / q < 2**0.5)).all()

@@ -302,7 +302,7 @@ def test_errors_before_any_work(tmp_path):
         train(tiny(tmp_path, stepz=3))
     with pytest.raises(ValueError, match="cannot resume: no checkpoint"):
         train(tiny(tmp_path, resume=True))
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match="bad task_params"):
         train(tiny(tmp_path, task_params={"no_such_param": 1}))
     assert not (tmp_path / "run").exists()
 

@@ -5,7 +5,9 @@ folder.
     tokengrad dashboard runs/ --port 8600    # every run directory (holding meta.json) under runs/
 
 The server binds 127.0.0.1 unless --host says otherwise: run folders hold prompts and completions, so
-exposing them on a network interface is an explicit choice. No torch is imported here or in the app.
+exposing them on a network interface is an explicit choice. For the same reason the "Runs folder" box of the
+app only accepts folders inside the served root, and run folders that are symlinks leading out of it are
+skipped; `--allow-any-folder` lifts the first limit. No torch is imported here or in the app.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 ENV_ROOT = "TOKENGRAD_RUNS_ROOT"  # read by the app when it is started without --root
 DEFAULT_PORT = 8501
 DEFAULT_HOST = "127.0.0.1"
+ALLOW_ANY_FLAG = "--allow-any-folder"
 PACKAGE_PARENT = Path(__file__).resolve().parents[1]  # holds the `tokengrad` and `app` packages
 
 
@@ -34,6 +37,17 @@ def resolve_root(root: str | os.PathLike | None) -> Path:
         return Path(root).expanduser().resolve()
     env = os.environ.get(ENV_ROOT)
     return Path(env).expanduser().resolve() if env else default_root().resolve()
+
+
+def confine(folder: str | os.PathLike, root: str | os.PathLike, allow_any: bool = False) -> Path:
+    """`folder` resolved (symlinks followed), if it lies inside the served `root` or `allow_any`; otherwise a
+    ValueError that says how to allow it."""
+    path = Path(folder).expanduser().resolve()
+    real_root = Path(root).expanduser().resolve()
+    if allow_any or path.is_relative_to(real_root):
+        return path
+    raise ValueError(f"{path} is outside the served folder {real_root}; start the dashboard on a folder that "
+                     f"holds it, or with {ALLOW_ANY_FLAG} to browse any folder")
 
 
 def app_path() -> Path:
@@ -72,10 +86,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_HOST,
         help=f"address to bind (default {DEFAULT_HOST}; 0.0.0.0 exposes the dashboard to the network)",
     )
+    p.add_argument(
+        ALLOW_ANY_FLAG,
+        action="store_true",
+        help="let the app's 'Runs folder' box open any folder the server can read (default: only folders "
+        "inside the served root)",
+    )
     return p
 
 
-def build_command(root: Path, host: str, port: int) -> list[str]:
+def build_command(root: Path, host: str, port: int, allow_any: bool = False) -> list[str]:
     """The `python -m streamlit run ...` command line; everything after `--` goes to the app."""
     return [
         sys.executable,
@@ -96,7 +116,7 @@ def build_command(root: Path, host: str, port: int) -> list[str]:
         "--",
         "--root",
         str(root),
-    ]
+    ] + [ALLOW_ANY_FLAG] * allow_any
 
 
 def server_env() -> dict[str, str]:
@@ -121,6 +141,7 @@ def cli_dashboard(argv: list[str]) -> int:
         return 2
     print(f"tokengrad dashboard: serving {root} at http://{args.host}:{args.port}", flush=True)
     try:
-        return subprocess.call(build_command(root, args.host, args.port), env=server_env())
+        command = build_command(root, args.host, args.port, args.allow_any_folder)
+        return subprocess.call(command, env=server_env())
     except KeyboardInterrupt:  # Ctrl-C stops the server; that is the normal way to leave
         return 0

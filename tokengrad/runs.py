@@ -5,9 +5,11 @@
     run.tokens(columns=["step", "prob", "coef"], steps=(100, 200), where="in_loss")
     run.sql("SELECT step, sum(logit_grad_norm) FROM tokens GROUP BY step")
 
-Files are listed per rank and de-duplicated by their sequence ranges (a compacted file supersedes the
-small files it covers, see schema.py), so reading while a run is being written or compacted is consistent.
-A corrupt or truncated file is skipped with a warning naming it.
+Files are listed per rank and resolved by their sequence ranges (a compacted file supersedes the small
+files it covers, see tokengrad.runfiles), so reading while a run is being written or compacted is
+consistent. A file compacted away between listing and reading makes the read start again from a fresh
+listing (at most READ_ATTEMPTS times). A corrupt or truncated file, one with a corrupt page behind a valid
+footer, and one whose column types clash with the run's other files are skipped with a warning naming it.
 """
 
 from __future__ import annotations
@@ -23,35 +25,36 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tokengrad import schema
+from tokengrad import runfiles, schema
+
+READ_ATTEMPTS = 5  # listings tried while compaction keeps replacing files under a reader
+# DuckDB errors of a query's own mistakes; any other DuckDB error may come from a vanished or damaged file
+_QUERY_ERRORS = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException,
+                 duckdb.SyntaxException)
 
 
 class SchemaVersionError(ValueError):
     """The run was written by a newer tokengrad than this one."""
 
 
-def list_runs(root: str | os.PathLike) -> list[str]:
-    """Run directories (those holding meta.json) at or directly below `root`, sorted by name."""
+def list_runs(root: str | os.PathLike, follow_links_out: bool = False) -> list[str]:
+    """Run directories (those holding meta.json) at or directly below `root`, sorted by name. A symlink
+    whose target lies outside `root` is skipped unless `follow_links_out`."""
     root = Path(root)
     if (root / schema.META_FILE).exists():
         return [str(root)]
     if not root.is_dir():
         return []
-    return sorted(str(p) for p in root.iterdir() if (p / schema.META_FILE).exists())
+    real = root.resolve()
+    return sorted(
+        str(p) for p in root.iterdir()
+        if (p / schema.META_FILE).exists() and (follow_links_out or p.resolve().is_relative_to(real))
+    )
 
 
 def load_run(path: str | os.PathLike) -> "Run":
     """Open a run directory; raises FileNotFoundError / SchemaVersionError with the reason."""
     return Run(path)
-
-
-def _dedupe(entries: list[tuple[int, int, Path]]) -> list[Path]:
-    """Keep files whose sequence range no other kept file contains (widest ranges win)."""
-    kept: list[tuple[int, int, Path]] = []
-    for first, last, p in sorted(entries, key=lambda e: (-(e[1] - e[0]), e[0])):
-        if not any(a <= first and last <= b for a, b, _ in kept):
-            kept.append((first, last, p))
-    return [p for _, _, p in sorted(kept, key=lambda e: e[0])]
 
 
 class Run:
@@ -72,7 +75,9 @@ class Run:
                 f"{self.path} uses run-format schema version {version!r}; this tokengrad reads versions "
                 f"<= {schema.SCHEMA_VERSION}. Upgrade tokengrad to read it.")
         self.warnings: list[str] = []
-        self._valid: dict[str, list[str]] = {}
+        self._checked: dict[str, bool] = {}  # "path:size:mtime" -> usable
+        self._types: dict[str, dict[str, str]] = {}  # table -> extra column -> type class of the run
+        self._listed: dict[str, list[Path]] = {}
 
     @property
     def name(self) -> str:
@@ -84,47 +89,110 @@ class Run:
         out = []
         for p in sorted(folder.glob("rank*.json")) if folder.exists() else ():
             try:
-                out.append(json.loads(p.read_text()))
+                status = json.loads(p.read_text())
             except (OSError, ValueError) as err:
                 self._warn(f"skipped unreadable status file {p}: {err}")
+                continue
+            if isinstance(status, dict):
+                out.append(status)
+            else:
+                self._warn(f"skipped status file {p}: it holds a {type(status).__name__}, not an object")
         return out
 
     @property
     def rows_dropped(self) -> int:
         status = self.rank_status
         if status:
-            return sum(sum(s.get("rows_dropped", {}).values()) for s in status)
-        return sum(self.meta.get("rows_dropped", {}).values())
+            return sum(_count(s.get("rows_dropped")) for s in status)
+        return _count(self.meta.get("rows_dropped"))
 
     # ---- files ----------------------------------------------------------------------------------
-    def files(self, table: str) -> list[str]:
-        """Readable parquet files of a table, all ranks, de-duplicated; corrupt ones skipped with a
-        warning."""
+    def parts(self, table: str) -> list[runfiles.Part]:
+        """The table's files to read, all ranks, resolved (see tokengrad.runfiles); unusable ones skipped
+        with a warning."""
         schema.column_names(table)  # validates the table name
-        out = []
-        base = self.path / table
-        for rank_dir in sorted(base.glob("rank*")) if base.exists() else ():
-            entries = []
-            for p in rank_dir.glob("s*.parquet"):
-                rng = schema.parse_file_name(p.name)
-                if rng:
-                    entries.append((rng[0], rng[1], p))
-            out += [str(p) for p in _dedupe(entries) if self._readable(p)]
-        return out
+        for _ in range(READ_ATTEMPTS):
+            listed = runfiles.table_parts(self.path, table)
+            usable = [self._usable(table, p.path) for p in listed]
+            if None not in usable:  # none vanished while checked (else a merge replaced it: list again)
+                out = [p for p, ok in zip(listed, usable) if ok]
+                self._listed[table] = [p.path for p in out]
+                return out
+        raise OSError(f"could not list {table} of {self.path}: its files kept changing over {READ_ATTEMPTS} "
+                      "listings")
 
-    def _readable(self, p: Path) -> bool:
-        key = f"{p}:{p.stat().st_size if p.exists() else -1}"
-        if key in self._valid:
-            return True
+    def files(self, table: str) -> list[str]:
+        """Readable parquet files of a table, all ranks, de-duplicated; unusable ones skipped with a
+        warning."""
+        return [str(p.path) for p in self.parts(table)]
+
+    def _usable(self, table: str, p: Path) -> bool | None:
+        """Whether the file can be read with the others; None if it vanished (compacted away)."""
         try:
-            pq.read_metadata(p)
-        except FileNotFoundError:  # compacted away between listing and reading
-            return False
-        except Exception as err:
-            self._warn(f"skipped corrupt file {p}: {type(err).__name__}: {err}")
-            return False
-        self._valid[key] = []
-        return True
+            st = p.stat()
+        except FileNotFoundError:
+            return None
+        key = f"{p}:{st.st_size}:{st.st_mtime_ns}"
+        if key not in self._checked:
+            try:
+                file_schema = pq.read_schema(p)
+            except FileNotFoundError:
+                return None
+            except Exception as err:  # noqa: BLE001 - any unreadable footer is a corrupt file
+                self._warn(f"skipped corrupt file {p}: {type(err).__name__}: {err}")
+                self._checked[key] = False
+                return False
+            clash = self._type_clash(table, file_schema)
+            if clash:
+                self._warn(f"skipped file {p}: {clash}")
+            self._checked[key] = not clash
+        return self._checked[key]
+
+    def _type_clash(self, table: str, file_schema: pa.Schema) -> str | None:
+        """Why the file's column types cannot be read together with the run's other files, or None. Fixed
+        columns must have the schema's type; an extra column keeps the kind (number, text, bool, ...) the
+        first file that has it gives it."""
+        fixed = schema.arrow_schema(table)
+        seen = self._types.setdefault(table, {})
+        for field in file_schema:
+            if field.name in fixed.names:
+                want = fixed.field(field.name).type
+                if field.type != want and not pa.types.is_null(field.type):
+                    return f"column {field.name!r} is {field.type} here, the run format says {want}"
+                continue
+            kind = _kind(field.type)
+            if seen.get(field.name, "null") == "null":
+                seen[field.name] = kind
+            elif kind not in ("null", seen[field.name]):
+                return f"column {field.name!r} holds {kind} here but {seen[field.name]} in earlier files"
+        return None
+
+    def _mark_bad(self, p: Path, err: BaseException) -> None:
+        try:
+            st = p.stat()
+        except OSError:
+            return
+        self._checked[f"{p}:{st.st_size}:{st.st_mtime_ns}"] = False
+        self._warn(f"skipped corrupt file {p}: {type(err).__name__}: {err}")
+
+    def _find_corrupt(self, message: str) -> int:
+        """Read listed files in full, with page checksums, and mark the damaged ones; files named in
+        `message` (the reader's error) first. Returns how many were found."""
+        listed = [p for paths in self._listed.values() for p in paths]
+        named = [p for p in listed if str(p) in message or p.name in message]
+        found = 0
+        for p in named or listed:
+            try:
+                pq.read_table(p, page_checksum_verification=True)
+            except FileNotFoundError:
+                continue
+            except Exception as err:  # noqa: BLE001 - decoding errors come in many types
+                self._mark_bad(p, err)
+                found += 1
+        return found
+
+    def _vanished(self) -> bool:
+        return any(not p.exists() for paths in self._listed.values() for p in paths)
 
     def _warn(self, msg: str) -> None:
         if msg not in self.warnings:
@@ -134,19 +202,35 @@ class Run:
     # ---- small tables -----------------------------------------------------------------------------
     def table(self, table: str) -> pd.DataFrame:
         """A whole table as pandas (meant for the small tables); missing table -> empty frame with columns."""
-        frames = []
-        for f in self.files(table):
-            try:
-                frames.append(pq.read_table(f))
-            except FileNotFoundError:
-                return self.table(table)  # a compaction replaced the file: list again
-            except Exception as err:
-                self._warn(f"skipped corrupt file {f}: {type(err).__name__}: {err}")
+        for _ in range(READ_ATTEMPTS):
+            frames = self._read_parts(table)
+            if frames is not None:
+                break
+        else:
+            raise OSError(f"could not read {table} of {self.path}: its files kept being replaced "
+                          f"over {READ_ATTEMPTS} listings")
         if not frames:
             return schema.arrow_schema(table).empty_table().to_pandas()
         df = pa.concat_tables(frames, promote_options="permissive").to_pandas()
+        for col in schema.column_names(table):  # columns added after the run's schema version: null
+            if col not in df.columns:
+                df[col] = None
         keys = [k for k in ("step", "rank", "update_id", "sample_id") if k in df.columns]
         return df.sort_values(keys, kind="stable").reset_index(drop=True)
+
+    def _read_parts(self, table: str) -> list[pa.Table] | None:
+        """Every part of the table as Arrow; None when a listed file vanished (list again)."""
+        frames = []
+        for part in self.parts(table):
+            try:
+                data = pq.read_table(part.path, page_checksum_verification=True)
+            except FileNotFoundError:
+                return None
+            except Exception as err:  # noqa: BLE001 - a damaged page: skip the file, say which
+                self._mark_bad(part.path, err)
+                continue
+            frames.append(data.filter(runfiles.keep_mask(data, part.exclude)) if part.exclude else data)
+        return frames
 
     steps = cached_property(lambda self: self.table("steps"))
     layers = cached_property(lambda self: self.table("layers"))
@@ -158,24 +242,39 @@ class Run:
     def connect(self) -> duckdb.DuckDBPyConnection:
         """A DuckDB connection with one view per table over this run's files."""
         con = duckdb.connect()
+        self._create_views(con)
+        return con
+
+    def _create_views(self, con: duckdb.DuckDBPyConnection) -> None:
         for table in schema.TABLES:
-            files = self.files(table)
-            if files:
-                lst = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
-                con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet([{lst}], union_by_name=true)")
+            parts = self.parts(table)
+            if parts:
+                con.execute(f"CREATE VIEW {table} AS {_union(parts)}")
+                if self.meta.get("schema_version", schema.SCHEMA_VERSION) < schema.SCHEMA_VERSION:
+                    _add_missing_columns(con, table, _union(parts))
             else:
                 cols = ", ".join(
                     f"CAST(NULL AS {_duck_type(c.type)}) AS {c.name}" for c in schema.TABLES[table]
                 )
                 con.execute(f"CREATE VIEW {table} AS SELECT {cols} WHERE false")
-        return con
 
     def sql(self, query: str, params: list | None = None) -> pd.DataFrame:
-        con = self.connect()
-        try:
-            return con.execute(query, params or []).df()
-        finally:
-            con.close()
+        """Run a DuckDB query over the run's tables. A file that vanished (compaction) makes it list again;
+        a damaged one is found, skipped with a warning, and the query runs again; at most READ_ATTEMPTS."""
+        last: Exception | None = None
+        for _ in range(READ_ATTEMPTS):
+            con = duckdb.connect()
+            try:
+                self._create_views(con)  # DuckDB opens the files here already
+                return con.execute(query, params or []).df()
+            except duckdb.Error as err:
+                last = err
+                if isinstance(err, _QUERY_ERRORS) or not (self._vanished() or self._find_corrupt(str(err))):
+                    raise
+            finally:
+                con.close()
+        raise OSError(f"could not read {self.path}: its files kept changing over {READ_ATTEMPTS} "
+                      f"listings ({type(last).__name__}: {last})")
 
     def tokens(
         self,
@@ -201,11 +300,56 @@ class Run:
         return f"Run({str(self.path)!r}, schema_version={self.meta.get('schema_version')})"
 
 
+def _sql_path(p: Path) -> str:
+    return "'" + str(p).replace("'", "''") + "'"
+
+
+def _union(parts: list[runfiles.Part]) -> str:
+    """One SELECT over the parts: whole files in one read_parquet, a partially overlapping one without the
+    steps another file holds."""
+    whole = [p for p in parts if not p.exclude]
+    selects = [f"SELECT * FROM read_parquet([{', '.join(_sql_path(p.path) for p in whole)}], "
+               "union_by_name=true)"] if whole else []
+    for p in (p for p in parts if p.exclude):
+        keep = " AND ".join(f"NOT (step BETWEEN {int(lo)} AND {int(hi)})" for lo, hi in p.exclude)
+        selects.append(f"SELECT * FROM read_parquet({_sql_path(p.path)}) WHERE {keep}")
+    return " UNION ALL BY NAME ".join(selects)
+
+
+def _kind(t: pa.DataType) -> str:
+    """What kind of value a column holds, for the clash check: numbers mix (int widens to float)."""
+    if pa.types.is_null(t):
+        return "null"
+    if pa.types.is_integer(t) or pa.types.is_floating(t):
+        return "numbers"
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_dictionary(t):
+        return "text"
+    return "booleans" if pa.types.is_boolean(t) else str(t)
+
+
+def _count(counts) -> int:
+    """The total of a rows_dropped mapping ({table: n}); anything else counts 0."""
+    if not isinstance(counts, dict):
+        return 0
+    return sum(v for v in counts.values() if isinstance(v, int) and not isinstance(v, bool))
+
+
+def _add_missing_columns(con: duckdb.DuckDBPyConnection, table: str, source: str) -> None:
+    """An older run's view gets the columns added since its schema version, as nulls."""
+    have = {row[0] for row in con.execute(f"DESCRIBE {table}").fetchall()}
+    missing = [c for c in schema.TABLES[table] if c.name not in have]
+    if missing:
+        extra = ", ".join(f"CAST(NULL AS {_duck_type(c.type)}) AS {c.name}" for c in missing)
+        con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT *, {extra} "
+                    f"FROM ({source})")
+
+
 def _has_keys(columns: list[str]) -> bool:
     return {"step", "rank", "pass_id", "sample_id", "position"} <= set(columns)
 
 
 _DUCK = {
+    pa.int8(): "TINYINT",
     pa.int16(): "SMALLINT",
     pa.int32(): "INTEGER",
     pa.int64(): "BIGINT",

@@ -23,7 +23,10 @@ from types import SimpleNamespace
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Version history: 2 added tokens.update_share / dlogprob_pred / dlogprob / selected_by, steps.n_token_rows
+# and the prob_bins and vocab tables (attribution and budgeted recording); version-1 runs read with those
+# columns null and those tables empty.
 
 META_FILE = "meta.json"
 RANKS_DIR = "ranks"
@@ -96,6 +99,17 @@ TOKENS = [
         pa.float32(),
         "logit_grad_norm * norm(h_t): norm of the token's LM-head weight gradient",
     ),
+    _c("update_share", pa.float32(),
+       "coef <grad log pi, g> / norm(g)^2: the token's share of its update's gradient g; shares of all "
+       "tokens and ranks plus the residual sum to 1 (attribution steps only)"),
+    _c("dlogprob_pred", pa.float32(),
+       "<grad log pi, delta>: first-order change of log pi predicted from the applied update delta "
+       "(attribution steps only)"),
+    _c("dlogprob", pa.float32(),
+       "measured change of log pi over the applied update (attribution steps only)"),
+    _c("selected_by", pa.string(),
+       "why a budgeted step kept the row: all, sequence, top_update_share, top_grad_norm, top_abs_coef "
+       "(null: no token budget)"),
 ]
 
 STEPS = [
@@ -115,6 +129,7 @@ STEPS = [
     _c("ds_grad_norm", pa.float64(), "DeepSpeed's own global gradient norm (engine.get_global_grad_norm)"),
     _c("n_tokens", pa.int64(), "loss tokens recorded in the step"),
     _c("n_nonfinite", pa.int64(), "NaN/inf values met in the recorded token tensors"),
+    _c("n_token_rows", pa.int64(), "token rows written for the step (fewer than recorded under a budget)"),
     _c("time_step", pa.float64(), "wall seconds of the step"),
     _c("time_record", pa.float64(), "seconds the training thread spent in the recorder"),
 ]
@@ -162,6 +177,38 @@ EVALS = [
     _c("n", pa.int64(), "problems evaluated"),
 ]
 
+_SUM = "summed over the loss tokens of all of the step's passes of the update, before any sampling"
+PROB_BINS = [
+    *_KEY,
+    _UPDATE,
+    _c("lo", pa.float32(), "lower probability edge of the bin (inclusive)", False),
+    _c("hi", pa.float32(), "upper probability edge (exclusive; 1 is inclusive)", False),
+    _c("adv_sign", pa.int8(), "sign of the advantage: -1, 0, 1", False),
+    _c("n_tokens", pa.int64(), "loss tokens in the bin, " + _SUM, False),
+    _c("sum_prob", pa.float64(), "sum of prob (mean = sum / n_tokens)"),
+    _c("sum_entropy", pa.float64(), "sum of entropy"),
+    _c("sum_logit_grad_unit", pa.float64(), "sum of logit_grad_unit"),
+    _c("sum_abs_coef", pa.float64(), "sum of abs(coef)"),
+    _c("sum_logit_grad_norm", pa.float64(), "sum of logit_grad_norm"),
+    _c("sum_head_grad_norm", pa.float64(), "sum of head_grad_norm"),
+    _c("sum_update_share", pa.float64(), "sum of update_share (attribution steps)"),
+]
+
+VOCAB = [
+    *_KEY,
+    _c("token_id", pa.int32(), "vocabulary id (one of the step's top tokens by count or by summed share)",
+       False),
+    _c("token", pa.string(), "decoded text of the token"),
+    _c("adv_sign", pa.int8(), "sign of the advantage: -1, 0, 1", False),
+    _c("lo", pa.float32(), "lower edge of the token's probability bucket (the recorder's bucket edges)",
+       False),
+    _c("hi", pa.float32(), "upper edge of the bucket", False),
+    _c("n_tokens", pa.int64(), "occurrences as a loss token, " + _SUM.replace(" of the update", ""), False),
+    _c("sum_prob", pa.float64(), "sum of prob (mean prob = sum_prob / n_tokens)"),
+    _c("sum_update_share", pa.float64(), "sum of update_share (attribution steps)"),
+    _c("sum_logit_grad_norm", pa.float64(), "sum of logit_grad_norm"),
+]
+
 TABLES: dict[str, list[Column]] = {
     "tokens": TOKENS,
     "steps": STEPS,
@@ -169,6 +216,8 @@ TABLES: dict[str, list[Column]] = {
     "buckets": BUCKETS,
     "samples": SAMPLES,
     "evals": EVALS,
+    "prob_bins": PROB_BINS,
+    "vocab": VOCAB,
 }
 # Tables that accept extra caller-defined columns (float/int/str), merged by name when read.
 EXTENSIBLE = frozenset({"tokens", "steps", "samples"})
@@ -229,6 +278,8 @@ LAYER = _names("layers")
 BUCKET = _names("buckets")
 SAMPLE = _names("samples")
 EVAL = _names("evals")
+PBIN = _names("prob_bins")
+VOCAB_COL = _names("vocab")
 
 # Columns of the binned/aggregated frames that tokengrad.queries returns (not stored in the run format).
 BIN = SimpleNamespace(lo="lo", hi="hi", count="count")

@@ -14,7 +14,7 @@ from pathlib import Path
 import streamlit as st
 
 from app import data
-from tokengrad.dashboard import resolve_root
+from tokengrad.dashboard import ALLOW_ANY_FLAG, confine, resolve_root
 
 ROOT_KEY = "tg_root"
 RUNS_KEY = "tg_runs"
@@ -28,19 +28,33 @@ LIVE_INTERVALS_S = (2, 5, 10, 30)
 DOWNLOAD_FORMATS = ("png", "svg", "html")
 
 
-def root_from_argv(argv: list[str]) -> str | None:
-    """`--root DIR` from the script arguments (`streamlit run app/streamlit_app.py -- --root DIR`)."""
+def _script_args(argv: list[str]) -> argparse.Namespace:
+    """`--root DIR [--allow-any-folder]` from the script arguments (`streamlit run app/streamlit_app.py --
+    --root DIR`)."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--root", default=None)
-    return parser.parse_known_args(argv)[0].root
+    parser.add_argument(ALLOW_ANY_FLAG, action="store_true")
+    return parser.parse_known_args(argv)[0]
 
 
-def _root_ui() -> str:
+def root_from_argv(argv: list[str]) -> str | None:
+    return _script_args(argv).root
+
+
+def _root_ui() -> str | None:
+    """The folder typed in the box, if the served root holds it (or the server allows any folder)."""
+    args = _script_args(sys.argv[1:])
+    served = resolve_root(args.root)
     if ROOT_KEY not in st.session_state:
-        st.session_state[ROOT_KEY] = str(resolve_root(root_from_argv(sys.argv[1:])))
-    return st.text_input(
-        "Runs folder", key=ROOT_KEY, help="A folder of run directories, or one run directory."
+        st.session_state[ROOT_KEY] = str(served)
+    typed = st.text_input(
+        "Runs folder", key=ROOT_KEY, help=f"A folder of run directories, or one run directory, in {served}."
     )
+    try:
+        return str(confine(typed, served, args.allow_any_folder))
+    except ValueError as err:
+        st.error(str(err))
+        return None
 
 
 def _runs_ui(root: str) -> list[str]:
@@ -88,7 +102,9 @@ def render() -> None:
     with st.sidebar:
         st.markdown("### tokengrad")
         root = _root_ui()
-        run_dirs = _runs_ui(root)
+        if root is None:
+            st.session_state[RUNS_KEY] = []
+        run_dirs = _runs_ui(root) if root else []
         _live_ui(run_dirs)
         st.radio(
             "Download charts as",

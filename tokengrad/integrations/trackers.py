@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from itertools import groupby
 
 from tokengrad.integrations.tracker_scalars import Scalar, run_scalars, table_scalars
@@ -70,10 +70,14 @@ class Tracker:
         built: dict = {}
         left = [len(bundle)]
 
-        def wrap(name: str, payload) -> Callable:
+        def wrap(name: str, payload):
+            # a record.writer.Rows (build, n) keeps its row count; read without importing the torch side
+            rows = hasattr(payload, "build") and hasattr(payload, "n")
+            make = payload.build if rows else payload
+
             def build():
                 try:
-                    data = payload() if callable(payload) else payload
+                    data = make() if callable(make) else make
                     if data is not None and data.num_rows:
                         built[name] = data.to_pandas()
                     return data
@@ -82,7 +86,7 @@ class Tracker:
                     if left[0] == 0:
                         self.publish(table_scalars(built))
 
-            return build
+            return type(payload)(build, payload.n) if rows else build
 
         return {name: wrap(name, payload) for name, payload in bundle.items()}
 

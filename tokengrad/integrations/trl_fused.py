@@ -2,13 +2,19 @@
 
 TRL never materialises logits during the loss forward; `tokengrad.integrations.trl` reads these per-token
 extras through forward hooks that live only while recording (removed in `remove()`).
+
+Confident tokens: from the head's outputs alone |p - e_y| = sqrt(1 - 2p + sum_j p_j^2), which cancels in
+fp32 once p > 1/2 (exactly 0 below 1 - p = 3.5e-5). For those rows the statistics are taken again from the
+LM-head input, a few rows of logits at a time, by `tokengrad.record.stats`' cancellation-free sums.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
-from tokengrad.record.stats import TokenStats
+from tokengrad.record.stats import CHUNK_ROWS, TokenStats, _chunk_stats
 
 _LOGIT_SCALES = ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier",
                  "logits_scaling")
@@ -37,7 +43,8 @@ class FusedCapture:
             self.handles.append(self.model.register_forward_hook(self._grab_output, with_kwargs=True))
         cfg = getattr(self.model, "config", None)
         if cfg is not None and all(getattr(cfg, a, None) is None for a in _LOGIT_SCALES):
-            # logits = W h / temperature exactly, so |dL/dW_t| = |dL/dz_t| |h_t| / temperature
+            # logits = (W h + b) / temperature exactly, so |dL/dW_t| = |dL/dz_t| |h_t| / temperature, and the
+            # confident rows' logits can be taken again from h
             self.handles.append(self.model.base_model.register_forward_hook(self._grab_hidden))
 
     def _readd_head(self) -> bool:
@@ -71,24 +78,84 @@ class FusedCapture:
     def start(self, on: bool) -> None:
         self.on, self.outputs, self.hidden = on, [], []
 
-    def stop(self, keep: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """(sum_p2 [B, K], hidden / temperature [B, K, D]) of the last `keep` scored positions, or None."""
+    def stop(self, keep: int) -> "Captured":
+        """What the head saw for the last `keep` scored positions (fields None where not available)."""
         self.on = False
         sum_p2 = hidden = None
         if self.outputs and all(o is not None for o in self.outputs):
             sum_p2 = torch.cat([o[:, -keep:] for o in self.outputs]).detach().float().exp()   # [B, K]
         if self.hidden and all(h is not None for h in self.hidden):
             # position t of the completion is scored from the hidden state one step earlier
-            h = torch.cat([x[:, -keep - 1:-1] for x in self.hidden]).detach()                # [B, K, D]
-            hidden = h / self.trainer.temperature
+            hidden = torch.cat([x[:, -keep - 1:-1] for x in self.hidden]).detach()           # [B, K, D]
         self.outputs, self.hidden = [], []
-        return sum_p2, hidden
+        head = self.model.get_output_embeddings() if hidden is not None else None
+        fp32 = bool(getattr(self.trainer.args, "cast_lm_head_to_fp32", False))
+        return Captured(sum_p2, hidden, head, float(self.trainer.temperature), fp32)
 
 
-def fused_token_stats(logps: torch.Tensor, entropies, sum_p2) -> TokenStats | None:
+class Captured(NamedTuple):
+    sum_p2: torch.Tensor | None    # [B, K] sum_j p_j^2 from the fused head
+    hidden: torch.Tensor | None    # [B, K, D] LM-head input (only for heads without logit scaling)
+    head: torch.nn.Module | None   # the output projection
+    temperature: float
+    fp32_head: bool = False        # TRL runs the head in fp32 (cast_lm_head_to_fp32), else in its dtype
+
+    @property
+    def head_input(self) -> torch.Tensor | None:
+        """h / temperature [B, K, D]: what multiplies W in the logits, for the head gradient norm."""
+        return None if self.hidden is None else self.hidden / self.temperature
+
+
+def fused_token_stats(logps: torch.Tensor, entropies, captured: Captured, token_ids: torch.Tensor,
+                      mask: torch.Tensor) -> TokenStats | None:
+    """TokenStats of TRL's loss pass: its log-probs and entropies, sum_j p_j^2 of the fused head, and the
+    gradient unit; rows with p > 1/2 get exact entropy, sum_p2 and unit from their logits taken again."""
+    sum_p2 = captured.sum_p2
     if entropies is None or sum_p2 is None:
         return None
     lp = logps.detach().float()                                                     # [B, T]
     p = lp.exp()
-    unit = (1.0 - 2.0 * p + sum_p2).clamp_min(0.0).sqrt()  # clamp: rounds below 0 as p -> 1
-    return TokenStats(lp, p, entropies.detach().float(), sum_p2, unit)
+    ent = entropies.detach().float().clone()                                        # [B, T]
+    sum_p2 = sum_p2.clone()
+    unit = (1.0 - 2.0 * p + sum_p2).clamp_min(0.0).sqrt()  # exact while p <= 1/2 (no cancellation)
+    weight = _head_weight(captured)
+    if weight is not None:
+        rows = (p > 0.5) & mask.bool()                                              # [B, T]
+        h, s2, u = _confident_stats(captured, weight, captured.hidden[rows], token_ids[rows])
+        ent[rows], sum_p2[rows], unit[rows] = h, s2, u
+    return TokenStats(lp, p, ent, sum_p2, unit)
+
+
+def _head_weight(captured: Captured) -> torch.Tensor | None:
+    """The [V, D] head weight in the dtype TRL's head computes in, or None where it cannot be had whole."""
+    if captured.hidden is None or captured.head is None:
+        return None
+    w = captured.head.weight.detach()
+    if hasattr(w, "full_tensor"):  # FSDP2 shards the head as a DTensor; TRL's head gathers it the same way
+        w = w.full_tensor()
+    if w.dim() != 2 or w.shape[1] != captured.hidden.shape[-1]:  # a flattened (FSDP1) shard
+        return None
+    return w.float() if captured.fp32_head else w
+
+
+@torch.no_grad()
+def _confident_stats(captured: Captured, weight: torch.Tensor, hidden: torch.Tensor, ids: torch.Tensor,
+                     chunk_rows: int = CHUNK_ROWS):
+    """(entropy, sum_p2, unit) [M] of M rows from their LM-head input [M, D], a [chunk, V] block at a time.
+
+    The logits are W h (+ b) in the head's compute dtype, as TRL's fused head forms them, then fp32 / T."""
+    bias = captured.head.bias                                                       # [V] or None
+    M, V = hidden.shape[0], weight.shape[0]
+    out = torch.empty(3, M, dtype=torch.float32, device=hidden.device)             # [3, M]
+    c = max(1, min(chunk_rows, M))
+    d = torch.empty(c, V, dtype=torch.float32, device=hidden.device)               # [c, V] reused buffers
+    e = torch.empty_like(d)
+    for s in range(0, M, c):
+        k = min(c, M - s)
+        z = torch.mm(hidden[s : s + k].to(weight.dtype), weight.t())               # [k, V]
+        if bias is not None:
+            z = z + bias.to(z.dtype)
+        z = z.float().div_(captured.temperature)
+        _, ent, s2, unit = _chunk_stats(z, ids[s : s + k], d[:k], e[:k])
+        out[:, s : s + k] = torch.stack([ent, s2, unit])
+    return out[0], out[1], out[2]

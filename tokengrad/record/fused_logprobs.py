@@ -29,6 +29,7 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
         logp = torch.empty(N, T, dtype=torch.float32, device=dev)  # [N, T]
         ent = torch.empty_like(logp)  # [N, T]
         s2 = torch.empty_like(logp)  # [N, T]
+        unit = torch.empty_like(logp)  # [N, T] |p - e_y|
         mx = torch.empty_like(logp)  # [N, T] row max, for backward
         log_z = torch.empty_like(logp)  # [N, T] log sum_j exp(z_j - max)
         c = max(1, min(chunk_rows, T))
@@ -39,19 +40,19 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
                 x = logits[n, s : s + c]  # [k, V] view
                 k = x.shape[0]
                 m = x.amax(-1).float()  # [k]
-                lp, h, q = _chunk_stats(x, ids[n, s : s + k], d[:k], e[:k])
-                logp[n, s : s + k], ent[n, s : s + k], s2[n, s : s + k] = lp, h, q
+                lp, h, q, u = _chunk_stats(x, ids[n, s : s + k], d[:k], e[:k])
+                logp[n, s : s + k], ent[n, s : s + k], s2[n, s : s + k], unit[n, s : s + k] = lp, h, q, u
                 # kept apart so that backward's z - max stays exact for logits of +-1e4:
                 # log p_y = (z_y - max) - log Z  ->  log Z = (z_y - max) - log p_y
                 mx[n, s : s + k] = m
                 log_z[n, s : s + k] = x.gather(1, ids[n, s : s + k].unsqueeze(1)).squeeze(1).float() - m - lp
         ctx.save_for_backward(logits, ids, mx, log_z)
         ctx.chunk_rows = c
-        ctx.mark_non_differentiable(ent, s2)
-        return logp, ent, s2
+        ctx.mark_non_differentiable(ent, s2, unit)
+        return logp, ent, s2, unit
 
     @staticmethod
-    def backward(ctx, g_logp: torch.Tensor, _g_ent, _g_s2):
+    def backward(ctx, g_logp: torch.Tensor, _g_ent, _g_s2, _g_unit):
         logits, ids, mx, log_z = ctx.saved_tensors
         N, T, V = logits.shape
         c = ctx.chunk_rows
@@ -81,8 +82,5 @@ def logprobs_with_stats(
         token_ids: [N, T] integer ids.
     """
     _check_inputs(logits, token_ids, None)
-    logp, ent, s2 = _SelectiveLogSoftmax.apply(logits, token_ids, chunk_rows)
-    with torch.no_grad():
-        prob = logp.detach().exp()  # [N, T]
-        unit = (1.0 - 2.0 * prob + s2).clamp_min(0.0).sqrt()  # [N, T]
-    return logp, TokenStats(logp.detach(), prob, ent, s2, unit)
+    logp, ent, s2, unit = _SelectiveLogSoftmax.apply(logits, token_ids, chunk_rows)
+    return logp, TokenStats(logp.detach(), logp.detach().exp(), ent, s2, unit)

@@ -21,6 +21,7 @@ set on the user's modules.
 from __future__ import annotations
 
 import json
+import operator
 import os
 import time
 import warnings
@@ -29,12 +30,19 @@ from pathlib import Path
 
 import torch
 
-from tokengrad import __version__, schema
+from tokengrad import __version__, runfiles, schema
+from tokengrad.record.attribution import ATTRIBUTION_METHODS
 from tokengrad.record.bucket_analysis import validate_edges
+from tokengrad.record.budget import Budget
 from tokengrad.record.gradnorms import NamesFilter
 from tokengrad.record.rows import TokenDecoder, scalar_table
 from tokengrad.record.step_recorder import StepRecorder
-from tokengrad.record.writer import RunWriter, atomic_write_json
+from tokengrad.record.writer import Rows, RunWriter, atomic_write_json
+
+MAX_STEP = 2**31 - 1  # the step column is int32
+# meta.json keys that say which run a directory holds: a Recorder that is not resuming refuses a directory
+# whose run differs in one of them (re-opening the same run to append is fine).
+IDENTITY_KEYS = ("run_name", "config", "model", "weighting")
 
 
 def _label(name: str | None) -> str | None:
@@ -65,10 +73,22 @@ class Recorder:
         bucket_every: bucket analysis every N steps (0 = never; it costs one extra backward per bucket).
         bucket_edges: probability bucket edges (default AR-Lopti's 0, .25, .5, .75, 1).
         layers: which top-level blocks get a grad-norm row (None = all; a name, list, or predicate).
-        on_error: "count" (writer failures drop and count rows, training goes on) or "raise".
+        on_error: "count" (writer failures drop and count rows, training goes on) or "raise" (each step
+            waits for its own commit, so a writer failure raises at the end of the step that lost rows).
         compact_every: merge small per-step files after this many steps.
         resume_step: continuing a run from a checkpoint taken before this step: rows already recorded for
             steps >= resume_step (after the checkpoint) are removed on open, so no step appears twice.
+            Without it, a directory that holds another run (a different run_name, config, model or
+            weighting in meta.json) is refused, and so is one written by a newer run-format version.
+        attribute_every: every N steps (0 = never) each token gets `update_share`, its exact share of the
+            update, and the applied update's dlogprob_pred / dlogprob (record/step_attribution.py); passes
+            must be tracked with `recompute=`. Costs one directional pass per tracked pass and update.
+        attribute_method: a name of record.attribution.ATTRIBUTION_METHODS ("jvp" exact, or
+            "central_difference" for models without forward-mode AD); attribute_eps its step (None: auto).
+        attribute_applied: also attribute the applied update (one parameter-sized copy).
+        token_budget: at most this many token rows per step and rank (None = all): whole sampled
+            sequences plus the largest |update_share| (else gradient norm) tokens, flagged in
+            `selected_by`; steps, buckets, prob_bins and vocab stay exact over all tokens (record/budget.py).
         trackers: `tokengrad.integrations.trackers` backends (TensorBoard, W&B) that get each step's
             aggregates live, from rank 0 only (docs/trackers.md).
     """
@@ -88,6 +108,11 @@ class Recorder:
         on_error: str = "count",
         compact_every: int = 64,
         resume_step: int | None = None,
+        attribute_every: int = 0,
+        attribute_method: str = "jvp",
+        attribute_eps: float | None = None,
+        attribute_applied: bool = True,
+        token_budget: int | None = None,
         trackers=(),
     ):
         if bucket_every < 0:
@@ -95,6 +120,9 @@ class Recorder:
         self.run_dir = Path(run_dir)
         self.model = model
         self.bucket_every = int(bucket_every)
+        self.attribute_every, self.attribute_method = _attribution_args(attribute_every, attribute_method)
+        self.attribute_eps, self.attribute_applied = attribute_eps, bool(attribute_applied)
+        self.budget = Budget(token_budget) if token_budget is not None else None
         self.bucket_edges = validate_edges(bucket_edges)
         self.layers = layers
         self.rank, self.world_size = _dist_rank_world()
@@ -106,6 +134,7 @@ class Recorder:
         self._trackers = list(trackers) if self.rank == 0 else []
         self._step: StepRecorder | None = None
         self.last_step: int | None = None
+        self._floor: int | None = None  # the last step already on disk when opened: new steps come after it
         self._last_seq: int | None = None
 
     # ---- lifecycle --------------------------------------------------------------------------------
@@ -114,17 +143,24 @@ class Recorder:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if self._step is not None:  # a step interrupted by an exception is still recorded as far as it got
-            self.end_step()
-        self.close()
+        try:
+            if self._step is not None:  # an interrupted step is still recorded as far as it got
+                self.end_step()
+        finally:
+            self.close(finished=exc_type is None)  # a run that ended in an error is not finished
 
     def open(self) -> "Recorder":
         if self._writer is not None:
             raise RuntimeError("Recorder is already open")
+        old = self._claim()
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        carried = self._carried_rows_dropped(old)
+        self._writer = RunWriter(
+            self.run_dir, self.rank, self._on_error, self._compact_every, rows_dropped=carried
+        )
         if self.rank == 0:
             self._write_meta(finished=False)
-        self._writer = RunWriter(self.run_dir, self.rank, self._on_error, self._compact_every)
+        self._floor = self._last_recorded_step() if self._resume_step is None else self._resume_step - 1
         if self._resume_step is not None:
             removed = self._writer.drop_steps_from(self._resume_step)
             if removed:
@@ -136,7 +172,10 @@ class Recorder:
                 )
         return self
 
-    def close(self) -> None:
+    def close(self, finished: bool = True) -> None:
+        """Commit what is queued, merge small files, write the rank status and meta.json. A disk that is
+        full or read-only only costs a warning with the exact number of rows lost (with on_error="raise"
+        the writer's error is raised after the status is written)."""
         if self._writer is None:
             return
         try:
@@ -144,14 +183,15 @@ class Recorder:
         finally:
             for tracker in self._trackers:
                 tracker.close()
-            self._write_status(finished=True)
+            saved = self._write_status(finished=finished)
             if self.rank == 0:
-                self._write_meta(finished=True)
-            dropped = sum(self._writer.rows_dropped.values())
-            if dropped:
+                saved = self._write_meta(finished=finished) and saved
+            dropped = dict(self._writer.rows_dropped)
+            if sum(dropped.values()):
+                where = "see meta.json rows_dropped" if saved else "the count could not be saved either"
                 warnings.warn(
-                    f"tokengrad: {dropped} rows could not be written to {self.run_dir} "
-                    f"(see meta.json rows_dropped)",
+                    f"tokengrad: {sum(dropped.values())} rows could not be written to {self.run_dir} "
+                    f"(by table: {dropped}; {where})",
                     RuntimeWarning,
                     stacklevel=2,
                 )
@@ -160,6 +200,12 @@ class Recorder:
     def flush(self) -> None:
         """Wait until every finished step is on disk."""
         self._require_open().flush()
+
+    def checkpoint_step(self) -> int | None:
+        """The barrier before a checkpoint: waits until every finished step is committed (or its rows are
+        counted as dropped) and returns the last such step, which the checkpoint then implies is on disk."""
+        self._require_open().flush()
+        return self.last_step
 
     # ---- steps ------------------------------------------------------------------------------------
     def step(self, step: int) -> StepRecorder:
@@ -170,9 +216,28 @@ class Recorder:
         self._require_open()
         if self._step is not None:
             raise RuntimeError(f"step {self._step.step} is still open; end it before beginning step {step}")
+        step = self._check_step(step)
         bucket = self.bucket_every > 0 and step % self.bucket_every == 0
-        self._step = StepRecorder(self, int(step), bucket)
+        attribute = self.attribute_every > 0 and step % self.attribute_every == 0
+        self._step = StepRecorder(self, step, bucket, attribute)
         return self._step
+
+    def _check_step(self, step) -> int:
+        """An int in 0..2**31-1, after every step recorded so far (the reader relies on steps increasing)."""
+        try:
+            step = operator.index(step)
+        except TypeError:
+            raise ValueError(f"step must be an integer, got {type(step).__name__} {step!r}") from None
+        if not 0 <= step <= MAX_STEP:
+            raise ValueError(f"step {step} is out of range 0..{MAX_STEP} (the step column is int32)")
+        before = self.last_step if self.last_step is not None else self._floor
+        if before is not None and step <= before:
+            raise ValueError(
+                f"step {step} does not come after step {before}, already recorded in {self.run_dir}: each "
+                "step is recorded once, in increasing order (to record it again, open the Recorder with "
+                f"resume_step={step}, which removes the rows of steps >= {step} first)"
+            )
+        return step
 
     def end_step(self) -> None:
         st, self._step = self._step, None
@@ -189,6 +254,13 @@ class Recorder:
             writer.wait_for(self._last_seq)
         self._last_seq = writer.submit(bundle)
         self.last_step = st.step
+        if self._on_error == "raise":  # the error belongs to this step, not the next one
+            writer.wait_for(self._last_seq)
+
+    @property
+    def on_error(self) -> str:
+        """"count" or "raise": what a writer failure does (the trainer's checkpoints follow it)."""
+        return self._on_error
 
     @property
     def current_step(self) -> StepRecorder | None:
@@ -204,7 +276,7 @@ class Recorder:
             accuracy=float(accuracy),
             n=int(n),
         )
-        bundle = {"evals": lambda: scalar_table("evals", [row])}
+        bundle = {"evals": Rows(lambda: scalar_table("evals", [row]), 1)}
         for tracker in self._trackers:
             bundle = tracker.tee(bundle)
         self._require_open().submit(bundle)
@@ -224,23 +296,77 @@ class Recorder:
             "world_size": self.world_size,
             "bucket_every": self.bucket_every,
             "bucket_edges": list(self.bucket_edges),
+            "attribute_every": self.attribute_every,
+            "attribute_method": self.attribute_method,
+            "token_budget": self.budget.k if self.budget else None,
             "rows_dropped": {},
             "finished": False,
         }
 
-    def _write_meta(self, finished: bool) -> None:
+    def _claim(self) -> dict | None:
+        """The directory's existing meta.json (None if there is none), after checking that this Recorder may
+        write there: not a newer run format, and the same run unless resuming."""
+        path = self.run_dir / schema.META_FILE
+        if not path.exists():
+            return None
+        try:
+            old = json.loads(path.read_text())
+        except ValueError as err:
+            raise ValueError(f"{path} is not valid JSON ({err}); refusing to overwrite it") from None
+        if not isinstance(old, dict):
+            raise ValueError(
+                f"{path} must hold a JSON object, got {type(old).__name__}; refusing to overwrite it"
+            )
+        version = old.get("schema_version")
+        if isinstance(version, int) and version > schema.SCHEMA_VERSION:
+            raise ValueError(
+                f"{self.run_dir} holds a run of run-format schema version {version}; this tokengrad writes "
+                f"version {schema.SCHEMA_VERSION} and will not downgrade it. Upgrade tokengrad."
+            )
+        if self._resume_step is None:
+            differ = [k for k in IDENTITY_KEYS if _plain_json(old.get(k)) != _plain_json(self._meta[k])]
+            if differ:
+                raise ValueError(
+                    f"{self.run_dir} already holds another run ({', '.join(differ)} differ from this "
+                    "Recorder's); choose another directory, or pass resume_step=... to continue that run"
+                )
+        return old
+
+    def _carried_rows_dropped(self, old_meta: dict | None) -> dict[str, int]:
+        """rows_dropped of this rank before this session (rank status file, else meta.json for rank 0)."""
+        try:
+            status = json.loads((self.run_dir / schema.RANKS_DIR / f"rank{self.rank:03d}.json").read_text())
+            counts = status.get("rows_dropped")
+        except (OSError, ValueError, AttributeError):
+            counts = (old_meta or {}).get("rows_dropped") if self.rank == 0 else None
+        if not isinstance(counts, dict):
+            return {}
+        return {str(k): v for k, v in counts.items() if isinstance(v, int) and not isinstance(v, bool)}
+
+    def _last_recorded_step(self) -> int | None:
+        """The highest step this rank has in the steps table already (a re-opened run continues after it)."""
+        folder = self.run_dir / schema.rank_dir("steps", self.rank)
+        ranges = [runfiles.step_range(p) for _, _, p in runfiles.entries(folder)]
+        return max((r[1] for r in ranges if r), default=None)
+
+    def _write_meta(self, finished: bool) -> bool:
+        """Write meta.json; False (and a warning) when the disk refuses."""
         path = self.run_dir / schema.META_FILE
         meta = dict(self._meta)
-        if path.exists():  # keep the creation time of a resumed run
-            try:
-                meta["created"] = json.loads(path.read_text()).get("created", meta["created"])
-            except ValueError:
-                pass
+        try:  # keep the creation time of a resumed run
+            meta["created"] = json.loads(path.read_text()).get("created", meta["created"])
+        except (OSError, ValueError, AttributeError):
+            pass
         meta["finished"] = finished
         meta["rows_dropped"] = dict(self._writer.rows_dropped) if self._writer else {}
-        atomic_write_json(path, meta)
+        try:
+            atomic_write_json(path, meta)
+        except OSError as err:
+            warnings.warn(f"tokengrad: could not write {path}: {err}", RuntimeWarning, stacklevel=2)
+            return False
+        return True
 
-    def _write_status(self, finished: bool) -> None:
+    def _write_status(self, finished: bool) -> bool:
         folder = self.run_dir / schema.RANKS_DIR
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -250,7 +376,7 @@ class Recorder:
                 {
                     "rank": self.rank,
                     "finished": finished,
-                    "last_step": self.last_step,
+                    "last_step": self.last_step if self.last_step is not None else self._floor,
                     "rows_dropped": dict(w.rows_dropped) if w else {},
                     "rows_written": dict(w.rows_written) if w else {},
                     "time": time.time(),
@@ -260,8 +386,22 @@ class Recorder:
             warnings.warn(
                 f"tokengrad: could not write rank status to {folder}: {err}", RuntimeWarning, stacklevel=2
             )
+            return False
+        return True
 
     def _require_open(self) -> RunWriter:
         if self._writer is None:
             raise RuntimeError("Recorder is not open: use `with Recorder(...) as rec:` or call rec.open()")
         return self._writer
+
+
+def _plain_json(value):
+    """A value as JSON would give it back (tuples become lists), to compare meta.json with a new run's."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def _attribution_args(every: int, method: str) -> tuple[int, str]:
+    if int(every) < 0:
+        raise ValueError(f"attribute_every must be >= 0, got {every}")
+    ATTRIBUTION_METHODS[method]  # an unknown name raises ValueError listing the known ones
+    return int(every), method

@@ -6,6 +6,7 @@ Runs on the writer thread, so the training thread only pays for detaching and co
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -13,6 +14,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tokengrad import schema
+
+# Labels of tokens.selected_by, by the codes record.budget uses.
+SELECTED_BY = ("all", "sequence", "top_update_share", "top_grad_norm", "top_abs_coef")
 
 # Per-token float columns the recorder fills from tensors, in schema order.
 TOKEN_VALUE_COLUMNS = (
@@ -29,6 +33,9 @@ TOKEN_VALUE_COLUMNS = (
     "ratio",
     "logit_grad_norm",
     "head_grad_norm",
+    "update_share",
+    "dlogprob_pred",
+    "dlogprob",
 )
 
 
@@ -46,6 +53,11 @@ class CapturedBatch:
     values: dict[str, np.ndarray]  # TOKEN_VALUE_COLUMNS (missing -> null)
     clipped: np.ndarray | None = None  # bool
     extra: dict[str, np.ndarray] = field(default_factory=dict)
+    # A budgeted step keeps some rows only: (rows [M], positions [M]) of the kept tokens, and then every
+    # per-token array above is already [M] (gathered on the device); selected_by: [M] codes of
+    # record.budget.SELECTED_BY.
+    index: tuple[np.ndarray, np.ndarray] | None = None
+    selected_by: np.ndarray | None = None
 
 
 class TokenDecoder:
@@ -53,7 +65,7 @@ class TokenDecoder:
 
     def __init__(self, tokenizer=None):
         self.tokenizer = tokenizer
-        self.cache: dict[int, str] = {}
+        self.cache: dict[int, str | None] = {}
 
     def __call__(self, ids: np.ndarray) -> pa.Array:
         if self.tokenizer is None:
@@ -61,8 +73,20 @@ class TokenDecoder:
         uniq, inverse = np.unique(ids, return_inverse=True)
         for i in uniq.tolist():
             if i not in self.cache:
-                self.cache[i] = self.tokenizer.decode([i])
+                self.cache[i] = self._decode(i)
         return pc.take(pa.array([self.cache[i] for i in uniq.tolist()], pa.string()), pa.array(inverse))
+
+
+    def _decode(self, i: int) -> str | None:
+        """One id's text; an id the tokenizer cannot decode keeps its row, with a null `token` (warned)."""
+        try:
+            return self.tokenizer.decode([i])
+        except Exception as err:  # noqa: BLE001 - tokenizers raise many types; the row matters more
+            warnings.warn(
+                f"tokengrad: the tokenizer cannot decode token id {i} ({type(err).__name__}: {err}); "
+                "its rows get a null token text", RuntimeWarning, stacklevel=2,
+            )
+            return None
 
 
 def tokens_table(step: int, rank: int, batches: list[CapturedBatch], decode: TokenDecoder) -> pa.Table | None:
@@ -74,7 +98,16 @@ def tokens_table(step: int, rank: int, batches: list[CapturedBatch], decode: Tok
 
 
 def _batch_table(step: int, rank: int, b: CapturedBatch, decode: TokenDecoder) -> pa.Table | None:
-    rows, pos = np.nonzero(b.mask)  # flat selection of recorded tokens
+    if b.index is None:
+        rows, pos = np.nonzero(b.mask)  # flat selection of recorded tokens
+
+        def take(a):
+            return a[rows, pos]
+    else:
+        rows, pos = b.index
+
+        def take(a):
+            return a
     n = len(rows)
     if n == 0:
         return None
@@ -86,19 +119,22 @@ def _batch_table(step: int, rank: int, b: CapturedBatch, decode: TokenDecoder) -
         "sample_id": pa.array(b.sample_ids[rows].astype(np.int64)),
         "group_id": pa.array(b.group_ids[rows].astype(np.int64)),
         "position": pa.array(pos.astype(np.int32)),
-        "token_id": pa.array(b.token_ids[rows, pos].astype(np.int32)),
+        "token_id": pa.array(take(b.token_ids).astype(np.int32)),
     }
-    cols["token"] = decode(b.token_ids[rows, pos])
-    cols["in_loss"] = pa.array(b.in_loss[rows, pos])
+    cols["token"] = decode(take(b.token_ids))
+    cols["in_loss"] = pa.array(take(b.in_loss))
     for name in TOKEN_VALUE_COLUMNS:
         v = b.values.get(name)
-        cols[name] = pa.nulls(n, pa.float32()) if v is None else pa.array(v[rows, pos].astype(np.float32))
-    cols["clipped"] = pa.nulls(n, pa.bool_()) if b.clipped is None else pa.array(b.clipped[rows, pos])
+        cols[name] = pa.nulls(n, pa.float32()) if v is None else pa.array(take(v).astype(np.float32))
+    cols["clipped"] = pa.nulls(n, pa.bool_()) if b.clipped is None else pa.array(take(b.clipped))
+    cols["selected_by"] = (pa.nulls(n, pa.string()) if b.selected_by is None else
+                           pa.DictionaryArray.from_arrays(pa.array(b.selected_by.astype(np.int32)),
+                                                          pa.array(SELECTED_BY)).cast(pa.string()))
     fixed = pa.table(
         {c: cols[c] for c in schema.column_names("tokens")}, schema=schema.arrow_schema("tokens")
     )
     for name, v in b.extra.items():
-        fixed = fixed.append_column(name, pa.array(v[rows, pos]))
+        fixed = fixed.append_column(name, pa.array(take(v)))
     return fixed
 
 

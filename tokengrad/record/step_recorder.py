@@ -13,16 +13,24 @@ import time
 import warnings
 from dataclasses import dataclass, field
 
-import numpy as np
+import pyarrow as pa
 import torch
 
 from tokengrad import schema
 from tokengrad.record import bucket_analysis as bk
-from tokengrad.record.checks import check_track_inputs
+from tokengrad.record.budget import budgeted, capture_pass
+from tokengrad.record.checks import RESERVED, check_ids, check_scalars, check_track_inputs
 from tokengrad.record.distributed import global_grad_norms, grads_are_sharded
 from tokengrad.record.gradnorms import grad_norms, trainable_params
 from tokengrad.record.rows import CapturedBatch, scalar_table, step_derived, tokens_table
 from tokengrad.record.stats import TokenStats, token_stats
+from tokengrad.record.step_attribution import StepAttribution, bucket_share_rows
+from tokengrad.record.writer import Rows
+
+_NUMERIC_STEP_COLUMNS = {
+    f.name for f in schema.arrow_schema("steps")
+    if pa.types.is_floating(f.type) or pa.types.is_integer(f.type)
+}
 
 
 @dataclass
@@ -43,6 +51,7 @@ class _Pass:
     coef: torch.Tensor | None = None        # [N, T] filled by the hook
     handle: object = None
     bucketed: bool = False
+    recompute: object = None                # () -> [N, T] log pi again, for attribution steps
 
 
 @dataclass
@@ -52,10 +61,13 @@ class _BucketState:
 
 
 class StepRecorder:
-    def __init__(self, recorder, step: int, bucket_step: bool):
+    def __init__(self, recorder, step: int, bucket_step: bool, attribute_step: bool = False):
         self.rec = recorder
         self.step = step
         self.is_bucket_step = bucket_step and recorder.model is not None
+        self.attribution = (StepAttribution(recorder.model, recorder.attribute_method, recorder.attribute_eps,
+                                            recorder.attribute_applied)
+                            if attribute_step and recorder.model is not None else None)
         self._passes: list[_Pass] = []
         self._scalars: dict = {}
         self._samples: list[dict] = []
@@ -82,7 +94,8 @@ class StepRecorder:
               sample_ids: torch.Tensor | None = None, group_ids: torch.Tensor | None = None,
               logits: torch.Tensor | None = None, stats: TokenStats | None = None,
               hidden: torch.Tensor | None = None, clipped: torch.Tensor | None = None,
-              update_id: int = 0, extra: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+              update_id: int = 0, extra: dict[str, torch.Tensor] | None = None,
+              recompute=None) -> torch.Tensor:
         """Track one backward pass's per-token log-probs; the loss built from them must be backpropagated
         (`st.backward(loss)` or `loss.backward()`) before the next update's norms are recorded.
 
@@ -109,6 +122,8 @@ class StepRecorder:
             update_id: the optimizer update (within the step) this pass's gradient feeds.
             extra: name -> [N, T] tensors stored as extra token columns (names must not collide with
                 the schema's columns).
+            recompute: () -> [N, T] these log-probs again (same batch, no dropout), run by attribution
+                steps (`Recorder(attribute_every=...)`) with substituted parameters; ignored otherwise.
 
         Returns:
             `logprobs` itself (so `lp = st.track(lp, ...)` reads naturally).
@@ -121,6 +136,9 @@ class StepRecorder:
                                   extra=extra)
         dev = logprobs.device
         mask_b = torch.ones(N, T, dtype=torch.bool, device=dev) if mask is None else mask.to(torch.bool)
+        # a model's vocabulary may be larger than its tokenizer's, so only logits give the bound
+        vocab = logits.shape[-1] if logits is not None else None
+        check_ids(token_ids, mask_b, vocab, _ids(sample_ids, N, dev))
         in_loss = mask_b if loss_mask is None else (loss_mask.to(torch.bool) & mask_b)
         tensors = self._values(logprobs, token_ids, mask_b, old_logprobs, ref_logprobs, advantages, weights,
                                logits, stats, hidden)
@@ -129,6 +147,7 @@ class StepRecorder:
                   None if scale_grad is None else scale_grad.detach().to(logprobs.dtype),
                   None if clipped is None else clipped.detach().to(torch.bool),
                   {k: v.detach() for k, v in (extra or {}).items()})
+        p.recompute = recompute if self.attribution is not None else None
         if logprobs.requires_grad:
             p.handle = logprobs.register_hook(self._make_hook(p))
         else:
@@ -204,6 +223,18 @@ class StepRecorder:
                 state.n_tokens[b] += int(((idx == b) & p.in_loss).sum())
         self._t_record += time.perf_counter() - t
 
+    def take_open_buckets(self, update_id: int) -> _BucketState | None:
+        """Hand over the bucket gradients of an update that has no optimizer step yet, for an update that
+        spans steps (TRL accumulating over generation batches); `continue_buckets` on the next step."""
+        return self._bucket_state.pop(update_id, None)
+
+    def continue_buckets(self, analyze: bool, state: _BucketState | None, update_id: int = 0) -> None:
+        """Carry on an update begun in the previous step: its bucket analysis goes on (with the gradients
+        `take_open_buckets` took) or stays off, whatever this step's own schedule says."""
+        self.is_bucket_step = analyze and self.rec.model is not None
+        if state is not None:
+            self._bucket_state[update_id] = state
+
     def record_grad_norms(self, update_id: int = 0) -> float:
         """Total and per-block gradient norms of the update, read before clipping; returns the total."""
         if self.rec.model is None:
@@ -214,11 +245,16 @@ class StepRecorder:
             total, blocks = global_grad_norms(self.rec.model, self.rec.layers)
         else:  # one process or DDP (already all-reduced): read locally
             total, blocks = grad_norms(named, self.rec.layers)
+        if self.attribution is not None:  # shares along g, read before clipping changes .grad
+            self.attribution.on_gradient(self._passes, update_id, total * total)
         self.add_grad_norms(total, blocks, update_id)
         if update_id in self._bucket_state:
             self._finish_buckets(
                 update_id, [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in named]
             )
+        if self.attribution is not None and not any(r["update_id"] == update_id for r in self._bucket_rows):
+            self._bucket_rows += bucket_share_rows(self._passes, update_id, self.rec.bucket_edges, self.step,
+                                                   self.rec.rank, named[0][1].device if named else "cpu")
         self._t_record += time.perf_counter() - t
         return total
 
@@ -313,10 +349,7 @@ class StepRecorder:
     # ---- scalars and samples -----------------------------------------------------------------------
     def log(self, **scalars) -> None:
         """Per-step scalars (loss, reward_mean, kl, lr, time_*, or any new name -> an extra column)."""
-        for k, v in scalars.items():
-            self._scalars[k] = (
-                float(v) if isinstance(v, (int, float, np.floating, np.integer)) or torch.is_tensor(v) else v
-            )
+        self._scalars.update(check_scalars(scalars, _NUMERIC_STEP_COLUMNS))
 
     def samples(
         self,
@@ -334,6 +367,8 @@ class StepRecorder:
     ) -> None:
         """One row per completion into the samples table; list-like arguments of equal length."""
         n = len(sample_ids)
+        if RESERVED & set(extra):
+            raise ValueError(f"samples(): {sorted(RESERVED & set(extra))} are set by the recorder; rename")
         cols = dict(
             sample_id=sample_ids,
             group_id=group_ids,
@@ -361,10 +396,18 @@ class StepRecorder:
             if p.handle is not None:
                 p.handle.remove()
             p.logprobs = None
+        if self.attribution is not None:  # the last update's applied change, at the parameters after it
+            self.attribution.finish(self._passes)
         self._bucket_state.clear()
-        captured = [_capture(p) for p in self._passes]
+        scalars, tables = dict(self._scalars), {}
+        if self.rec.budget is not None and self._passes:
+            captured = budgeted(self._passes, self.rec.budget, self.step, self.rec.rank,
+                                self.rec.bucket_edges, scalars, tables, self.rec.decode)
+        else:
+            captured = [capture_pass(p) for p in self._passes]
+        n_token_rows = sum(len(c.index[0]) if c.index is not None else int(c.mask.sum()) for c in captured)
+        scalars.setdefault("n_token_rows", n_token_rows)
         self._t_record += time.perf_counter() - t
-        scalars = dict(self._scalars)
         scalars.setdefault("time_step", time.perf_counter() - self._t0)
         scalars.setdefault("time_record", self._t_record)
         if self._update_norms:
@@ -372,12 +415,14 @@ class StepRecorder:
         scalars.setdefault("n_updates", len({p.update_id for p in self._passes}) or None)
         step, rank, decode = self.step, self.rec.rank, self.rec.decode
         layer_rows, bucket_rows, sample_rows = self._layer_rows, self._bucket_rows, self._samples
+        # Rows(build, n): built on the writer thread; n counts them exactly if building fails there
         return {
-            "tokens": lambda: tokens_table(step, rank, captured, decode),
-            "steps": lambda: scalar_table("steps", [_steps_row(step, rank, scalars, captured)]),
-            "layers": lambda: scalar_table("layers", layer_rows),
-            "buckets": lambda: scalar_table("buckets", bucket_rows),
-            "samples": lambda: scalar_table("samples", sample_rows),
+            "tokens": Rows(lambda: tokens_table(step, rank, captured, decode), n_token_rows),
+            "steps": Rows(lambda: scalar_table("steps", [_steps_row(step, rank, scalars, captured)]), 1),
+            "layers": Rows(lambda: scalar_table("layers", layer_rows), len(layer_rows)),
+            "buckets": Rows(lambda: scalar_table("buckets", bucket_rows), len(bucket_rows)),
+            "samples": Rows(lambda: scalar_table("samples", sample_rows), len(sample_rows)),
+            **tables,
         }
 
 
@@ -390,31 +435,6 @@ def _steps_row(step: int, rank: int, scalars: dict, captured: list[CapturedBatch
             stacklevel=2,
         )
     return {**derived, **scalars, "step": step, "rank": rank}
-
-
-def _capture(p: _Pass) -> CapturedBatch:
-    v = {k: t.cpu().numpy() for k, t in p.tensors.items() if not k.startswith("_")}
-    if p.coef is not None:
-        coef = p.coef.float().cpu().numpy()
-        v["coef"] = coef
-        if "logit_grad_unit" in v:
-            v["logit_grad_norm"] = np.abs(coef) * v["logit_grad_unit"]
-            if (
-                "_hidden_norm" in p.tensors
-            ):  # LM-head weight grad of one token is rank one: (coef (p - e_y)) h_t^T
-                v["head_grad_norm"] = v["logit_grad_norm"] * p.tensors["_hidden_norm"].cpu().numpy()
-    return CapturedBatch(
-        p.pass_id,
-        p.update_id,
-        p.token_ids.cpu().numpy(),
-        p.mask.cpu().numpy(),
-        p.in_loss.cpu().numpy(),
-        p.sample_ids.cpu().numpy(),
-        p.group_ids.cpu().numpy(),
-        v,
-        None if p.clipped is None else p.clipped.cpu().numpy(),
-        {k: t.cpu().numpy() for k, t in p.extra.items()},
-    )
 
 
 def _ids(ids: torch.Tensor | None, n: int, dev) -> torch.Tensor:

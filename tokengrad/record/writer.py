@@ -5,11 +5,13 @@ builds one, so that row building also happens off the training thread). The writ
 table of the bundle as one file named by a per-rank commit sequence number, atomically (temp file, then
 os.replace), so a process killed at any moment leaves only whole files. Every `compact_every` commits the
 small files of a table are merged into one file covering their sequence range; the reader drops files whose
-range is contained in another, so compaction needs no lock.
+range is contained in another, so compaction needs no lock (tokengrad.runfiles resolves the ranges, and a
+writer opening a rank folder again first removes what a kill left over there).
 
 A failure while writing (unwritable directory, disk full) never stops training by default: the rows are
-counted as dropped, a warning names the error, and the count goes to the rank's status file and meta.json.
-With on_error="raise" the error is re-raised in the training thread at the next submit/flush/close.
+counted as dropped (the exact number: a payload the writer builds says how many rows it holds, see Rows),
+a warning names the error, and the count goes to the rank's status file and meta.json. With
+on_error="raise" the error is re-raised in the training thread at the next submit/wait_for/flush/close.
 """
 
 from __future__ import annotations
@@ -20,25 +22,45 @@ import queue
 import threading
 import warnings
 from pathlib import Path
-from typing import Callable, Union
+from typing import Callable, NamedTuple, Union
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tokengrad import schema
+from tokengrad import runfiles, schema
+from tokengrad.faults import fault_point
 
-Payload = Union[pa.Table, Callable[[], "pa.Table | None"]]
+
+class Rows(NamedTuple):
+    """A table the writer thread builds: `build()` returns it (or None); `n` is how many rows it will hold,
+    known on the training thread, so rows lost while building are counted exactly."""
+
+    build: Callable[[], "pa.Table | None"]
+    n: int
+
+
+Payload = Union[pa.Table, Rows, Callable[[], "pa.Table | None"]]
 _STOP = object()
 COMPRESSION = "zstd"
 MAX_BATCH = 16  # bundles committed together at most, when they have queued up
 
 
-
 def atomic_write_json(path: Path, obj: dict) -> None:
+    fault_point("meta")
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, default=str))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(obj, indent=2, default=str))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk must not also keep a half-written file around
+        raise
+
+
+def _n_rows(payload) -> int | None:
+    if isinstance(payload, Rows):
+        return payload.n
+    return payload.num_rows if isinstance(payload, pa.Table) else None
 
 
 class RunWriter:
@@ -50,21 +72,24 @@ class RunWriter:
         on_error: "count" (default: drop and count rows, warn) or "raise".
         compact_every: merge a table's small files once this many have accumulated.
         max_queue: bundles waiting before submit() blocks (back-pressure instead of unbounded memory).
+        rows_dropped: counts carried over from an earlier session of this rank (a resumed or re-opened
+            run), so the run's total stays right.
     """
 
     def __init__(self, run_dir: str | os.PathLike, rank: int = 0, on_error: str = "count",
-                 compact_every: int = 64, max_queue: int = 8):
+                 compact_every: int = 64, max_queue: int = 8, rows_dropped: dict[str, int] | None = None):
         if on_error not in ("count", "raise"):
             raise ValueError(f"on_error must be 'count' or 'raise', got {on_error!r}")
         self.run_dir = Path(run_dir)
         self.rank = rank
         self.on_error = on_error
         self.compact_every = compact_every
-        self.rows_dropped: dict[str, int] = {}
+        self.rows_dropped: dict[str, int] = dict(rows_dropped or {})
         self.rows_written: dict[str, int] = {}
         self.last_committed: int = -1          # last bundle sequence number fully handled
         self._committed = threading.Condition()
         self._error: BaseException | None = None
+        self.repaired = self._repair()
         self._seq = self._next_sequence()
         self._small: dict[str, list[tuple[int, Path]]] = {t: self._existing_small(t) for t in schema.TABLES}
         self._queue: queue.Queue = queue.Queue(maxsize=max_queue)
@@ -129,14 +154,14 @@ class RunWriter:
         for table in tables:
             parts = []
             for bundle in bundles:
-                data = None
+                payload = bundle.get(table)
                 try:
-                    payload = bundle.get(table)
-                    data = payload() if callable(payload) else payload
+                    build = payload.build if isinstance(payload, Rows) else payload
+                    data = build() if callable(build) else build
                     if data is not None and data.num_rows:
                         parts.append(data)
                 except Exception as err:  # never lose the training run to a writer failure
-                    self._record_failure(table, data, err)
+                    self._record_failure(table, _n_rows(payload), err)
             if parts:
                 self._write_parts(table, seqs[0], seqs[-1], parts)
         for table, files in self._small.items():
@@ -144,38 +169,46 @@ class RunWriter:
                 self._compact(table)
 
     def _write_parts(self, table: str, first: int, last: int, parts: list[pa.Table]) -> None:
-        data = None
         try:
+            fault_point("commit")
             data = parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="permissive")
             self._write_file(table, first, last, data, small=True)
             self.rows_written[table] = self.rows_written.get(table, 0) + data.num_rows
         except Exception as err:
-            self._record_failure(table, parts, err)
+            self._record_failure(table, sum(t.num_rows for t in parts), err)
 
     def _write_file(self, table: str, first: int, last: int, data: pa.Table, small: bool = False) -> Path:
         folder = self.run_dir / schema.rank_dir(table, self.rank)
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / schema.file_name(first, last)
-        tmp = folder / f".{path.name}.tmp"
-        # dictionary-encode only the non-float columns: floats do not repeat, and encoding them costs ~2.5x
-        dict_cols = [f.name for f in data.schema if not pa.types.is_floating(f.type)]
-        pq.write_table(data, tmp, compression=COMPRESSION, use_dictionary=dict_cols)
-        os.replace(tmp, path)
+        self._write_atomic(data, path)
         if small:  # a commit (not a compaction): merged later
             self._small[table].append((first, last, path))
         return path
 
-    def _record_failure(self, table: str, data: pa.Table | list[pa.Table] | None, err: BaseException) -> None:
-        n = (
-            -1
-            if data is None
-            else (sum(t.num_rows for t in data) if isinstance(data, list) else data.num_rows)
-        )
-        self.rows_dropped[table] = self.rows_dropped.get(table, 0) + max(n, 0)
+    def _write_atomic(self, data: pa.Table, path: Path) -> None:
+        """Write `data` to `path` through a temporary file and a rename, with page checksums (a reader then
+        detects a corrupt page behind a valid footer)."""
+        fault_point("write")
+        tmp = runfiles.tmp_path(path)
+        # dictionary-encode only the non-float columns: floats do not repeat, and encoding them costs ~2.5x
+        dict_cols = [f.name for f in data.schema if not pa.types.is_floating(f.type)]
+        try:
+            pq.write_table(data, tmp, compression=COMPRESSION, use_dictionary=dict_cols,
+                           write_page_checksum=True)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def _record_failure(self, table: str, n: int | None, err: BaseException) -> None:
+        # A bare callable payload (not Rows) that fails before it says its size cannot be counted: say so.
+        self.rows_dropped[table] = self.rows_dropped.get(table, 0) + (n or 0)
         if self.on_error == "raise":
             self._error = self._error or err
+        size = f"{n} rows" if n is not None else "an unknown number of rows, not counted"
         warnings.warn(
-            f"tokengrad writer: could not write {table} ({n} rows) to {self.run_dir}: "
+            f"tokengrad writer: could not write {table} ({size}) to {self.run_dir}: "
             f"{type(err).__name__}: {err}; rows counted as dropped",
             RuntimeWarning,
             stacklevel=2,
@@ -189,6 +222,7 @@ class RunWriter:
             merged = pa.concat_tables([pq.read_table(p) for _, _, p in files], promote_options="permissive")
             self._small[table] = []
             self._write_file(table, files[0][0], files[-1][1], merged)
+            fault_point("compacted")
         except Exception as err:  # the small files stay valid; try again at the next threshold
             self._small[table] = files
             warnings.warn(
@@ -199,6 +233,7 @@ class RunWriter:
             return
         for _, _, p in files:  # the merged file now covers them; readers ignore contained ranges
             p.unlink(missing_ok=True)
+            fault_point("unlinked")
 
     def _compact_all(self) -> None:
         for table in self._small:
@@ -229,30 +264,34 @@ class RunWriter:
                     continue
                 removed += data.num_rows - n_keep
                 if n_keep:
-                    tmp = p.with_name(f".{p.name}.tmp")
-                    pq.write_table(data.filter(keep), tmp, compression=COMPRESSION)
-                    os.replace(tmp, p)
+                    self._write_atomic(data.filter(keep), p)
                 else:
                     p.unlink()
                     self._small[table] = [e for e in self._small[table] if e[2] != p]
         return removed
 
+    def _repair(self) -> list[str]:
+        """What a kill left in this rank's folders (temporary files, small files already merged, legacy
+        overlapping merges) is cleaned up before anything new is written; see tokengrad.runfiles."""
+        done = []
+        for table in schema.TABLES:
+            folder = self.run_dir / schema.rank_dir(table, self.rank)
+            try:
+                done += [f"{table}/{line}" for line in runfiles.repair(folder, self._write_atomic)]
+            except OSError as err:  # e.g. a read-only disk: the reader resolves the same files anyway
+                warnings.warn(f"tokengrad writer: could not tidy {folder}: {err}", RuntimeWarning,
+                              stacklevel=2)
+        return done
+
     def _next_sequence(self) -> int:
         """Continue after the highest sequence number already on disk for this rank (resumed runs)."""
         last = -1
         for table in schema.TABLES:
-            folder = self.run_dir / schema.rank_dir(table, self.rank)
-            for p in folder.glob("s*.parquet") if folder.exists() else ():
-                rng = schema.parse_file_name(p.name)
-                if rng:
-                    last = max(last, rng[1])
+            for _, end, _ in runfiles.entries(self.run_dir / schema.rank_dir(table, self.rank)):
+                last = max(last, end)
         return last + 1
 
     def _existing_small(self, table: str) -> list[tuple[int, int, Path]]:
-        folder = self.run_dir / schema.rank_dir(table, self.rank)
-        out = []
-        for p in folder.glob("s*.parquet") if folder.exists() else ():
-            rng = schema.parse_file_name(p.name)
-            if rng and rng[0] == rng[1]:  # a resumed run's uncompacted commits
-                out.append((rng[0], rng[1], p))
-        return out
+        """A resumed run's uncompacted commits (after _repair, none of them is inside a merged file)."""
+        found = runfiles.entries(self.run_dir / schema.rank_dir(table, self.rank))
+        return [e for e in found if e[0] == e[1]]

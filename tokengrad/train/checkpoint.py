@@ -2,52 +2,139 @@
 
 `model/` is an ordinary transformers checkpoint (model + tokenizer), so a trained policy loads with
 `AutoModelForCausalLM.from_pretrained("RUN/checkpoint/model")` or as `model = "RUN/checkpoint/model"` in a
-config. `trainer.pt` holds what a resumed run needs besides the weights: the step, the optimizer state and
-the config. Only the latest checkpoint is kept; it is replaced by renaming, so a crash while saving leaves
-the previous one intact.
+config. `trainer.pt` holds what a resumed run needs besides the weights: the step, the last step whose rows
+are on disk (`data_step`, the same step: the save waits for the writer first), the optimizer state and the
+config, all plain data: it is loaded with `torch.load(weights_only=True)`, so a shared run directory cannot
+run code through it (the weights are safetensors, which hold no code either).
+
+Only the latest checkpoint is kept. A save writes `.checkpoint.tmp/` (trainer.pt last, through its own
+rename, so a folder holding trainer.pt is complete), renames the current one to `.checkpoint.old/`, then
+the new one into place. A process killed between the two renames leaves two complete checkpoints and no
+`checkpoint/`: the next load puts the newer one back in place.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import pickle
 import shutil
+import warnings
 from datetime import datetime
 from pathlib import Path
 
 import torch
 
+from tokengrad.faults import fault_point
+from tokengrad.train import distributed as dist
 from tokengrad.train.config import TrainConfig, make_config
 
 CHECKPOINT_DIR = "checkpoint"
+TRAINER_FILE = "trainer.pt"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pkl", ".pth")  # weight files that torch.load would unpickle
 
 
 def checkpoint_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / CHECKPOINT_DIR
 
 
-def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer, config: dict) -> Path:
-    """Write the checkpoint after `step` (the last finished step)."""
+def _tmp_old(run_dir: str | Path) -> tuple[Path, Path]:
     final = checkpoint_path(run_dir)
-    tmp, old = final.with_name(".checkpoint.tmp"), final.with_name(".checkpoint.old")
-    shutil.rmtree(tmp, ignore_errors=True)
-    with _no_progress_bar():
-        model.save_pretrained(tmp / "model")
-    tokenizer.save_pretrained(tmp / "model")
-    torch.save({"step": int(step), "optimizer": optimizer.state_dict(), "config": config}, tmp / "trainer.pt")
+    return final.with_name(".checkpoint.tmp"), final.with_name(".checkpoint.old")
+
+
+def checkpoint_after_step(rec, run_dir: Path, step: int, model, tokenizer, optimizer, config: dict):
+    """Every rank: wait until its steps <= `step` are on disk (the checkpoint must never get ahead of the
+    data), then rank 0 saves; returns the checkpoint path (None if the disk refused, see save_checkpoint)."""
+    data_step = int(dist.all_reduce([rec.checkpoint_step()], "min")[0])  # also the barrier of all ranks
+    return dist.on_main(lambda: save_checkpoint(run_dir, step, model, tokenizer, optimizer, config,
+                                                data_step=data_step, on_error=rec.on_error))
+
+
+def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer, config: dict,
+                    data_step: int | None = None, on_error: str = "raise") -> Path | None:
+    """Write the checkpoint after `step` (the last finished step; `data_step`: the last step on disk).
+
+    on_error="count": a disk that refuses the checkpoint (full, read-only) is a warning, the previous
+    checkpoint stays, and None is returned; "raise" raises the OSError."""
+    final = checkpoint_path(run_dir)
+    tmp, old = _tmp_old(run_dir)
+    try:
+        fault_point("checkpoint_write")
+        shutil.rmtree(tmp, ignore_errors=True)
+        with _no_progress_bar():
+            model.save_pretrained(tmp / "model", safe_serialization=True)
+        tokenizer.save_pretrained(tmp / "model")
+        state = {"step": int(step), "data_step": None if data_step is None else int(data_step),
+                 "optimizer": optimizer.state_dict(), "config": config}
+        torch.save(state, tmp / f".{TRAINER_FILE}.tmp")
+        os.replace(tmp / f".{TRAINER_FILE}.tmp", tmp / TRAINER_FILE)  # last: marks the folder complete
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if on_error == "raise":
+            raise
+        warnings.warn(f"tokengrad: the checkpoint after step {step} could not be written to {final} ({err}); "
+                      "the previous checkpoint is kept", RuntimeWarning, stacklevel=2)
+        return None
     shutil.rmtree(old, ignore_errors=True)
     if final.exists():
         final.rename(old)
+    fault_point("checkpoint_renamed")
     tmp.rename(final)
     shutil.rmtree(old, ignore_errors=True)
+    fault_point("checkpoint_saved")
     return final
 
 
+def _complete(folder: Path) -> bool:
+    return (folder / TRAINER_FILE).is_file() and (folder / "model").is_dir()
+
+
+def has_checkpoint(run_dir: str | Path) -> bool:
+    """A complete checkpoint exists, in place or left by an interrupted save (nothing is moved)."""
+    return any(_complete(f) for f in (checkpoint_path(run_dir), *_tmp_old(run_dir)))
+
+
+def recover_checkpoint(run_dir: str | Path) -> Path | None:
+    """The run's complete checkpoint folder, or None. After a kill between the two renames of a save there
+    is no `checkpoint/`, but `.checkpoint.tmp/` (newer) and `.checkpoint.old/` are complete: the newer one
+    that is complete is renamed back into place."""
+    final = checkpoint_path(run_dir)
+    if _complete(final):
+        return final
+    for candidate in _tmp_old(run_dir):  # newer first
+        if _complete(candidate):
+            if final.exists():  # an incomplete folder in the way (not left by save_checkpoint itself)
+                shutil.rmtree(final)
+            candidate.rename(final)
+            warnings.warn(f"tokengrad: recovered the checkpoint of {run_dir} from {candidate.name} (a save "
+                          "was interrupted)", RuntimeWarning, stacklevel=2)
+            return final
+    return None
+
+
 def load_trainer_state(run_dir: str | Path) -> dict:
-    """{"step", "optimizer", "config"} of the run's checkpoint; ValueError if there is none."""
-    path = checkpoint_path(run_dir) / "trainer.pt"
-    if not path.exists():
+    """{"step", "data_step", "optimizer", "config"} of the run's checkpoint; ValueError if there is none or
+    it holds anything but tensors and plain data."""
+    folder = recover_checkpoint(run_dir)
+    path = checkpoint_path(run_dir) / TRAINER_FILE
+    if folder is None:
         raise ValueError(f"cannot resume: no checkpoint at {path}")
-    return torch.load(path, map_location="cpu", weights_only=False)
+    pickled = sorted(p.name for p in (folder / "model").iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickled:
+        raise ValueError(f"cannot resume: {folder / 'model'} holds pickled weights {pickled}; tokengrad "
+                         "checkpoints store safetensors only, and pickles can run code when loaded")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise ValueError(f"cannot resume: {path} holds objects other than tensors and plain data, which "
+                         f"could run code when loaded; it is not loaded ({' '.join(str(err).split())[:300]})"
+                         ) from None
+    if not (isinstance(state, dict) and isinstance(state.get("step"), int)
+            and isinstance(state.get("optimizer"), dict) and isinstance(state.get("config"), dict)):
+        raise ValueError(f"cannot resume: {path} is not a tokengrad trainer state (step, optimizer, config)")
+    return state
 
 
 @contextlib.contextmanager
@@ -73,23 +160,49 @@ def resolve_run_dir(cfg: TrainConfig) -> Path:
     name = cfg.run_name or f"{cfg.task}-{cfg.weighting}-{datetime.now():%Y%m%d-%H%M%S}"
     run_dir = Path(cfg.run_dir or Path("runs") / name)
     if (run_dir / "meta.json").exists() and not cfg.resume:
+        where = "its checkpoint" if has_checkpoint(run_dir) else "step 0, as it has no checkpoint yet"
         raise ValueError(f"run directory {run_dir} already holds a run; pass resume=true to continue it "
-                         "or choose another run_dir")
+                         f"(from {where}) or choose another run_dir")
     return run_dir
 
 
-def resume_state(cfg: TrainConfig, run_dir: Path) -> dict:
-    """The checkpoint's trainer state, after checking that the config only changes resumable keys."""
+def resume_state(cfg: TrainConfig, run_dir: Path) -> dict | None:
+    """The checkpoint's trainer state, after checking that the config only changes resumable keys. None for
+    a run that stopped before its first checkpoint: it starts again from step 0 (its rows are removed)."""
+    if not has_checkpoint(run_dir) and (run_dir / "meta.json").is_file():
+        _check_unchanged(cfg, _meta_config(run_dir), run_dir, "the recorded run's")
+        warnings.warn(f"tokengrad: {run_dir} has no checkpoint (the run stopped before its first one); "
+                      "starting it again from step 0", RuntimeWarning, stacklevel=2)
+        return None
     state = load_trainer_state(run_dir)
-    saved = make_config(state["config"])
-    changed = sorted(
-        k for k, v in cfg.to_dict().items() if k not in RESUMABLE_KEYS and getattr(saved, k) != v
-    )
-    if changed:
-        raise ValueError(f"cannot resume {run_dir}: config keys {changed} differ from the checkpoint's")
+    _check_unchanged(cfg, state["config"], run_dir, "the checkpoint's")
+    if state.get("data_step") is not None and state["data_step"] < state["step"]:
+        warnings.warn(f"tokengrad: the checkpoint of {run_dir} is at step {state['step']} but its data only "
+                      f"reaches step {state['data_step']}; the steps in between are missing", RuntimeWarning,
+                      stacklevel=2)
     if state["step"] + 1 >= cfg.steps:
         raise ValueError(
             f"cannot resume {run_dir}: its checkpoint is at step {state['step']} and steps={cfg.steps}; "
             "raise steps to train further"
         )
     return state
+
+
+def _meta_config(run_dir: Path) -> dict:
+    try:
+        meta = json.loads((run_dir / "meta.json").read_text())
+    except ValueError as err:
+        raise ValueError(f"cannot resume {run_dir}: its meta.json is not valid JSON ({err})") from None
+    config = meta.get("config") if isinstance(meta, dict) else None
+    if not isinstance(config, dict):
+        raise ValueError(f"cannot resume {run_dir}: its meta.json holds no config object")
+    return config
+
+
+def _check_unchanged(cfg: TrainConfig, saved: dict, run_dir: Path, whose: str) -> None:
+    saved_cfg = make_config(saved)
+    changed = sorted(
+        k for k, v in cfg.to_dict().items() if k not in RESUMABLE_KEYS and getattr(saved_cfg, k) != v
+    )
+    if changed:
+        raise ValueError(f"cannot resume {run_dir}: config keys {changed} differ from {whose}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -148,6 +149,8 @@ class TrainConfig:
     # evaluation, recording, checkpoints
     eval_every: int = _f(0, "held-out evaluation every K steps and after the last step (0 = off)",
                          _at_least(0))
+    eval_at_start: bool = _f(False, "also evaluate before the first update (logged as step -1), the "
+                             "baseline the run's accuracy gain is measured from")
     eval_per_difficulty: int = _f(10, "held-out problems per difficulty level", _at_least(1))
     bucket_every: int = _f(0, "probability-bucket gradient analysis every N steps "
                            "(0 = off; one extra backward per bucket)", _at_least(0))
@@ -281,6 +284,8 @@ def _coerce(key: str, value: Any) -> Any:
     ok = isinstance(value, want) and not (want is int and isinstance(value, bool))
     if want is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if want is float and isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"config key {key!r} must be a finite number, got {value!r}")
     if not ok:
         raise ValueError(f"config key {key!r} must be {want.__name__}, got {type(value).__name__} {value!r}")
     return want(value) if want in (dict, list) else value

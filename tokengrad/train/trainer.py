@@ -37,7 +37,7 @@ from tokengrad.record.fused_logprobs import logprobs_with_stats
 from tokengrad.record.recorder import Recorder
 from tokengrad.train import distributed as dist
 from tokengrad.train.advantages import compute_advantages, keep_groups
-from tokengrad.train.checkpoint import checkpoint_path, resolve_run_dir, resume_state, save_checkpoint
+from tokengrad.train.checkpoint import checkpoint_after_step, checkpoint_path, resolve_run_dir, resume_state
 from tokengrad.train.config import TrainConfig, describe_config, load_config, make_config
 from tokengrad.train.loss import micro_batch_share, normaliser, phase_masks, policy_loss
 from tokengrad.train.models import load_model
@@ -125,7 +125,7 @@ class Trainer:
             model_name=cfg.model,
             weighting=self.weighting_meta(),
             bucket_every=cfg.bucket_every,
-            resume_step=self.start_step if state else None,
+            resume_step=self.start_step if cfg.resume else None,  # no checkpoint yet: from step 0
         )
         return self
 
@@ -150,6 +150,8 @@ class Trainer:
             dynamic_ncols=True,
         )
         with dist.ending(self.owns_group), self.rec:
+            if cfg.eval_every and cfg.eval_at_start and self.start_step == 0:
+                self.evaluate(-1)  # the starting policy, logged as step -1: before step 0's update
             for step in bar:
                 logged = self.step(step)
                 bar.set_postfix(
@@ -161,12 +163,9 @@ class Trainer:
                 if cfg.checkpoint and (
                     last or (cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0)
                 ):
-                    # rank 0 writes it; the other ranks wait until it is complete
-                    dist.on_main(
-                        lambda: save_checkpoint(
-                            self.run_dir, step, self.model, self.tok, self.opt, cfg.to_dict()
-                        )
-                    )
+                    # every rank's rows of steps <= step reach disk first; rank 0 writes it
+                    checkpoint_after_step(self.rec, self.run_dir, step, self.model, self.tok, self.opt,
+                                          cfg.to_dict())
         return self.run_dir
 
     def step(self, step: int) -> dict:

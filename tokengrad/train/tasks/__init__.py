@@ -3,11 +3,12 @@
     from tokengrad.train.tasks import get_task
     task = get_task("arithmetic", digits=(1, 2), ops="+-")
 
-Registered names: "kk" (Knights & Knaves, Logic-RL reward), "countdown", "arithmetic", "toolqa".
+Registered names: "kk" (Knights & Knaves, Logic-RL reward), "countdown", "arithmetic", "toolqa",
+"lab_add" (compact addition for the CPU lab model).
 """
 
 # Importing a task module registers its factory.
-from tokengrad.train.tasks import arithmetic, countdown, kk, toolqa  # noqa: F401
+from tokengrad.train.tasks import arithmetic, countdown, kk, lab_add, toolqa  # noqa: F401
 from tokengrad.train.tasks.base import TASKS, Problem, Task, TaskFactory, get_task, register_task
 
 __all__ = ["TASKS", "Problem", "Task", "TaskFactory", "get_task", "register_task"]

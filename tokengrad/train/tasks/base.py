@@ -21,6 +21,7 @@ different numpy seed streams (`TRAIN_STREAM`, `EVAL_STREAM`).
 from __future__ import annotations
 
 import hashlib
+import inspect
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
@@ -64,8 +65,16 @@ def register_task(name: str) -> Callable[[TaskFactory], TaskFactory]:
 
 
 def get_task(name: str, **params: Any) -> Task:
-    """A task from its registered factory; unknown names raise ValueError listing the known ones."""
-    return TASKS[name](**params)
+    """A task from its registered factory; unknown names (and parameters the factory does not take) raise
+    ValueError listing the known ones."""
+    factory = TASKS[name]
+    try:
+        inspect.signature(factory).bind(**params)
+    except TypeError as err:
+        known = [p for p in inspect.signature(factory).parameters if p not in ("self", "args", "kwargs")]
+        raise ValueError(f"task {name!r}: bad task_params {sorted(params)} ({err}); it takes {known}"
+                         ) from None
+    return factory(**params)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -1,0 +1,271 @@
+"""The hooks on one TRL `GRPOTrainer` and the recorder they feed (`tokengrad.integrations.trl.attach`).
+
+One tokengrad step is one TRL generation batch. Per micro-batch `compute_loss` gives the inputs, the
+wrapped `_get_per_token_logps_and_entropies` the log-probs the loss is built from (coef by the autograd
+hook), `accelerator.backward` the bucket passes, `accelerator.clip_grad_norm_` the norms before clipping,
+and the callback the optimizer-update boundaries and TRL's logs.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from transformers import TrainerCallback
+
+from tokengrad.integrations.trl_deepspeed import DeepSpeedNorms, deepspeed_setup
+from tokengrad.integrations.trl_fused import FusedCapture, fused_token_stats
+from tokengrad.integrations.trl_logs import SUMMARY_KEYS, StepLogs, column
+from tokengrad.integrations.trl_loss import ClipSettings, clipped_tokens
+from tokengrad.integrations.trl_weighting import token_weights
+from tokengrad.record.recorder import Recorder
+from tokengrad.record.stats import TokenStats
+
+SAMPLE_KEY = "tokengrad_sample_id"  # [B] global completion index, carried through TRL's shuffle and split
+
+
+class TRLRecording:
+    """The hooks on one trainer and the recorder they feed; `detach()`, called when `train()` returns or
+    raises, ends the open step, closes the recorder and restores the trainer."""
+
+    def __init__(self, trainer, recorder: Recorder, rule=None):
+        self.trainer, self.recorder, self.rule = trainer, recorder, rule
+        self.clip = ClipSettings.of(trainer)
+        self.step = None  # the open tokengrad step (StepRecorder) or None
+        self.next_step = 0
+        self.update_id = 0
+        self._accumulating = False  # micro-batches tracked since the last optimizer update
+        self._norms_done = False
+        self._logs = StepLogs()
+        self._inputs = None  # compute_loss inputs while TRL computes the loss
+        self._scored = None  # (prompts, completions, completion_ids, rewards_per_func) of the batch
+        self._patched: list[tuple[object, str, object]] = []
+        self._fused = FusedCapture(trainer)
+        self._callback = None
+
+    def install(self) -> "TRLRecording":
+        t = self.trainer
+        self._patch(t, "train", self._train)
+        self._patch(t, "compute_loss", self._compute_loss)
+        self._patch(t, "_get_per_token_logps_and_entropies", self._per_token_logps)
+        self._patch(t, "_generate_and_score_completions", self._generate_and_score)
+        self._patch(t, "_calculate_rewards", self._calculate_rewards)
+        self._patch(t.accelerator, "clip_grad_norm_", self._clip_grad_norm)
+        self._patch(t.accelerator, "backward", self._backward)
+        if deepspeed_setup(t) is not None:  # norms through DeepSpeed's API: .grad is partitioned
+            DeepSpeedNorms(self).install()
+        self._fused.install()
+        self._callback = _Callback(self)
+        t.add_callback(self._callback)
+        t._tokengrad_recording = self
+        self.recorder.open()
+        return self
+
+    def detach(self) -> None:
+        """End the open step, close the recorder (flushing its files) and restore the trainer."""
+        if self.recorder is None:
+            return
+        try:
+            if self.step is not None:
+                self.recorder.end_step()
+        finally:
+            self.step = None
+            self.recorder.close()
+            for obj, name, old in reversed(self._patched):
+                if old is None:
+                    delattr(obj, name)
+                else:
+                    setattr(obj, name, old)
+            self._fused.remove()
+            self.trainer.remove_callback(self._callback)
+            self.trainer._tokengrad_recording = None
+            self.recorder = None
+
+    def _patch(self, obj, name: str, fn) -> None:
+        old = vars(obj).get(name)  # an instance attribute to restore, else None (the class method stays)
+        orig = getattr(obj, name)
+        self._patched.append((obj, name, old))
+        setattr(obj, name, lambda *a, **k: fn(orig, *a, **k))
+
+    def _train(self, orig, *a, **k):
+        try:
+            return orig(*a, **k)
+        finally:  # also when training fails: finished steps reach disk
+            self.detach()
+
+    # -- generation: one tokengrad step per generation batch ----------------------------------------
+    def _generate_and_score(self, orig, inputs):
+        if not self.trainer.model.training:  # evaluation batches are not recorded
+            return orig(inputs)
+        carried = None
+        if self.step is not None:
+            if self._accumulating:  # the optimizer update spans generation batches: its buckets go on
+                carried = (self.step.is_bucket_step, self.step.take_open_buckets(self.update_id))
+            self.recorder.end_step()
+        self.step = self.recorder.begin_step(self._rollout_index())
+        if carried is not None:
+            self.step.continue_buckets(*carried, update_id=0)
+        self.next_step = self.step.step + 1
+        self.update_id, self._norms_done, self._scored = 0, False, None
+        self._logs = StepLogs(self._logs.logged_step)
+        out = orig(inputs)
+        self._record_samples(out)
+        return out
+
+    def _rollout_index(self) -> int:
+        """Generation batches so far, from TRL's optimizer step so a resumed run continues its numbering."""
+        t = self.trainer
+        per_generation = t.args.steps_per_generation * t.num_iterations  # micro-batches per generation
+        done = t.state.global_step * t.args.gradient_accumulation_steps // per_generation
+        return max(done, self.next_step)
+
+    def _calculate_rewards(self, orig, inputs, prompts, completions, completion_ids_list, *a, **k):
+        rewards_per_func = orig(inputs, prompts, completions, completion_ids_list, *a, **k)  # [B_all, F]
+        self._scored = (prompts, completions, completion_ids_list, rewards_per_func)
+        return rewards_per_func
+
+    def _record_samples(self, out: dict) -> None:
+        t = self.trainer
+        n = out["completion_ids"].size(0)
+        first = t.accelerator.process_index * n  # TRL's process_slice: ranks hold consecutive rows
+        sid = torch.arange(first, first + n, device=out["completion_ids"].device)  # [B]
+        out[SAMPLE_KEY] = sid
+        if self._scored is None:
+            return
+        prompts, completions, ids_list, per_func = self._scored
+        local = per_func[first : first + n].float()  # [B, F]
+        reward = (local * t.reward_weights.to(local.device)).nansum(1)  # [B] TRL's weighted sum
+        reward[torch.isnan(local).all(1)] = float("nan")  # unscorable rows
+        extra = {f"reward_{column(name)}": local[:, i].tolist() for i, name in enumerate(t.reward_func_names)}
+        adv = out["advantages"]
+        self.step.samples(
+            sample_ids=sid.tolist(),
+            group_ids=(sid // t.num_generations).tolist(),
+            prompts=[_text(p) for p in prompts],
+            completions=[_text(c) for c in completions],
+            rewards=reward.tolist(),
+            advantages=adv.tolist() if adv.dim() == 1 else None,
+            lengths=[len(ids) for ids in ids_list],
+            **extra,
+        )
+
+    # -- the loss: capture inputs, then the log-probs TRL builds it from -----------------------------
+    def _compute_loss(self, orig, model, inputs, *a, **k):
+        if self.step is None or not torch.is_grad_enabled() or not self.trainer.model.training:
+            return orig(model, inputs, *a, **k)
+        self._inputs = inputs
+        try:
+            return orig(model, inputs, *a, **k)
+        finally:
+            self._inputs = None
+
+    def _per_token_logps(self, orig, model, input_ids, attention_mask, logits_to_keep, *a, **k):
+        active = self._inputs is not None and torch.is_grad_enabled()
+        self._fused.start(active)
+        try:
+            out = orig(model, input_ids, attention_mask, logits_to_keep, *a, **k)
+        finally:
+            captured = self._fused.stop(logits_to_keep)
+        if active:
+            logps, entropies = out[0], out[1]
+            ids, mask = self._inputs["completion_ids"], self._inputs["completion_mask"]
+            stats = fused_token_stats(logps, entropies, captured, ids, mask)
+            self._track(logps, stats, captured.head_input)
+            self._inputs = None  # one tracked pass per compute_loss call
+        return out
+
+    def _track(self, logps: torch.Tensor, stats: TokenStats | None, hidden: torch.Tensor | None) -> None:
+        inp = self._inputs
+        mask = inp["completion_mask"]  # [B, T]
+        loss_mask = mask * inp["tool_mask"] if "tool_mask" in inp else mask  # [B, T]
+        old = inp.get("old_per_token_logps")
+        old = logps.detach() if old is None else old  # TRL's own stand-in when the batch is on-policy
+        adv = inp["advantages"]  # [B] or [B, T]
+        sid = inp.get(SAMPLE_KEY)
+        weights = token_weights(self.rule, logps, old, adv, loss_mask)
+        extra = {}
+        if torch.is_tensor(inp.get("importance_sampling_ratio")):  # vLLM correction
+            extra["trl_is_ratio"] = inp["importance_sampling_ratio"].expand_as(logps).float()
+        self.step.track(
+            logps,
+            token_ids=inp["completion_ids"],
+            mask=mask,
+            loss_mask=loss_mask,
+            old_logprobs=old,
+            ref_logprobs=inp.get("ref_per_token_logps"),
+            advantages=adv,
+            weights=weights,
+            scale_grad=weights,
+            sample_ids=sid,
+            group_ids=None if sid is None else sid // self.trainer.num_generations,
+            stats=stats,
+            hidden=hidden,
+            clipped=clipped_tokens(self.clip, logps, old, adv, loss_mask),
+            update_id=self.update_id,
+            extra=extra,
+        )
+        self._accumulating = True
+
+    # -- backward, gradient norms, optimizer updates -------------------------------------------------
+    def _backward(self, orig, loss, **kwargs):
+        st = self.step
+        if st is None or not st.is_bucket_step:
+            return orig(loss, **kwargs)
+        kwargs.setdefault("retain_graph", True)  # the bucket passes run on the same graph
+        orig(loss, **kwargs)
+        st.analyze_buckets()
+
+    def _clip_grad_norm(self, orig, *a, **k):
+        self._record_norms()  # before clipping changes .grad
+        return orig(*a, **k)
+
+    def _record_norms(self) -> None:
+        if self.step is not None and not self._norms_done:
+            self.step.record_grad_norms(self.update_id)
+            self._norms_done = True
+
+    def _on_pre_optimizer_step(self) -> None:
+        if self.step is not None and not self._norms_done:
+            warnings.warn(
+                "tokengrad: the trainer clipped gradients without accelerator.clip_grad_norm_; "
+                "gradient norms are read after clipping",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            self._record_norms()
+
+    def _on_step_end(self) -> None:
+        self.update_id += 1
+        self._norms_done = self._accumulating = False
+
+    def _on_log(self, state, logs: dict) -> None:
+        if self.step is None or any(k.startswith(SUMMARY_KEYS) for k in logs):
+            return
+        self.step.log(**self._logs.add(state.global_step, logs))
+
+
+class _Callback(TrainerCallback):
+    """Trainer events the recording needs: optimizer updates and TRL's logged metrics."""
+
+    def __init__(self, recording: TRLRecording):
+        self.recording = recording
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self.recording._on_pre_optimizer_step()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.recording._on_step_end()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.recording._on_log(state, logs or {})
+
+
+def _text(x) -> str:
+    """A prompt or completion as text: plain strings as they are, chat messages as 'role: content' lines."""
+    if isinstance(x, str):
+        return x
+    if isinstance(x, list):
+        return "\n".join(
+            f"{m.get('role', '')}: {m.get('content', '')}" if isinstance(m, dict) else str(m) for m in x
+        )
+    return str(x)
