@@ -64,7 +64,8 @@ def attach(trainer, run_dir, *, weighting: str | None = None, weighting_params: 
         bucket_every: probability-bucket gradient analysis every N steps (0 = off; one extra backward per
             bucket on those steps).
         allow_untested_trl: try a TRL version outside `TESTED_TRL` instead of refusing it.
-        recorder_kwargs: passed to `tokengrad.Recorder` (layers, on_error, compact_every, ...).
+        recorder_kwargs: passed to `tokengrad.Recorder` (layers, on_error, compact_every, attribute_every,
+            attribute_method, token_budget, ...).
     """
     import trl
 
@@ -74,6 +75,9 @@ def attach(trainer, run_dir, *, weighting: str | None = None, weighting_params: 
     weighting_params = trainer_params(weighting, weighting_params, trainer)
     rule = resolve_weighting(weighting, weighting_params)
     warn_if_kl_scaled(weighting, trainer)
+    # TRL's fused LM head is a custom autograd.Function without a forward-mode derivative, so update
+    # shares inside TRL come from the central difference (two plain forwards) unless asked otherwise
+    recorder_kwargs.setdefault("attribute_method", "central_difference")
     tokenizer = getattr(trainer, "_tokenizer", None) or trainer.processing_class
     model_cfg = getattr(trainer.model, "config", None)
     rec = Recorder(

@@ -170,11 +170,14 @@ class TRLRecording:
             logps, entropies = out[0], out[1]
             ids, mask = self._inputs["completion_ids"], self._inputs["completion_mask"]
             stats = fused_token_stats(logps, entropies, captured, ids, mask)
-            self._track(logps, stats, captured.head_input)
+            # attribution steps score the same micro-batch again with substituted parameters
+            again = lambda: orig(model, input_ids, attention_mask, logits_to_keep, *a, **k)[0]  # noqa: E731
+            self._track(logps, stats, captured.head_input, again)
             self._inputs = None  # one tracked pass per compute_loss call
         return out
 
-    def _track(self, logps: torch.Tensor, stats: TokenStats | None, hidden: torch.Tensor | None) -> None:
+    def _track(self, logps: torch.Tensor, stats: TokenStats | None, hidden: torch.Tensor | None,
+               recompute=None) -> None:
         inp = self._inputs
         mask = inp["completion_mask"]  # [B, T]
         loss_mask = mask * inp["tool_mask"] if "tool_mask" in inp else mask  # [B, T]
@@ -203,6 +206,7 @@ class TRLRecording:
             clipped=clipped_tokens(self.clip, logps, old, adv, loss_mask),
             update_id=self.update_id,
             extra=extra,
+            recompute=recompute,
         )
         self._accumulating = True
 

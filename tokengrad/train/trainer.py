@@ -125,6 +125,9 @@ class Trainer:
             model_name=cfg.model,
             weighting=self.weighting_meta(),
             bucket_every=cfg.bucket_every,
+            attribute_every=cfg.attribute_every,
+            attribute_method=cfg.attribute_method,
+            token_budget=cfg.token_budget or None,
             resume_step=self.start_step if cfg.resume else None,  # no checkpoint yet: from step 0
         )
         return self
@@ -334,6 +337,8 @@ class Trainer:
             hidden=hidden,
             clipped=out.clipped,
             update_id=update_id,
+            recompute=lambda: self.logprobs(self.model, b.input_ids[rows], b.attention_mask[rows],
+                                            b.prompt_len, b.completion_ids[rows]),
         )
         share = micro_batch_share(cfg.aggregation, loss_mask, b.loss_mask) * rank_scale
         st.backward(out.loss * share)
