@@ -141,7 +141,7 @@ def browser():
             b.close()
 
 
-def _settle(page, min_charts: int, timeout_ms: int = 60_000) -> None:
+def _settle(page, min_charts: int, timeout_ms: int = 120_000) -> None:
     """Wait until the page drew its charts (also those in closed expanders) and the script stopped."""
     page.wait_for_selector("[data-testid=stPlotlyChart] .main-svg", state="attached", timeout=timeout_ms)
     page.wait_for_function(
@@ -245,15 +245,15 @@ def test_live_refresh_shows_steps_written_after_the_page_opened(server, browser)
     try:
         page.goto(f"{server.url}/buckets?runs=live")
         page.wait_for_function(f"{TICK_MAX_JS} == '{LIVE_STEPS - 1}'", timeout=60_000)
-        page.get_by_text("Live refresh").click()
-        page.wait_for_selector("text=checked", timeout=30_000)
+        page.get_by_text("Live refresh").click(timeout=60_000)
+        page.wait_for_selector("text=checked", timeout=60_000)
         steps = pq.read_table(run / "steps" / "rank000" / schema.file_name(0, LIVE_STEPS - 1)).slice(0, 1)
         steps = steps.set_column(0, "step", pc.cast(pc.add(steps.column("step"), LIVE_STEPS), "int32"))
         pq.write_table(steps, run / "steps" / "rank000" / schema.file_name(LIVE_STEPS, LIVE_STEPS))
-        page.wait_for_function(f"{TICK_MAX_JS} == '{LIVE_STEPS}'", timeout=30_000)  # polled every 5 s
+        page.wait_for_function(f"{TICK_MAX_JS} == '{LIVE_STEPS}'", timeout=60_000)  # polled every 5 s
         # a run folder that appears while the page is open is listed and picked
         write_synthetic_run(server.root / "zz_new", n_steps=3, n_samples=2, n_tok=8, seed=5)
-        page.wait_for_selector("[data-testid=stSidebar] [data-tag] >> text=zz_new", timeout=30_000)
+        page.wait_for_selector("[data-testid=stSidebar] [data-tag] >> text=zz_new", timeout=60_000)
         _screenshot(page, ARTIFACTS / "live_refresh.png")
     finally:
         page.close()

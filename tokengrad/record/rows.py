@@ -24,6 +24,7 @@ TOKEN_VALUE_COLUMNS = (
     "logprob",
     "old_logprob",
     "ref_logprob",
+    "rollout_logprob",
     "prob",
     "entropy",
     "sum_p2",
@@ -38,6 +39,8 @@ TOKEN_VALUE_COLUMNS = (
     "dlogprob_pred",
     "dlogprob",
 )
+# Columns where NaN means "no value" (e.g. no sampler log-prob for a tool-output token): written as null.
+NAN_IS_NULL = frozenset({"rollout_logprob"})
 
 
 @dataclass
@@ -126,7 +129,11 @@ def _batch_table(step: int, rank: int, b: CapturedBatch, decode: TokenDecoder) -
     cols["in_loss"] = pa.array(take(b.in_loss))
     for name in TOKEN_VALUE_COLUMNS:
         v = b.values.get(name)
-        cols[name] = pa.nulls(n, pa.float32()) if v is None else pa.array(take(v).astype(np.float32))
+        cols[name] = (
+            pa.nulls(n, pa.float32())
+            if v is None
+            else pa.array(take(v).astype(np.float32), from_pandas=name in NAN_IS_NULL)
+        )
     cols["clipped"] = pa.nulls(n, pa.bool_()) if b.clipped is None else pa.array(take(b.clipped))
     cols["selected_by"] = (pa.nulls(n, pa.string()) if b.selected_by is None else
                            pa.DictionaryArray.from_arrays(pa.array(b.selected_by.astype(np.int32)),
@@ -166,7 +173,11 @@ def step_derived(batches: list[CapturedBatch]) -> dict[str, float]:
 
 
 def _nonfinite(b: CapturedBatch) -> int:
-    return sum(int((~np.isfinite(v[b.mask])).sum()) for v in b.values.values() if v is not None)
+    return sum(
+        int((~np.isfinite(v[b.mask])).sum())
+        for k, v in b.values.items()
+        if v is not None and k not in NAN_IS_NULL
+    )
 
 
 def _nanmean(x: np.ndarray) -> float:
