@@ -86,8 +86,8 @@ def test_first_update_is_on_policy_and_lopti_phases_split_at_eta(tmp_path):
     tok = run.tokens(where="in_loss AND step = 1")  # step 0 has all rewards 0, so no gradient
     assert (tok["advantage"] != 0).any()
     first = tok[tok.update_id == 0]
-    # pi_old is scored with the weights of the first update, so its ratio is exactly 1
-    assert (first["ratio"] - 1).abs().max() < 1e-6
+    # pi_old is scored with the weights and the log-prob function of the first update: ratio exactly 1
+    assert (first["ratio"] == 1.0).all()
     assert (first["old_logprob"].map(torch.tensor).map(torch.exp) < 0.004).all()  # phase 1: p_old < eta
     second = tok[tok.update_id == 1]
     assert len(first) > 0 and len(second) > 0

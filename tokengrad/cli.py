@@ -1,6 +1,6 @@
 """`tokengrad` command line: train, dashboard, export, inspect.
 
-    tokengrad train configs/tiny_kk.toml steps=20 weighting=tr_grpo
+    tokengrad train configs/tiny_charset.toml steps=20 weighting=tr_grpo
     tokengrad dashboard sample_runs --port 8501
     tokengrad export sample_runs/* --out figures --format pdf
     tokengrad inspect sample_runs/grpo            # summary of a run;  --schema prints the run format

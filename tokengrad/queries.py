@@ -31,6 +31,9 @@ ADV_SIGN_SQL = {1: f"{TOK.advantage} > 0", -1: f"{TOK.advantage} < 0", 0: f"{TOK
 # Per-token columns whose per-bin mean grad_norm_by_prob reports.
 BINNED_MEANS = (TOK.prob, TOK.logit_grad_unit, TOK.logit_grad_norm, TOK.head_grad_norm, TOK.entropy)
 ABS_COEF = "abs_coef"
+# A token's contribution to the step's gradient: the exact norm at its logits, else |coef| (same ordering
+# within a step when logit_grad_unit was not recorded).
+_GRAD = f"coalesce({TOK.logit_grad_norm}, abs({TOK.coef}), 0)"
 # Token columns the forensics tables show next to the ranked value.
 FORENSIC_COLUMNS = (TOK.sample_id, TOK.group_id, TOK.position, TOK.token, TOK.prob, TOK.entropy,
                     TOK.advantage, TOK.weight, TOK.coef, TOK.clipped)
@@ -79,6 +82,15 @@ def _token_column(name: str) -> str:
     return name
 
 
+def _frequency_where(prob_lo, prob_hi, step_range, adv_sign, loss_only, update_id) -> _Where:
+    if adv_sign is not None and adv_sign not in ADV_SIGN_SQL:
+        raise ValueError(f"adv_sign must be one of {sorted(ADV_SIGN_SQL)} or None, got {adv_sign!r}")
+    w = _prob_range(_base(step_range, loss_only, update_id), prob_lo, prob_hi)
+    if adv_sign is not None:
+        w.add(ADV_SIGN_SQL[adv_sign])
+    return w
+
+
 def token_frequencies(
     run,
     prob_lo: float = 0.0,
@@ -89,26 +101,49 @@ def token_frequencies(
     limit: int = 200,
     loss_only: bool = True,
     update_id: int | None = None,
+    order_by: str = BIN.count,
 ) -> pd.DataFrame:
-    """[token, count] of the tokens with prob in [prob_lo, prob_hi), most frequent first.
+    """[token, count, grad_sum] of the tokens with prob in [prob_lo, prob_hi), largest `order_by` first
+    (count, or grad_sum: the summed per-token gradient norm, logit_grad_norm).
 
     adv_sign 1 / -1 / 0 keeps tokens with positive / negative / zero advantage (None: all). Tokens with
     no decoded text (recorded without a tokenizer) are named '#<token_id>'.
     """
-    if adv_sign is not None and adv_sign not in ADV_SIGN_SQL:
-        raise ValueError(f"adv_sign must be one of {sorted(ADV_SIGN_SQL)} or None, got {adv_sign!r}")
     if int(limit) < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
-    w = _prob_range(_base(step_range, loss_only, update_id), prob_lo, prob_hi)
-    if adv_sign is not None:
-        w.add(ADV_SIGN_SQL[adv_sign])
+    if order_by not in (BIN.count, "grad_sum"):
+        raise ValueError(f"order_by must be 'count' or 'grad_sum', got {order_by!r}")
+    w = _frequency_where(prob_lo, prob_hi, step_range, adv_sign, loss_only, update_id)
     # count per integer token_id first (cheap hash keys), name only the surviving groups
     name = f"coalesce(nullif(any_value({TOK.token}), ''), '#' || CAST({TOK.token_id} AS VARCHAR))"
     q = (
-        f"SELECT {name} AS {TOK.token}, count(*) AS {BIN.count} FROM tokens{w.sql()} "
-        f"GROUP BY {TOK.token_id} ORDER BY {BIN.count} DESC, {TOK.token} LIMIT ?"
+        f"SELECT {name} AS {TOK.token}, count(*) AS {BIN.count}, sum({_GRAD}) AS grad_sum "
+        f"FROM tokens{w.sql()} "
+        f"GROUP BY {TOK.token_id} ORDER BY {order_by} DESC, {TOK.token} LIMIT ?"
     )
     return run.sql(q, w.params + [int(limit)])
+
+
+def token_totals(
+    run,
+    prob_lo: float = 0.0,
+    prob_hi: float = 1.0,
+    *,
+    step_range: tuple[int, int] | None = None,
+    adv_sign: int | None = None,
+    loss_only: bool = True,
+    update_id: int | None = None,
+) -> dict:
+    """{count, distinct, grad_sum, all_count, all_grad_sum} of a token_frequencies selection, and of the
+    same selection over every probability (the word clouds' totals: n tokens, share of the gradient)."""
+    w = _frequency_where(prob_lo, prob_hi, step_range, adv_sign, loss_only, update_id)
+    every = _frequency_where(0.0, 1.0, step_range, adv_sign, loss_only, update_id)
+    sel = run.sql(f"SELECT count(*) AS n, count(DISTINCT {TOK.token_id}) AS d, sum({_GRAD}) AS g "
+                  f"FROM tokens{w.sql()}", w.params).iloc[0]
+    tot = run.sql(f"SELECT count(*) AS n, sum({_GRAD}) AS g FROM tokens{every.sql()}", every.params).iloc[0]
+    num = lambda v: float(v) if pd.notna(v) else 0.0  # noqa: E731 - SUM over no rows is NULL
+    return {"count": int(sel["n"]), "distinct": int(sel["d"]), "grad_sum": num(sel["g"]),
+            "all_count": int(tot["n"]), "all_grad_sum": num(tot["g"])}
 
 
 def bin_edges(bins: int | Sequence[float]) -> np.ndarray:

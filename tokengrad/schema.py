@@ -24,9 +24,10 @@ from types import SimpleNamespace
 import pyarrow as pa
 
 SCHEMA_VERSION = 2
-# Version history: 2 added tokens.update_share / dlogprob_pred / dlogprob / selected_by, steps.n_token_rows
-# and the prob_bins and vocab tables (attribution and budgeted recording); version-1 runs read with those
-# columns null and those tables empty.
+# Version history: 2 added tokens.update_share / dlogprob_pred / dlogprob / selected_by, steps.n_token_rows,
+# the prob_bins and vocab tables (attribution and budgeted recording), and tokens.rollout_logprob,
+# steps.rollout_mismatch / groups_generated / groups_kept / gen_rounds and meta temperature (the sampler's
+# distribution, dynamic-sampling refills); version-1 runs read with those columns null and those tables empty.
 
 META_FILE = "meta.json"
 RANKS_DIR = "ranks"
@@ -40,7 +41,7 @@ TOTAL_LAYER = "total"  # layer name of the whole-model gradient norm in the laye
 
 META_KEYS = (
     "schema_version", "tokengrad_version", "run_name", "created", "config", "weighting",
-    "model", "tokenizer", "world_size", "rows_dropped", "finished",
+    "model", "tokenizer", "world_size", "rows_dropped", "finished", "temperature",
 )
 
 
@@ -76,7 +77,13 @@ TOKENS = [
     _c("logprob", pa.float32(), "log pi_theta(token) that the loss is built from"),
     _c("old_logprob", pa.float32(), "log pi_old(token) of the rollout policy"),
     _c("ref_logprob", pa.float32(), "log pi_ref(token) of the reference policy, if any"),
-    _c("prob", pa.float32(), "softmax probability of the token (from logits, fp32)"),
+    _c(
+        "rollout_logprob",
+        pa.float32(),
+        "log-prob of the token under the distribution the sampler drew from (after top-p/top-k, from the "
+        "generation-time logits, e.g. bf16); null for tool output and greedy decoding",
+    ),
+    _c("prob", pa.float32(), "probability of the token at the sampling temperature: softmax(logits / T)"),
     _c("entropy", pa.float32(), "entropy of the next-token distribution, nats"),
     _c("sum_p2", pa.float32(), "sum_j p_j^2 (collision probability)"),
     _c(
@@ -97,7 +104,9 @@ TOKENS = [
     _c(
         "head_grad_norm",
         pa.float32(),
-        "logit_grad_norm * norm(h_t): norm of the token's LM-head weight gradient",
+        "logit_grad_norm * norm(h_t): norm of the token's gradient on the output projection (LM head) "
+        "through the head path only; with a tied head (embedding = head, e.g. SmolLM2) that parameter also "
+        "gets the input-embedding gradient, which this column does not include",
     ),
     _c("update_share", pa.float32(),
        "coef <grad log pi, g> / norm(g)^2: the token's share of its update's gradient g; shares of all "
@@ -119,6 +128,15 @@ STEPS = [
     _c("n_updates", pa.int16(), "optimizer updates in the step"),
     _c("reward_mean", pa.float64(), "mean reward of the step's completions"),
     _c("reward_std", pa.float64(), "std of the step's rewards"),
+    _c(
+        "rollout_mismatch",
+        pa.float64(),
+        "mean |log pi_old - rollout_logprob| over the step's loss tokens: the training/inference mismatch "
+        "(top-p truncation, bf16 generation; about 1e-7 when the sampler is the trained fp32 distribution)",
+    ),
+    _c("groups_generated", pa.int64(), "prompt groups generated in the step (dynamic sampling refills)"),
+    _c("groups_kept", pa.int64(), "prompt groups in the update batch (informative, up to prompts_per_step)"),
+    _c("gen_rounds", pa.int16(), "generation rounds of prompts_per_step prompts (max_gen_batches)"),
     _c("entropy_mean", pa.float64(), "mean token entropy (loss tokens)"),
     _c("kl", pa.float64(), "mean KL to the reference policy"),
     _c("clip_frac", pa.float64(), "share of loss tokens whose gradient the clip removed"),
@@ -126,6 +144,7 @@ STEPS = [
     _c("weight_min", pa.float64(), "min token weight"),
     _c("weight_max", pa.float64(), "max token weight"),
     _c("lr", pa.float64(), "learning rate"),
+    _c("ds_grad_norm", pa.float64(), "DeepSpeed's own global gradient norm (engine.get_global_grad_norm)"),
     _c("n_tokens", pa.int64(), "loss tokens recorded in the step"),
     _c("n_nonfinite", pa.int64(), "NaN/inf values met in the recorded token tensors"),
     _c("n_token_rows", pa.int64(), "token rows written for the step (fewer than recorded under a budget)"),
@@ -151,8 +170,17 @@ BUCKETS = [
     _c("grad_norm", pa.float64(), "norm of the bucket's gradient g_B over all parameters"),
     _c("update_share", pa.float64(), "<g_B, g> / norm(g)^2; sums to 1 over buckets and residual"),
     _c("cos_to_total", pa.float64(), "cosine(g_B, g)"),
-    _c("dprob_mean", pa.float64(), "mean change of probability after the optimizer step"),
-    _c("correct_ratio", pa.float64(), "share of positive-advantage tokens whose probability rose"),
+    _c(
+        "dprob_mean",
+        pa.float64(),
+        "mean change of probability over the step's updates (pi_old to the final policy) of the step's loss "
+        "tokens with A != 0, bucketed by pi_old (AR-Lopti); on the rows of the step's last update",
+    ),
+    _c(
+        "correct_ratio",
+        pa.float64(),
+        "share of A > 0 tokens whose log-prob rose over the step (tokens at p = 1 left out; by pi_old)",
+    ),
 ]
 
 SAMPLES = [

@@ -13,6 +13,7 @@ import warnings
 import torch
 from transformers import TrainerCallback
 
+from tokengrad.integrations.trl_deepspeed import DeepSpeedNorms, deepspeed_setup
 from tokengrad.integrations.trl_fused import FusedCapture, fused_token_stats
 from tokengrad.integrations.trl_logs import SUMMARY_KEYS, StepLogs, column
 from tokengrad.integrations.trl_loss import ClipSettings, clipped_tokens
@@ -51,6 +52,8 @@ class TRLRecording:
         self._patch(t, "_calculate_rewards", self._calculate_rewards)
         self._patch(t.accelerator, "clip_grad_norm_", self._clip_grad_norm)
         self._patch(t.accelerator, "backward", self._backward)
+        if deepspeed_setup(t) is not None:  # norms through DeepSpeed's API: .grad is partitioned
+            DeepSpeedNorms(self).install()
         self._fused.install()
         self._callback = _Callback(self)
         t.add_callback(self._callback)

@@ -110,20 +110,24 @@ def bucket_shares(store: list[list[torch.Tensor] | None], total: list[torch.Tens
 
 @torch.no_grad()
 def prob_change(
-    prob_before: torch.Tensor,
-    logprob_after: torch.Tensor,
+    old_logprob: torch.Tensor,
+    new_logprob: torch.Tensor,
     advantages: torch.Tensor,
     in_loss: torch.Tensor,
     bucket: torch.Tensor,
     n_buckets: int,
 ) -> tuple[list[float], list[float]]:
-    """Per bucket: mean change of probability over the update, and the "correct ratio" (AR-Lopti §4):
-    the share of positive-advantage tokens whose probability rose.  Inputs [N, T]."""
-    dp = logprob_after.float().exp() - prob_before.float()  # [N, T]
+    """Per bucket: mean change of probability over the update(s) of tokens with A != 0, and the "correct
+    ratio" (AR-Lopti, arXiv 2505.12929, Sec. 4): the share of A > 0 tokens whose log-prob rose, comparing
+    log-probs (a rise below fp32 probability resolution counts) and leaving out tokens already at p = 1,
+    which cannot rise. Inputs [N, T]; NaN for a bucket without such tokens."""
+    old, new = old_logprob.float(), new_logprob.float()  # [N, T]
+    dp = new.exp() - old.exp()  # [N, T]
     means, correct = [], []
     for b in range(n_buckets):
         sel = (bucket == b) & in_loss  # [N, T]
-        means.append(float(dp[sel].mean()) if sel.any() else math.nan)
-        pos = sel & (advantages > 0)  # [N, T]
-        correct.append(float((dp[pos] > 0).float().mean()) if pos.any() else math.nan)
+        moved = sel & (advantages != 0)  # A = 0 tokens had no push (AR-Lopti leaves them out)
+        means.append(float(dp[moved].mean()) if moved.any() else math.nan)
+        pos = sel & (advantages > 0) & (old < 0)  # [N, T]
+        correct.append(float((new[pos] > old[pos]).float().mean()) if pos.any() else math.nan)
     return means, correct

@@ -31,6 +31,7 @@ def check_track_inputs(logprobs: torch.Tensor, **tensors) -> tuple[int, int]:
         "loss_mask",
         "old_logprobs",
         "ref_logprobs",
+        "rollout_logprobs",
         "weights",
         "scale_grad",
         "clipped",

@@ -76,6 +76,7 @@ class Recorder:
         on_error: "count" (writer failures drop and count rows, training goes on) or "raise" (each step
             waits for its own commit, so a writer failure raises at the end of the step that lost rows).
         compact_every: merge small per-step files after this many steps.
+        temperature: the T the recorded log-probs divide the logits by (the sampler's; meta.json).
         resume_step: continuing a run from a checkpoint taken before this step: rows already recorded for
             steps >= resume_step (after the checkpoint) are removed on open, so no step appears twice.
             Without it, a directory that holds another run (a different run_name, config, model or
@@ -115,6 +116,7 @@ class Recorder:
         attribute_applied: bool = True,
         token_budget: "int | Budget | None" = None,
         trackers=(),
+        temperature: float | None = None,
     ):
         if bucket_every < 0:
             raise ValueError(f"bucket_every must be >= 0, got {bucket_every}")
@@ -130,6 +132,7 @@ class Recorder:
         self.rank, self.world_size = _dist_rank_world()
         self.decode = TokenDecoder(tokenizer)
         self._meta = self._make_meta(config, run_name, model_name, model, tokenizer, weighting)
+        self._meta["temperature"] = temperature
         self._writer: RunWriter | None = None
         self._on_error, self._compact_every = on_error, compact_every
         self._resume_step = resume_step

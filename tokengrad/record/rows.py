@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tokengrad import schema
+from tokengrad.record.token_text import piece_text
 
 # Labels of tokens.selected_by, by the codes record.budget uses.
 SELECTED_BY = ("all", "sequence", "top_update_share", "top_grad_norm", "top_abs_coef")
@@ -23,6 +24,7 @@ TOKEN_VALUE_COLUMNS = (
     "logprob",
     "old_logprob",
     "ref_logprob",
+    "rollout_logprob",
     "prob",
     "entropy",
     "sum_p2",
@@ -37,6 +39,8 @@ TOKEN_VALUE_COLUMNS = (
     "dlogprob_pred",
     "dlogprob",
 )
+# Columns where NaN means "no value" (e.g. no sampler log-prob for a tool-output token): written as null.
+NAN_IS_NULL = frozenset({"rollout_logprob"})
 
 
 @dataclass
@@ -80,7 +84,7 @@ class TokenDecoder:
     def _decode(self, i: int) -> str | None:
         """One id's text; an id the tokenizer cannot decode keeps its row, with a null `token` (warned)."""
         try:
-            return self.tokenizer.decode([i])
+            return piece_text(self.tokenizer, i)  # bytes that are no text alone read <0xNN>
         except Exception as err:  # noqa: BLE001 - tokenizers raise many types; the row matters more
             warnings.warn(
                 f"tokengrad: the tokenizer cannot decode token id {i} ({type(err).__name__}: {err}); "
@@ -125,7 +129,11 @@ def _batch_table(step: int, rank: int, b: CapturedBatch, decode: TokenDecoder) -
     cols["in_loss"] = pa.array(take(b.in_loss))
     for name in TOKEN_VALUE_COLUMNS:
         v = b.values.get(name)
-        cols[name] = pa.nulls(n, pa.float32()) if v is None else pa.array(take(v).astype(np.float32))
+        cols[name] = (
+            pa.nulls(n, pa.float32())
+            if v is None
+            else pa.array(take(v).astype(np.float32), from_pandas=name in NAN_IS_NULL)
+        )
     cols["clipped"] = pa.nulls(n, pa.bool_()) if b.clipped is None else pa.array(take(b.clipped))
     cols["selected_by"] = (pa.nulls(n, pa.string()) if b.selected_by is None else
                            pa.DictionaryArray.from_arrays(pa.array(b.selected_by.astype(np.int32)),
@@ -165,7 +173,11 @@ def step_derived(batches: list[CapturedBatch]) -> dict[str, float]:
 
 
 def _nonfinite(b: CapturedBatch) -> int:
-    return sum(int((~np.isfinite(v[b.mask])).sum()) for v in b.values.values() if v is not None)
+    return sum(
+        int((~np.isfinite(v[b.mask])).sum())
+        for k, v in b.values.items()
+        if v is not None and k not in NAN_IS_NULL
+    )
 
 
 def _nanmean(x: np.ndarray) -> float:

@@ -89,7 +89,8 @@ class StepRecorder:
     # ---- passes ------------------------------------------------------------------------------------
     def track(self, logprobs: torch.Tensor, *, token_ids: torch.Tensor, mask: torch.Tensor | None = None,
               loss_mask: torch.Tensor | None = None, old_logprobs: torch.Tensor | None = None,
-              ref_logprobs: torch.Tensor | None = None, advantages: torch.Tensor | None = None,
+              ref_logprobs: torch.Tensor | None = None, rollout_logprobs: torch.Tensor | None = None,
+              advantages: torch.Tensor | None = None,
               weights: torch.Tensor | None = None, scale_grad: torch.Tensor | None = None,
               sample_ids: torch.Tensor | None = None, group_ids: torch.Tensor | None = None,
               logits: torch.Tensor | None = None, stats: TokenStats | None = None,
@@ -108,6 +109,8 @@ class StepRecorder:
                 current phase); default `mask`.
             old_logprobs: [N, T] log pi_old of the rollout policy (ratio = exp(logprobs - old_logprobs)).
             ref_logprobs: [N, T] log pi_ref of the reference model (KL columns).
+            rollout_logprobs: [N, T] log-prob under the distribution the sampler drew from (after top-p, in
+                the generation dtype; NaN where there is none); column `rollout_logprob`.
             advantages: [N] or [N, T] advantages.
             weights: [N, T] the token weights of the weighting rule (column `weight`).
             scale_grad: [N, T] multiplies the gradient reaching `logprobs` (weighting through the hook,
@@ -130,7 +133,8 @@ class StepRecorder:
         """
         t = time.perf_counter()
         N, T = check_track_inputs(logprobs, token_ids=token_ids, mask=mask, loss_mask=loss_mask,
-                                  old_logprobs=old_logprobs, ref_logprobs=ref_logprobs, advantages=advantages,
+                                  old_logprobs=old_logprobs, ref_logprobs=ref_logprobs,
+                                  rollout_logprobs=rollout_logprobs, advantages=advantages,
                                   weights=weights, scale_grad=scale_grad, sample_ids=sample_ids,
                                   group_ids=group_ids, logits=logits, hidden=hidden, clipped=clipped,
                                   extra=extra)
@@ -142,6 +146,8 @@ class StepRecorder:
         in_loss = mask_b if loss_mask is None else (loss_mask.to(torch.bool) & mask_b)
         tensors = self._values(logprobs, token_ids, mask_b, old_logprobs, ref_logprobs, advantages, weights,
                                logits, stats, hidden)
+        if rollout_logprobs is not None:
+            tensors["rollout_logprob"] = rollout_logprobs.detach().float()
         p = _Pass(len(self._passes), int(update_id), logprobs, tensors, token_ids.detach(), mask_b, in_loss,
                   _ids(sample_ids, N, dev), _ids(group_ids, N, dev),
                   None if scale_grad is None else scale_grad.detach().to(logprobs.dtype),
@@ -245,12 +251,9 @@ class StepRecorder:
             total, blocks = global_grad_norms(self.rec.model, self.rec.layers)
         else:  # one process or DDP (already all-reduced): read locally
             total, blocks = grad_norms(named, self.rec.layers)
-        self._update_norms[update_id] = total
         if self.attribution is not None:  # shares along g, read before clipping changes .grad
             self.attribution.on_gradient(self._passes, update_id, total * total)
-        rows = [{"layer": schema.TOTAL_LAYER, "grad_norm": total}]
-        rows += [{"layer": b, "grad_norm": v} for b, v in blocks.items()]
-        self._layer_rows += [dict(r, step=self.step, rank=self.rec.rank, update_id=update_id) for r in rows]
+        self.add_grad_norms(total, blocks, update_id)
         if update_id in self._bucket_state:
             self._finish_buckets(
                 update_id, [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in named]
@@ -260,6 +263,13 @@ class StepRecorder:
                                                    self.rec.rank, named[0][1].device if named else "cpu")
         self._t_record += time.perf_counter() - t
         return total
+
+    def add_grad_norms(self, total: float, blocks: dict[str, float], update_id: int = 0) -> None:
+        """Record norms read elsewhere (e.g. through DeepSpeed's API, where `.grad` is partitioned)."""
+        self._update_norms[update_id] = total
+        rows = [{"layer": schema.TOTAL_LAYER, "grad_norm": total}]
+        rows += [{"layer": b, "grad_norm": v} for b, v in blocks.items()]
+        self._layer_rows += [dict(r, step=self.step, rank=self.rec.rank, update_id=update_id) for r in rows]
 
     def clip_grad_norm_(self, max_norm: float, update_id: int = 0) -> float:
         """record_grad_norms() then clip with the same total norm, reading the gradients once (the same
@@ -304,38 +314,50 @@ class StepRecorder:
             )
         )
 
-    def record_prob_change(self, new_logprobs: torch.Tensor, pass_id: int = 0) -> None:
-        """After the update: mean change of probability and correct ratio per bucket, from the log-probs of
-        pass `pass_id`'s tokens under the updated policy ([N, T], one extra forward by the caller)."""
-        p = self._passes[pass_id]
-        if tuple(new_logprobs.shape) != tuple(p.logprobs.shape):
-            raise ValueError(
-                f"new_logprobs shape {tuple(new_logprobs.shape)} != tracked logprobs "
-                f"{tuple(p.logprobs.shape)} of pass {pass_id}"
-            )
+    def record_prob_change(self, new_logprobs: torch.Tensor, sample_ids: torch.Tensor | None = None) -> None:
+        """After the step's updates: mean change of probability and correct ratio per pi_old bucket (AR-Lopti,
+        arXiv 2505.12929, bins by pi_old), over the union of every tracked pass's in-loss tokens.
+
+        Args:
+            new_logprobs: [N, T] log-probs of rows `sample_ids` under the updated policy (one extra forward by
+                the caller), scored as the loss scores them.
+            sample_ids: [N] the rows' sample ids as tracked (default 0..N-1).
+
+        Tokens with A = 0 are left out of the mean change (nothing pushed them); the correct ratio compares
+        log-probs, so a rise too small for fp32 probabilities counts, and leaves out tokens already at p = 1.
+        Written onto the bucket rows of the step's last update (rows with counts only when that update had
+        no gradient analysis).
+        """
+        N, T = new_logprobs.shape
+        dev = new_logprobs.device
+        sid = _ids(sample_ids, N, dev)
+        where = {int(s): i for i, s in enumerate(sid.tolist())}
+        in_loss = torch.zeros(N, T, dtype=torch.bool, device=dev)
+        old = torch.zeros(N, T, device=dev)
+        adv = torch.zeros(N, T, device=dev)
+        for p in self._passes:
+            if "old_logprob" not in p.tensors or tuple(p.in_loss.shape[1:]) != (T,):
+                continue
+            idx = torch.tensor([where.get(int(s), -1) for s in p.sample_ids.tolist()], device=dev)
+            ok = idx >= 0
+            idx, sel = idx[ok], p.in_loss[ok]
+            in_loss[idx] |= sel
+            old[idx] = torch.where(sel, p.tensors["old_logprob"][ok], old[idx])
+            a = p.tensors.get("advantage", torch.zeros_like(p.tensors["old_logprob"]))[ok]
+            adv[idx] = torch.where(sel, a, adv[idx])
         edges = self.rec.bucket_edges
-        idx = bk.bucket_index(p.tensors["prob"], edges)
-        adv = p.tensors.get("advantage", torch.zeros_like(p.tensors["prob"]))
-        dmean, correct = bk.prob_change(
-            p.tensors["prob"], new_logprobs.detach(), adv, p.in_loss, idx, len(edges) - 1
-        )
-        last = max([r["update_id"] for r in self._bucket_rows], default=p.update_id)
+        idx = bk.bucket_index(old.exp(), edges)  # [N, T] bucket of pi_old
+        dmean, correct = bk.prob_change(old, new_logprobs.detach().float(), adv, in_loss, idx, len(edges) - 1)
+        last = max([r["update_id"] for r in self._bucket_rows], default=max(
+            [p.update_id for p in self._passes], default=0))
         rows = [
             r for r in self._bucket_rows if r["update_id"] == last and r["bucket"] != schema.RESIDUAL_BUCKET
         ]
         if not rows:  # no gradient analysis this step: rows with counts and the change only
-            n = [int(((idx == b) & p.in_loss).sum()) for b in range(len(edges) - 1)]
+            n = [int(((idx == b) & in_loss).sum()) for b in range(len(edges) - 1)]
             rows = [
-                dict(
-                    step=self.step,
-                    rank=self.rec.rank,
-                    update_id=last,
-                    bucket=schema.bucket_label(lo, hi),
-                    lo=lo,
-                    hi=hi,
-                    n_tokens=n[b],
-                    token_share=n[b] / max(sum(n), 1),
-                )
+                dict(step=self.step, rank=self.rec.rank, update_id=last, bucket=schema.bucket_label(lo, hi),
+                     lo=lo, hi=hi, n_tokens=n[b], token_share=n[b] / max(sum(n), 1))
                 for b, (lo, hi) in enumerate(zip(edges, edges[1:]))
             ]
             self._bucket_rows += rows

@@ -2,7 +2,7 @@
 `advantages.py`), rollouts, models, config, checkpoints and tasks. Builds on `tokengrad.record`.
 
     import tokengrad
-    run_dir = tokengrad.train("configs/tiny_kk.toml", steps=20, weighting="tr_grpo")
+    run_dir = tokengrad.train("configs/tiny_charset.toml", steps=20, weighting="tr_grpo")
 
 The package itself is callable: `tokengrad.train(...)` has been the public entry point since the first
 release, and keeping it while `tokengrad.train` is also this package needs a module whose class defines

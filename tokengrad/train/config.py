@@ -1,6 +1,6 @@
 """The trainer's configuration: one flat dataclass, loaded from TOML (or YAML) plus `key=value` overrides.
 
-    cfg = load_config("configs/tiny_kk.toml", ["steps=2", "weighting=tr_grpo", "weighting_params.alpha=3"])
+    cfg = load_config("configs/tiny_charset.toml", ["steps=2", "weighting=ar", "weighting_params.alpha=0.2"])
     cfg = make_config({"task": "countdown", "lr": 1e-5})         # from a dict (the Python API)
 
 Every field carries its default and a one-line meaning (`describe_config()` prints them). Loading checks
@@ -15,10 +15,9 @@ import dataclasses
 import difflib
 import math
 import os
+import tomllib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
-
-import tomllib
 
 Check = Callable[[Any], "str | None"]  # returns an error message, or None when the value is fine
 
@@ -36,6 +35,10 @@ def _at_least(lo: float) -> Check:
 
 def _positive(v: float) -> str | None:
     return None if v > 0 else "must be > 0"
+
+
+def _dual_clip(v: float) -> str | None:
+    return None if v == 0 or v > 1 else "must be 0 (off) or > 1"
 
 
 def _in_unit(v: float) -> str | None:
@@ -131,11 +134,18 @@ class TrainConfig:
                         "GRPO)", _one_of(_scales))
     dynamic_sampling: bool = _f(False, "drop groups whose rewards are all equal "
                                 "(DAPO dynamic sampling, arXiv 2503.14476)")
-    num_iterations: int = _f(1, "PPO epochs: optimizer updates per rollout batch "
+    max_gen_batches: int = _f(1, "dynamic sampling: generation rounds of prompts_per_step prompts per step, "
+                              "until prompts_per_step informative groups (verl's max_num_gen_batches; "
+                              "1 = filter only)", _at_least(1))
+    num_iterations: int = _f(1, "PPO epochs: passes over the rollout batch per phase "
                              "(TRL's num_iterations, the GRPO paper's mu)", _at_least(1))
+    mini_batches: int = _f(1, "PPO mini-batches: optimizer updates per pass, each on a disjoint row subset "
+                           "(AR-Lopti's K&K runs: 2, Clip-Cov/KL-Cov: 8)", _at_least(1))
     eps_low: float = _f(0.2, "PPO clip: ratio lower bound 1 - eps_low", _at_least(0.0))
     eps_high: float = _f(0.2, "PPO clip: ratio upper bound 1 + eps_high (DAPO clip-higher: 0.28)",
                          _at_least(0.0))
+    clip_ratio_c: float = _f(0.0, "dual-clip PPO (arXiv 1912.09729): for A < 0 the loss is at most -c A "
+                             "(0 = off; verl's default 3, AR-Lopti 10); must be > 1", _dual_clip)
     beta: float = _f(0.0, "coefficient of the k3 KL to the frozen initial model (0 = no reference model)",
                      _at_least(0.0))
     aggregation: str = _f("grpo", "loss aggregation (what the summed per-token loss is divided by)",

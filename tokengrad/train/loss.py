@@ -149,14 +149,18 @@ def policy_loss(
     aggregation: str = "grpo",
     max_len: int | None = None,
     norm_mask: Tensor | None = None,
+    ppo_clip: bool = True,
+    clip_ratio_c: float = 0.0,
 ) -> LossOutput:
     """PPO-clip GRPO loss with token weights (arXiv:2402.03300; asymmetric clip, arXiv:2503.14476).
 
     Per token, with r = exp(logprobs - old_logprobs), A' = A * advantage_weight, u = r * ratio_weight:
-        loss_t = -min(u A', clip(u, 1 - eps_low, 1 + eps_high) A') * loss_weight
-                 + kl_cov_coef * |log r| + beta * k3(logprobs, ref_logprobs)
+        s_t = min(u A', clip(u, 1 - eps_low, 1 + eps_high) A')      (u A' when ppo_clip is False)
+        s_t = max(s_t, c A') where A' < 0                           (dual-clip, when clip_ratio_c = c > 0)
+        loss_t = -s_t * loss_weight + kl_cov_coef * |log r| + beta * k3(logprobs, ref_logprobs)
     then aggregated by ``AGGREGATIONS[aggregation]``. Weights are detached; ``loss_weight`` scales the
-    policy-gradient term only (the reference KL is left unweighted).
+    policy-gradient term only (the reference KL is left unweighted). |log r| counts as 0 below fp32
+    rounding of the log-probs (``ROUNDING``), so an on-policy token gets no random-sign KL-Cov push.
 
     Args:
         logprobs: [N, T] log pi_theta of the sampled tokens (carries the gradient).
@@ -172,7 +176,13 @@ def policy_loss(
         norm_mask: [N, T] tokens counted in the aggregation's denominator (default ``mask``). Lopti
             passes the full mask so that each phase is normalised like the single GRPO update, as the
             AR-Lopti code (arXiv:2505.12929) zeroes advantages but keeps the response mask.
+        ppo_clip: False drops the clip (the rule's source has none, e.g. KL-Cov, arXiv:2505.22617).
+        clip_ratio_c: dual-clip PPO's c (arXiv:1912.09729; verl's default 3, AR-Lopti's scripts 10): for
+            A' < 0 the surrogate is bounded below by c A', so a huge ratio on a bad token cannot blow up
+            the loss. 0 = off; otherwise c > 1.
     """
+    if clip_ratio_c != 0.0 and clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c must be 0 (off) or > 1, got {clip_ratio_c}")
     agg = get_aggregation(aggregation)
     weights = weights if weights is not None else TokenWeights()
     norm_mask = mask if norm_mask is None else norm_mask
@@ -186,12 +196,20 @@ def policy_loss(
     adv = torch.where(valid, advantages, 0.0) * _one(weights.advantage_weight)  # [N, T]
     u = ratio * _one(weights.ratio_weight)  # [N, T]
     surr = u * adv  # [N, T]
-    surr_clipped = u.clamp(1.0 - eps_low, 1.0 + eps_high) * adv  # [N, T]
-    clipped = (surr_clipped < surr) & valid  # [N, T] the min picks the constant branch
-    pg = -torch.minimum(surr, surr_clipped) * _one(weights.loss_weight)  # [N, T]
+    obj, clipped = surr, torch.zeros_like(valid)  # [N, T]
+    if ppo_clip:
+        surr_clipped = u.clamp(1.0 - eps_low, 1.0 + eps_high) * adv  # [N, T]
+        clipped = surr_clipped < surr  # [N, T] the min picks the constant branch
+        obj = torch.minimum(surr, surr_clipped)
+    if clip_ratio_c > 0:
+        floor = clip_ratio_c * adv  # [N, T]
+        dual = (adv < 0) & (floor > obj)  # [N, T] the dual clip's constant wins
+        clipped, obj = clipped | dual, torch.where(dual, floor, obj)
+    clipped = clipped & valid
+    pg = -obj * _one(weights.loss_weight)  # [N, T]
     per_token = pg
     if weights.kl_cov_coef is not None:
-        per_token = per_token + weights.kl_cov_coef.detach() * log_ratio.abs()  # [N, T]
+        per_token = per_token + weights.kl_cov_coef.detach() * _above_rounding(log_ratio, old_logprobs)
     kl = None
     if ref_logprobs is not None:
         kl = torch.where(valid, k3_kl(lp, torch.where(valid, ref_logprobs.detach(), 0.0)), 0.0)  # [N, T]
@@ -202,6 +220,18 @@ def policy_loss(
     pg_loss = agg(torch.where(valid, pg, 0.0), norm, max_len)
     metrics = _metrics(ratio, log_ratio, adv, clipped, kl, mask, weights, pg_loss)
     return LossOutput(loss, per_token, ratio, clipped, kl, metrics)
+
+
+# fp32 log-probs of size |L| carry rounding of about |L| * 2^-23; a |log r| below a few of those is noise.
+ROUNDING = 8 * torch.finfo(torch.float32).eps
+
+
+def _above_rounding(log_ratio: Tensor, old_logprobs: Tensor) -> Tensor:
+    """|log r| where it exceeds fp32 rounding of the log-probs (ROUNDING * (1 + |log pi_old|)), else 0
+    (with no gradient). [N, T] -> [N, T]."""
+    tol = ROUNDING * (1.0 + old_logprobs.detach().abs().nan_to_num(0.0))  # [N, T]
+    a = log_ratio.abs()  # [N, T]
+    return torch.where(a > tol, a, torch.zeros_like(a))
 
 
 @torch.no_grad()

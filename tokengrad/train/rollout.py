@@ -3,8 +3,10 @@
     comps = generate_completions(model, tok, prompts, n_samples=G, max_new_tokens=256,
                                  sampling=sampling_kwargs(1.0, 1.0), task=task, max_turns=3)
     rollout = make_rollout(comps, task, problems, tok)                    # rewards [B, G], tensors [N, ...]
-    logits, hidden = policy_forward(model, rollout.input_ids, rollout.attention_mask, rollout.prompt_len)
-    logprobs = gather_logprobs(logits, rollout.completion_ids)            # [N, T]
+
+The log-probs of the trained policy come from `tokengrad.train.policy`; generation here also records, per
+generated token, the log-prob under the distribution the sampler actually drew from (after temperature
+and top-p, from the logits generate() computed, e.g. under bf16 autocast): `rollout_logprobs`.
 
 Layout of a packed sequence: left-padded prompt (P tokens), then the completion, right-padded (T tokens),
 so every completion starts at column P. Tool output is part of the completion but has loss_mask 0: the
@@ -19,8 +21,17 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor
-from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+from transformers import (
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    StoppingCriteria,
+    StoppingCriteriaList,
+    TemperatureLogitsWarper,
+    TopPLogitsWarper,
+)
 
+from tokengrad.train.policy import gather_logprobs, policy_forward  # noqa: F401  (importable from here too)
 from tokengrad.train.tasks.base import Problem, Task
 
 
@@ -30,6 +41,7 @@ class Completions(NamedTuple):
     loss_mask: list[list[int]]       # N rows: 1 = generated token, 0 = tool output
     texts: list[str]                 # N decoded completions (special tokens dropped)
     n_tool_calls: list[int]          # N
+    rollout_logprobs: list[list[float]]  # N rows: sampler's log-prob of each token (NaN: tool output, greedy)
 
 
 class Rollout(NamedTuple):
@@ -44,6 +56,7 @@ class Rollout(NamedTuple):
     problems: list          # B Problem
     texts: list[str]        # N completions
     n_tool_calls: list[int]  # N
+    rollout_logprobs: Tensor  # [N, T] log-prob under the sampler's distribution (NaN where none)
 
 
 def render_prompt(tokenizer, problem: Problem) -> str:
@@ -75,6 +88,47 @@ def eos_ids(model, tokenizer) -> list[int]:
     ids = model.generation_config.eos_token_id
     ids = [ids] if isinstance(ids, int) else list(ids or [])
     return sorted({*ids, tokenizer.eos_token_id} - {None})
+
+
+class _SampledLogprobs(LogitsProcessor):
+    """Last in the processor list: sees the scores the sampler draws from (after temperature and top-p) and
+    keeps, per row, log softmax(scores) of the token drawn from them, which is known at the next call (the
+    last token's at `finish`). Holds one [n, V] tensor at a time."""
+
+    def __init__(self):
+        self.prev: Tensor | None = None   # [n, V] log-probs of the last call
+        self.picked: list[Tensor] = []    # per generated token: [n]
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        self._take(input_ids[:, -1])
+        self.prev = scores.float().log_softmax(-1)  # [n, V]
+        return scores
+
+    def _take(self, tokens: Tensor) -> None:
+        if self.prev is not None:
+            self.picked.append(self.prev.gather(1, tokens[:, None])[:, 0])  # [n]
+            self.prev = None
+
+    def finish(self, new_tokens: Tensor) -> list[list[float]]:
+        """[n, n_new] generated ids -> per row the sampler's log-prob of each."""
+        if new_tokens.shape[1]:
+            self._take(new_tokens[:, -1])
+        if not self.picked:
+            return [[] for _ in range(new_tokens.shape[0])]
+        return torch.stack(self.picked, 1).cpu().tolist()  # [n, n_new]
+
+
+def _sampler(sampling: dict) -> tuple[dict, _SampledLogprobs | None, list]:
+    """generate() keywords and our processors: temperature and top-p move from generate's own warpers into
+    the processor list, in generate's order (temperature, then top-p), so the recorder after them sees the
+    exact distribution sampled from."""
+    if not sampling.get("do_sample"):
+        return sampling, None, []
+    t, p = sampling.get("temperature") or 1.0, sampling.get("top_p") or 1.0
+    procs = [TemperatureLogitsWarper(t)] if t != 1.0 else []
+    procs += [TopPLogitsWarper(p)] if p < 1.0 else []
+    record = _SampledLogprobs()
+    return {**sampling, "temperature": 1.0, "top_p": 1.0, "top_k": 0}, record, [*procs, record]
 
 
 class _StopOnText(StoppingCriteria):
@@ -109,8 +163,9 @@ def _only_our_generation_config(model):
 
 @torch.no_grad()
 def _generate_turn(model, tokenizer, contexts: list[list[int]], max_new_tokens: int, sampling: dict,
-                   stop: str | None) -> list[tuple[list[int], bool]]:
-    """One generation turn for every context: (new token ids, stopped at `stop`) per row."""
+                   stop: str | None) -> list[tuple[list[int], bool, list[float]]]:
+    """One generation turn for every context: (new token ids, stopped at `stop`, the sampler's log-prob of
+    each new token, NaN when greedy) per row."""
     pad, eos = tokenizer.pad_token_id, eos_ids(model, tokenizer)
     pad = eos[0] if pad is None else pad
     L = max(len(c) for c in contexts)
@@ -121,8 +176,9 @@ def _generate_turn(model, tokenizer, contexts: list[list[int]], max_new_tokens: 
         attn[i, L - len(c):] = 1
     dev = model.device
     criteria = _StopOnText(tokenizer, stop, L) if stop else None
+    kwargs, record, procs = _sampler(sampling)
     config = GenerationConfig(
-        max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=eos, use_cache=True, **sampling
+        max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=eos, use_cache=True, **kwargs
     )
     with _only_our_generation_config(model):
         out = model.generate(
@@ -130,13 +186,16 @@ def _generate_turn(model, tokenizer, contexts: list[list[int]], max_new_tokens: 
             attention_mask=attn.to(dev),
             generation_config=config,
             stopping_criteria=StoppingCriteriaList([criteria]) if criteria else None,
+            logits_processor=LogitsProcessorList(procs) if procs else None,
         )
+    lps = record.finish(out[:, L:]) if record else [[float("nan")] * (out.shape[1] - L)] * len(contexts)
     rows = []
     for i, new in enumerate(out[:, L:].tolist()):
         end = next((k + 1 for k, t in enumerate(new) if t in eos), len(new))  # keep the EOS: it is learned
         stop_at = criteria.stop_at.get(i) if criteria else None
         hit = stop_at is not None and stop_at <= end
-        rows.append((new[:stop_at] if hit else new[:end], hit))
+        n = stop_at if hit else end
+        rows.append((new[:n], hit, lps[i][:n]))
     return rows
 
 
@@ -160,6 +219,7 @@ def generate_completions(
     prompt_ids = [encode_prompt(tokenizer, p) for p in prompts for _ in range(n_samples)]
     comp = [[] for _ in prompt_ids]
     lmask = [[] for _ in prompt_ids]
+    sampled = [[] for _ in prompt_ids]
     calls = [0] * len(prompt_ids)
     stop = getattr(task, "tool_stop", None) if task is not None else None
     max_calls = getattr(task, "max_tool_calls", None)
@@ -172,9 +232,10 @@ def generate_completions(
             model, tokenizer, [prompt_ids[i] + comp[i] for i in active], max_new_tokens, sampling, stop
         )
         still = []
-        for i, (ids, hit_stop) in zip(active, new):
+        for i, (ids, hit_stop, lps) in zip(active, new):
             comp[i] += ids
             lmask[i] += [1] * len(ids)
+            sampled[i] += lps
             if not hit_stop or turn == max_turns - 1 or calls[i] >= max_calls:
                 continue
             reply = task.tool(tokenizer.decode(comp[i], skip_special_tokens=True))
@@ -183,11 +244,12 @@ def generate_completions(
             info = tokenizer(reply, add_special_tokens=False).input_ids
             comp[i] += info
             lmask[i] += [0] * len(info)
+            sampled[i] += [float("nan")] * len(info)
             calls[i] += 1
             still.append(i)
         active = still
     texts = [tokenizer.decode(c, skip_special_tokens=True) for c in comp]
-    return Completions(prompt_ids, comp, lmask, texts, calls)
+    return Completions(prompt_ids, comp, lmask, texts, calls, sampled)
 
 
 def pack(
@@ -208,47 +270,32 @@ def pack(
     return input_ids, attn, P, input_ids[:, P:], mask, lm
 
 
-def make_rollout(comps: Completions, task: Task, problems: list[Problem], tokenizer) -> Rollout:
-    """Score every completion with the task's verifiable reward and pack the batch."""
+def score_completions(comps: Completions, task: Task, problems: list[Problem]) -> tuple[Tensor, Tensor]:
+    """(rewards [B, G], correct [B, G] bool): the task's verifiable reward of every completion."""
     G = len(comps.texts) // len(problems)
-    rewards = torch.tensor(
-        [[float(task.reward(pr, comps.texts[b * G + g])) for g in range(G)] for b, pr in enumerate(problems)]
-    )  # [B, G]
-    correct = torch.tensor(
-        [
-            [bool(task.is_correct(pr, comps.texts[b * G + g])) for g in range(G)]
-            for b, pr in enumerate(problems)
-        ]
-    )  # [B, G]
+    texts = [[comps.texts[b * G + g] for g in range(G)] for b in range(len(problems))]
+    rewards = torch.tensor([[float(task.reward(pr, t)) for t in ts] for pr, ts in zip(problems, texts)])
+    correct = torch.tensor([[bool(task.is_correct(pr, t)) for t in ts] for pr, ts in zip(problems, texts)])
+    return rewards, correct
+
+
+def make_rollout(
+    comps: Completions,
+    task: Task,
+    problems: list[Problem],
+    tokenizer,
+    scores: tuple[Tensor, Tensor] | None = None,
+) -> Rollout:
+    """Score every completion with the task's verifiable reward (or take `scores` = (rewards, correct), each
+    [B, G], already computed) and pack the batch."""
+    rewards, correct = scores if scores is not None else score_completions(comps, task, problems)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     packed = pack(comps.prompt_ids, comps.completion_ids, comps.loss_mask, pad)
-    return Rollout(*packed, rewards, correct, list(problems), comps.texts, comps.n_tool_calls)
-
-
-def policy_forward(
-    model, input_ids: Tensor, attention_mask: Tensor, prompt_len: int
-) -> tuple[Tensor, Tensor]:
-    """Logits and final hidden states at the completion tokens: ([n, T, V] fp32, [n, T, D]).
-
-    Runs the transformer body (under the caller's autocast) and the LM head in fp32 outside autocast:
-    bf16 logits would put errors of a few percent on token probabilities, which the recorder reports.
-    Only the T positions that predict completion tokens reach the head. Position ids follow the
-    attention mask, as in generate(), so left padding does not shift the prompt's positions.
-    Models with a logit transform after the head (soft-capping) are not supported.
-    """
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [n, P + T]
-    body = model.get_decoder()
-    h = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
-    h = h[:, prompt_len - 1 : -1]  # [n, T, D]: position t predicts completion token t
-    with torch.autocast(device_type=h.device.type, enabled=False):
-        logits = model.get_output_embeddings()(h.float())  # [n, T, V]
-    return logits, h
-
-
-def gather_logprobs(logits: Tensor, token_ids: Tensor) -> Tensor:
-    """log softmax(logits)[token] without a second [n, T, V] tensor: gathered logit minus logsumexp."""
-    picked = logits.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)  # [n, T]
-    return picked - logits.logsumexp(-1)  # [n, T]
+    T = packed[3].shape[1]
+    sampled = torch.full((len(comps.texts), T), float("nan"))  # [N, T]
+    for i, lps in enumerate(comps.rollout_logprobs):
+        sampled[i, : len(lps)] = torch.tensor(lps, dtype=torch.float)
+    return Rollout(*packed, rewards, correct, list(problems), comps.texts, comps.n_tool_calls, sampled)
 
 
 def evaluate(

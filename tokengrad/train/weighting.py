@@ -110,10 +110,24 @@ class TokenWeights:
         return out
 
 
-def register_weighting(name: str, *, pointwise: bool = False) -> Callable:
-    """Decorator: ``WEIGHTINGS[name] = fn`` (a taken name is refused). ``pointwise`` marks rules whose
-    effective weight is a function of the token probability alone, so ``weight_curve`` can draw it."""
-    return WEIGHTINGS.register(name, pointwise=pointwise)
+def register_weighting(
+    name: str, *, pointwise: bool = False, ppo_clip: bool = True, check: Callable | None = None
+) -> Callable:
+    """Decorator: ``WEIGHTINGS[name] = fn`` (a taken name is refused).
+
+    ``pointwise`` marks rules whose effective weight is a function of the token probability alone, so
+    ``weight_curve`` can draw it (rules that are not pointwise take batch statistics, computed once per
+    optimizer update). ``ppo_clip=False`` drops the PPO clip from the loss for a rule whose source has
+    none. ``check(params, eps_low=, eps_high=) -> list[str]`` returns warnings about a parameter setting
+    in combination with the loss's clip range (``check_rule``)."""
+    return WEIGHTINGS.register(name, pointwise=pointwise, ppo_clip=ppo_clip, check=check)
+
+
+def check_rule(name: str, params: dict, *, eps_low: float, eps_high: float) -> list[str]:
+    """The warnings of rule ``name``'s ``check`` for these parameters (its defaults filled in)."""
+    rule = get_weighting(name)
+    check = getattr(rule, "check", None)
+    return list(check({**rule_params(name), **params}, eps_low=eps_low, eps_high=eps_high)) if check else []
 
 
 def get_weighting(name: str) -> Callable[..., TokenWeights]:
@@ -133,6 +147,13 @@ def validate_params(name: str, params: dict) -> None:
     if unknown:
         known = sorted(rule_params(name))
         raise ValueError(f"weighting rule {name!r} has no parameters {unknown}; it takes {known}")
+
+
+def rule_meta(name: str, params: dict) -> dict:
+    """meta.json's description of a rule: name, scalar parameters (defaults filled in) and w(p) curve."""
+    full = {**rule_params(name), **params}
+    full = {k: v for k, v in full.items() if isinstance(v, (int, float, str, bool, type(None)))}
+    return {"name": name, "params": full, "curve": weight_curve(name, params)}
 
 
 def weight_curve(name: str, params: dict | None = None, n: int = 101) -> dict | None:
@@ -183,13 +204,26 @@ def _tr_shape(p: Tensor, alpha: float, k: float, mu: float, lower: float, upper:
 _TR_PLACEMENTS = {"loss": "loss_weight", "ratio": "ratio_weight"}
 
 
+def _tr_check(params: dict, *, eps_low: float, eps_high: float) -> list[str]:
+    """placement="ratio" with w above 1 + eps_high: on-policy (r = 1) a token with w > 1 + eps_high sits
+    beyond the clip, so every A > 0 token there gets no gradient. With the preset (U = 1.4, eps_high 0.2)
+    that is w(p) > 1.2, i.e. sigmoid(9 p) > 0.85, p > ln(0.85 / 0.15) / 9 = 0.193."""
+    if params.get("placement") != "ratio" or params["upper"] <= 1.0 + eps_high:
+        return []
+    return [
+        f"tr_grpo placement='ratio' with upper={params['upper']} > 1 + eps_high = {1 + eps_high:g}: "
+        f"on-policy, every A > 0 token whose weight exceeds {1 + eps_high:g} is clipped and gets no "
+        f"gradient (with the preset: p > 0.19); raise eps_high or lower upper, or use placement='loss'"
+    ]
+
+
 def _tr_weights(w: Tensor, placement: str) -> TokenWeights:
     if placement not in _TR_PLACEMENTS:
         raise ValueError(f"unknown placement {placement!r}; known placements: {sorted(_TR_PLACEMENTS)}")
     return TokenWeights(**{_TR_PLACEMENTS[placement]: w})
 
 
-@register_weighting("tr_grpo", pointwise=True)
+@register_weighting("tr_grpo", pointwise=True, check=_tr_check)
 def tr_grpo(
     batch: TokenBatch,
     alpha: float = 2.0,
@@ -214,12 +248,13 @@ def tr_grpo(
     placement: "loss" (default) multiplies the per-token policy-gradient loss by w, scaling each
     token's gradient by w; "ratio" puts w on the ratio inside min and clip,
     min(w r A, clip(w r, 1-eps_low, 1+eps_high) A), the reviewers' reading of the paper's Eq. 9
-    (with w >= 1 this also clips more tokens).
+    (with w >= 1 this also clips more tokens: with upper 1.4 and eps_high 0.2 every A > 0 token with
+    p > 0.19 is clipped on-policy, w(p) > 1.2; the trainer warns when upper > 1 + eps_high).
     """
     return _tr_weights(_tr_shape(batch.logprobs.exp(), alpha, k, mu, lower, upper), placement)
 
 
-@register_weighting("tr_grpo_reverse", pointwise=True)
+@register_weighting("tr_grpo_reverse", pointwise=True, check=_tr_check)
 def tr_grpo_reverse(
     batch: TokenBatch,
     alpha: float = 2.0,
@@ -281,8 +316,9 @@ def cw_grpo(batch: TokenBatch) -> TokenWeights:
 
     c = (log p - mean log p)(A - mean A) over the batch's loss tokens; w = exp(-c^2 / (2 sigma^2)) with
     sigma the (population) std of c over those tokens; w is renormalised to mean 1 over the loss
-    tokens and multiplies the advantage. Centring over the batch passed in and detaching w are our
-    reading (unstated in the sources). If sigma = 0 every token gets weight 1."""
+    tokens and multiplies the advantage. Centring over the optimizer update's tokens (the batch passed
+    in) and detaching w are our reading (unstated in the sources). If sigma = 0 every token gets
+    weight 1."""
     m = batch.mask  # [N, T]
     c = _token_covariance(batch)  # [N, T]
     var = _masked_mean((c - _masked_mean(c, m)) ** 2, m)  # scalar sigma^2
@@ -327,15 +363,16 @@ def clip_cov(
     return TokenWeights(loss_weight=weight)
 
 
-@register_weighting("kl_cov")
+@register_weighting("kl_cov", ppo_clip=False)
 def kl_cov(batch: TokenBatch, fraction: float = 2e-3, kl_cov_coef: float = 1.0) -> TokenWeights:
     """KL-Cov (arXiv:2505.22617): add kl_cov_coef * |log r| to the loss of the top-k tokens by Cov.
 
     k = max(floor(fraction * n_tokens), 1). Defaults: kl_cov_coef 1 (the authors' ppo_kl_coef; not named
     beta, which is the reference-KL coefficient everywhere else) and
     fraction 2e-3, the authors' 7B script (k_percent 0.2, i.e. 0.2%); their 32B script uses 2e-4 and
-    verl's default is 2e-4 with coefficient 0.1. The paper's KL-Cov loss has no PPO clip; with
-    ``policy_loss`` the clip still applies unless eps is set large."""
+    verl's default is 2e-4 with coefficient 0.1. The paper's KL-Cov loss has no PPO clip (the authors'
+    and verl's ``compute_policy_loss_kl_cov`` use -A r), so the rule is registered with ppo_clip=False.
+    Covariance and top-k are taken over the optimizer update's tokens."""
     m = batch.mask  # [N, T]
     n_tokens = int(m.sum())
     coef = torch.zeros_like(m)  # [N, T]
