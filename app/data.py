@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from tokengrad import queries, schema
+from tokengrad import gradient_shares, queries, schema
 from tokengrad.runs import list_runs, load_run
 
 Signature = tuple[tuple[str, int, int], ...]
@@ -25,7 +25,8 @@ SMALL_TABLES = ("steps", "layers", "buckets", "samples", "evals")
 # The token-table aggregations the pages run (tokengrad.queries, all computed inside DuckDB).
 QUERIES = {f.__name__: f for f in (
     queries.token_frequencies, queries.grad_norm_by_prob, queries.top_tokens,
-    queries.top_samples, queries.sample_tokens, queries.token_steps,
+    queries.top_samples, queries.sample_tokens, queries.token_steps, queries.token_totals,
+    gradient_shares.gradient_by_bucket, gradient_shares.step_gradients,
 )}
 _CACHE_ENTRIES = 256
 

@@ -53,7 +53,8 @@ def _clear_caches() -> None:
 def bench_data_layer(run: Path) -> dict[str, float]:
     """Cold timings of the data-layer calls the pages make (each cache cleared first)."""
     from app import data
-    from tokengrad.figures.overview import make_grad_norm_figure, make_overview_figure
+    from tokengrad.figures.curves import make_overview_figure
+    from tokengrad.figures.gradnorms import make_grad_norm_figure
     from tokengrad.figures.summary import summarize_run
 
     r, res = str(run), {}

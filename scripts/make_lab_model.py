@@ -28,12 +28,22 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
-from tokengrad.train.lab import ADD_CONFIG, ADD_WORDS, lab_dir, make_lab_model, make_word_tokenizer  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+from tokengrad.train.lab import (  # noqa: E402
+    ADD_CONFIG,
+    ADD_WORDS,
+    lab_dir,
+    make_lab_model,
+    make_word_tokenizer,
+    set_generation_ids,
+)
 from tokengrad.train.rollout import evaluate, generate_completions, render_prompt, sampling_kwargs  # noqa: E402
 from tokengrad.train.sft import SFTConfig, supervised_train  # noqa: E402
 from tokengrad.train.tasks import get_task  # noqa: E402
 
 EVAL_PER_CARRY = 100
+PHASES = "800:3e-3,500:1e-3"   # the shipped model: a first cosine cycle, then a warm restart at a lower lr
 
 
 def sampled_accuracy(model, tok, task, problems) -> float:
@@ -43,21 +53,37 @@ def sampled_accuracy(model, tok, task, problems) -> float:
     return float(np.mean([task.is_correct(p, t) for p, t in zip(problems, comps.texts)]))
 
 
-def build(steps: int, batch: int, lr: float, drop: float, seed: int, progress: bool = True):
-    """(model, tokenizer, history) of a lab-add model trained for `steps` SFT steps."""
+def parse_phases(text: str) -> list[tuple[int, float]]:
+    """'800:3e-3,500:1e-3' -> [(800, 0.003), (500, 0.001)]: SFT phases of (steps, peak lr)."""
+    try:
+        phases = [(int(a), float(b)) for a, b in (item.split(":") for item in text.split(","))]
+    except ValueError:
+        raise SystemExit(f"--phases must look like 800:3e-3,500:1e-3, got {text!r}") from None
+    if not phases or any(n < 1 or lr <= 0 for n, lr in phases):
+        raise SystemExit(f"--phases needs positive steps and learning rates, got {text!r}")
+    return phases
+
+
+def build(phases: list[tuple[int, float]], batch: int, drop: float, seed: int, resume: Path | None = None,
+          resume_phases: int = 0, progress: bool = True):
+    """(model, tokenizer, history) after the SFT phases; each phase is a fresh AdamW with warm-up and a
+    cosine decay to 0 (a warm restart), reading the next `steps * batch` problems of one seeded stream.
+
+    `resume`: a model saved after the first `resume_phases` phases of this same command; those phases
+    are skipped, which gives the same result as running them (each phase starts a fresh optimizer)."""
     torch.manual_seed(seed)
     task = get_task("lab_add", digits=4)
     tok = make_word_tokenizer(ADD_WORDS)
     model = make_lab_model(tok, seed, **ADD_CONFIG)
-    problems = task.train_problems(steps * batch, seed)
+    if resume is not None:
+        model = AutoModelForCausalLM.from_pretrained(resume, dtype=torch.float32)
+        set_generation_ids(model, tok)
+    total = sum(n for n, _ in phases)
+    problems = task.train_problems(total * batch, seed)
     teacher_rng = np.random.default_rng([seed, 2])
     targets = [task.teacher(p, drop, teacher_rng) for p in problems]
     prompts = [render_prompt(tok, p) for p in problems]
     held_out = task.eval_problems(EVAL_PER_CARRY, seed=10_000)   # a fixed set, apart from every RL seed's
-
-    def examples(step: int) -> list[tuple[str, str]]:
-        lo = step * batch
-        return list(zip(prompts[lo : lo + batch], targets[lo : lo + batch]))
 
     def evaluate_now(step: int) -> dict:
         with torch.no_grad():
@@ -67,28 +93,40 @@ def build(steps: int, batch: int, lr: float, drop: float, seed: int, progress: b
                    "sampled": sampled_accuracy(model, tok, task, held_out)}
         return out | {f"greedy_c{d}": a for d, (a, _) in greedy.items()}
 
-    cfg = SFTConfig(steps=steps, lr=lr, warmup_steps=min(100, steps // 10), eval_every=max(1, steps // 10),
-                    progress=progress)
-    history = supervised_train(model, tok, examples, cfg, evaluate=evaluate_now)
+    history, first = [], 0
+    for i, (steps, lr) in enumerate(phases):
+        offset = first * batch
+        if i >= resume_phases:
+            examples = lambda step, o=offset: list(zip(prompts[o + step * batch : o + (step + 1) * batch],  # noqa: E731
+                                                       targets[o + step * batch : o + (step + 1) * batch]))
+            cfg = SFTConfig(steps=steps, lr=lr, warmup_steps=min(100, steps // 10),
+                            eval_every=max(1, steps // 10), progress=progress)
+            history += [h | {"phase": i, "step": first + h["step"]}
+                        for h in supervised_train(model, tok, examples, cfg, evaluate=evaluate_now)]
+        first += steps
     return model, tok, history
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=2000, help="SFT steps (cosine-annealed to lr 0)")
-    ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--phases", default=PHASES, help="SFT phases steps:peak_lr,... (each cosine-annealed "
+                                                     "to lr 0 after a warm-up)")
+    ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--drop", type=float, default=0.5, help="the teacher's carry-forgetting probability")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: reproducible)")
     ap.add_argument("--out", type=Path, default=lab_dir("lab-add"))
+    ap.add_argument("--resume", type=Path, default=None, help="a model saved after the first "
+                    "--resume-phases phases of the same command (those phases are skipped)")
+    ap.add_argument("--resume-phases", type=int, default=0)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    model, tok, history = build(args.steps, args.batch, args.lr, args.drop, args.seed)
+    phases = parse_phases(args.phases)
+    model, tok, history = build(phases, args.batch, args.drop, args.seed, args.resume, args.resume_phases)
     args.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(args.out, safe_serialization=True)
     tok.save_pretrained(args.out)
-    settings = {k: getattr(args, k) for k in ("steps", "batch", "lr", "drop", "seed")}
+    settings = {k: getattr(args, k) for k in ("phases", "batch", "drop", "seed")}
     (args.out / "sft_history.json").write_text(json.dumps({"settings": settings, "history": history},
                                                           indent=1) + "\n")
     size = sum(p.stat().st_size for p in args.out.iterdir()) / 2**20

@@ -1,22 +1,18 @@
-"""Create the shipped sample runs: SmolLM2-135M-Instruct trained with GRPO, TR-GRPO and AR+Lopti.
+"""Create the shipped sample runs: the CPU lab model trained with GRPO, TR-GRPO and AR+Lopti.
 
     python scripts/make_sample_runs.py                          # sample_runs/{grpo,tr_grpo,ar_lopti}
     python scripts/make_sample_runs.py --rules grpo --steps 5   # a quick look at one rule
     tokengrad dashboard sample_runs                             # then look at them
 
-Every run uses configs/sample_arithmetic.toml unchanged except for the weighting rule, so the three runs
-share the seed, the training prompts, the evaluation problems and the sampling stream of step 0 (later
-steps diverge only because the policies do). The rule parameters are the papers' published ones where
-they exist: TR-GRPO (arXiv 2511.00066) with the rule's documented defaults, AR + Lopti (arXiv 2505.12929)
-with alpha 0.3, eta 0.5, its authors' best Knights-and-Knaves setting.
+Every run uses configs/lab_add_<rule>.toml (the lab model `lab-add` on compact 4-digit addition; the
+configs differ only in the weighting rule and its parameters) with the same seed, so the three runs share
+the training prompts, the held-out set and the sampling stream of step 0 (later steps diverge only because
+the policies do). The rule parameters are the papers' published ones where they exist: TR-GRPO (arXiv
+2511.00066) with the rule's documented defaults, AR + Lopti (arXiv 2505.12929) with alpha 0.3, eta 0.5,
+its authors' best Knights-and-Knaves setting. These are also the study's seed-0 runs (scripts/study.py).
 
 Repeatable on CPU: torch runs on one thread (a rerun reproduces the same completions, and on a shared
-machine one thread is also the fastest: several processes spinning multi-threaded BLAS on two cores run
-several times slower). Measured run time on a 2-core machine shared with other jobs, the three
-rules started as three processes (`--rules grpo`, `--rules tr_grpo`, `--rules ar_lopti`) in parallel: 26-44
-minutes each (20-90 s per step as the load varied; a bucket-analysis step adds 1-2 minutes; Lopti makes two
-updates per step). The model's checkpoint (540 MB of weights plus optimizer state)
-is deleted after each run: the run format is what ships, not the policy.
+machine one thread is also the fastest). No checkpoint is written: the run format is what ships.
 """
 
 from __future__ import annotations
@@ -36,25 +32,22 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout
 import tokengrad  # noqa: E402
 from tokengrad.train.checkpoint import checkpoint_path  # noqa: E402
 
-CONFIG = ROOT / "configs" / "sample_arithmetic.toml"
-# The rules compared, with the parameters each paper reports (empty = the rule's documented defaults).
-RULES: dict[str, dict] = {
-    "grpo": {},
-    "tr_grpo": {},
-    "ar_lopti": {"alpha": 0.3, "eta": 0.5},
-}
-SIZE_LIMIT_MB = 25.0  # the committed sample_runs/ folder, all runs together
+RULES = ("grpo", "tr_grpo", "ar_lopti")   # each trains configs/lab_add_<rule>.toml
+SIZE_LIMIT_MB = 30.0  # the committed sample_runs/ folder, all runs together
 
 
-def make_run(rule: str, out: Path, config: Path, overrides: dict) -> tuple[Path, float]:
+def config_path(rule: str) -> Path:
+    return ROOT / "configs" / f"lab_add_{rule}.toml"
+
+
+def make_run(rule: str, out: Path, overrides: dict) -> tuple[Path, float]:
     """Train one rule into out/<rule> (replacing an old run there); returns (run_dir, seconds)."""
     if rule not in RULES:
         raise ValueError(f"unknown rule {rule!r}; known: {sorted(RULES)}")
     run_dir = out / rule
     shutil.rmtree(run_dir, ignore_errors=True)
     t0 = time.perf_counter()
-    tokengrad.train(str(config), weighting=rule, weighting_params=RULES[rule], run_dir=str(run_dir),
-                    run_name=rule, **overrides)
+    tokengrad.train(str(config_path(rule)), run_dir=str(run_dir), run_name=rule, **overrides)
     shutil.rmtree(checkpoint_path(run_dir), ignore_errors=True)
     return run_dir, time.perf_counter() - t0
 
@@ -66,7 +59,6 @@ def folder_mb(path: Path) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "sample_runs", help="folder of the runs")
-    ap.add_argument("--config", type=Path, default=CONFIG, help="trainer config shared by all rules")
     ap.add_argument("--rules", nargs="+", default=list(RULES), choices=sorted(RULES))
     ap.add_argument("--steps", type=int, default=None, help="override the config's steps (quick looks)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: deterministic and fastest "
@@ -76,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {"progress": False} | ({"steps": args.steps} if args.steps else {})
     args.out.mkdir(parents=True, exist_ok=True)
     for rule in args.rules:
-        run_dir, seconds = make_run(rule, args.out, args.config, overrides)
+        run_dir, seconds = make_run(rule, args.out, overrides)
         print(f"{run_dir}: {seconds / 60:.1f} min, {folder_mb(run_dir):.1f} MB", flush=True)
     total = folder_mb(args.out)
     print(f"{args.out}: {total:.1f} MB in all (limit {SIZE_LIMIT_MB:.0f} MB)")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up of a fresh machine for tokengrad: a virtual environment in .venv, torch 2.13.0 (CPU wheel,
-# installed first and explicitly so that no resolver pulls a CUDA build), the package with its dev, trl and trackers
-# extras, and Debian's chromium for static figure export and browser tests (only when root; otherwise it says so).
+# installed first and explicitly so that no resolver pulls a CUDA build), the package with its dev, trl, trackers
+# and deepspeed extras, and Debian's chromium for static figure export and browser tests (only when root; otherwise it says so).
 # Usage: source-free; `bash scripts/setup.sh` — safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,9 +22,9 @@ fi
 
 STAMP=.venv/.tokengrad-installed
 if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
-  echo "[setup] installing tokengrad with extras [all,dev,trl,trackers]"
-  pip install -q -e ".[all,dev,trl,trackers]" 2>&1 | grep -v "^WARNING: Location" || true
-  python -c "import tokengrad, torch, transformers, streamlit, plotly, duckdb, trl, ruff, tensorboard, wandb" && touch "$STAMP"
+  echo "[setup] installing tokengrad with extras [all,dev,trl,trackers,deepspeed]"
+  pip install -q -e ".[all,dev,trl,trackers,deepspeed]" 2>&1 | grep -v "^WARNING: Location" || true
+  python -c "import tokengrad, torch, transformers, streamlit, plotly, duckdb, trl, ruff, tensorboard, wandb, deepspeed" && touch "$STAMP"
 else
   echo "[setup] tokengrad already installed"
 fi

@@ -3,6 +3,7 @@
 # slow, torchrun, browser or subprocess once (pyproject.toml [tool.pytest.ini_options] lists the tiers), then
 # verl's tests in their own environment (.venv-verl, built by scripts/verl_env.sh; docs/verl.md says why).
 set -euo pipefail
+export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}  # DeepSpeed otherwise prints its accelerator guess to stdout
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+# DeepSpeed (the deepspeed extra) prints its accelerator guess to stdout on import unless told; tests and the
+# processes they start parse stdout
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 TINY_V = 64
 

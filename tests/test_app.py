@@ -97,7 +97,7 @@ def test_every_page_renders_without_warnings(good_root, monkeypatch, page):
     at = _app(good_root, monkeypatch, page)
     assert not at.warning, [w.value for w in at.warning]
     assert at.get("plotly_chart"), f"{page} drew no chart"
-    assert at.multiselect[0].value == ["grpo", "tr_grpo"]  # both runs picked by default
+    assert at.multiselect(key="tg_pick").value == ["grpo", "tr_grpo"]  # both runs picked by default
 
 
 def test_overview_summary_finds_the_injected_spike(good_root, monkeypatch):
@@ -117,11 +117,28 @@ def test_overview_summary_finds_the_injected_spike(good_root, monkeypatch):
 
 def test_bucket_page_shows_recorded_token_shares(good_root, monkeypatch):
     at = _app(good_root, monkeypatch, "views/buckets.py")
-    share_fig = _charts(at)[0]
+    charts = _charts(at)
+    share_fig = next(f for f in charts if any(t.get("name") == "token share" for t in f["data"]))
     token_share = next(t for t in share_fig["data"] if t["name"] == "token share")
     # n_tokens per bucket are 80, 70, 100, 750 (residual 0) -> shares 80/1000, 70/1000, 100/1000, 750/1000
     np.testing.assert_allclose(token_share["y"], [0.08, 0.07, 0.10, 0.75, 0.0])
     assert token_share["x"][-1] == schema.RESIDUAL_BUCKET
+
+
+def test_bucket_page_headline_is_the_token_table_share_of_gradient(good_root, monkeypatch):
+    """The run-wide figure: each quarter of [0, 1]'s share of loss tokens and of Σ logit_grad_norm,
+    recomputed from the parquet file with numpy."""
+    at = _app(good_root, monkeypatch, "views/buckets.py")
+    fig = next(f for f in _charts(at) if any(t.get("name") == "share of tokens" for t in f["data"]))
+    t = _tokens(good_root / "grpo")
+    prob, grad = t.column("prob").to_numpy(), t.column("logit_grad_norm").to_numpy().astype(float)
+    idx = np.minimum((prob * 4).astype(int), 3)  # [0, .25), ..., [.75, 1]
+    counts = np.bincount(idx, minlength=4)
+    sums = np.bincount(idx, weights=grad, minlength=4)
+    bars = {tr["name"]: tr["y"] for tr in fig["data"]}
+    np.testing.assert_allclose(bars["share of tokens"], counts / counts.sum(), rtol=1e-6)
+    np.testing.assert_allclose(bars["share of Σ logit_grad_norm"], sums / sums.sum(), rtol=1e-4)
+    assert f"{N_STEPS} live of {N_STEPS} steps" in fig["layout"]["title"]["text"]
 
 
 def _cloud_table(at: AppTest, which: int) -> dict[str, int]:
@@ -187,6 +204,60 @@ def test_no_run_selected_explains_how_to_get_one(good_root, monkeypatch):
     at.multiselect(key="tg_pick").set_value([]).run()
     assert not at.exception
     assert "No run selected" in at.info[0].value
+
+
+def test_inspector_opens_at_the_largest_gradient_step(good_root, monkeypatch):
+    at = _app(good_root, monkeypatch, "views/inspector.py")
+    gn = pq.read_table(good_root / "grpo" / "steps" / "rank000" / schema.file_name(0, N_STEPS - 1))
+    assert at.select_slider(key="in_step").value == int(np.argmax(gn.column("grad_norm").to_numpy()))
+
+
+@pytest.fixture(scope="module")
+def dead_root(tmp_path_factory) -> Path:
+    """One run whose every step had all advantages 0, one with the first half dead."""
+    root = tmp_path_factory.mktemp("dead")
+    _write(root / "dead", seed=6, dead=1.0)
+    _write(root / "half", seed=7, dead=0.5)
+    return root
+
+
+def test_dead_steps_are_counted_and_explained(dead_root, monkeypatch):
+    at = _app(dead_root, monkeypatch)
+    summary = at.dataframe[0].value.set_index("run")
+    assert summary.loc["dead", "no_gradient"] == f"{N_STEPS} of {N_STEPS} steps had no gradient"
+    assert summary.loc["half", "no_gradient"] == f"{N_STEPS // 2} of {N_STEPS} steps had no gradient"
+    assert f"dead: {N_STEPS} of {N_STEPS} steps had no gradient" in " ".join(c.value for c in at.caption)
+    at.switch_page("views/inspector.py").run()
+    assert at.select_slider(key="in_step").value == N_STEPS - 1  # no gradient anywhere: the last step
+    assert "had no gradient" in at.info[0].value
+    at.switch_page("views/buckets.py").run()
+    headline = _charts(at)[0]
+    assert not headline["data"]
+    why = headline["layout"]["annotations"][0]["text"]
+    assert why.startswith(f"none of the {N_STEPS} steps had a gradient")
+    assert not at.warning, [w.value for w in at.warning]
+
+
+def test_picked_runs_and_settings_come_from_the_url(good_root, monkeypatch):
+    monkeypatch.setenv(dashboard.ENV_ROOT, str(good_root))
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.query_params["runs"] = "tr_grpo"
+    at.query_params["smooth"] = "0.8"
+    at.run()
+    assert not at.exception
+    assert at.multiselect(key="tg_pick").value == ["tr_grpo"]
+    assert at.slider(key="ov_smooth").value == pytest.approx(0.8)
+    at.multiselect(key="tg_pick").set_value(["grpo", "tr_grpo"]).run()
+    assert at.query_params["runs"] in (["grpo,tr_grpo"], "grpo,tr_grpo")  # AppTest keeps lists
+
+
+def test_new_run_folders_are_listed_and_picked(tmp_path, monkeypatch):
+    _write(tmp_path / "a", seed=8, tables=("steps",))
+    at = _app(tmp_path, monkeypatch)
+    assert at.multiselect(key="tg_pick").value == ["a"]
+    _write(tmp_path / "b", seed=9, tables=("steps",))
+    at.run()
+    assert at.multiselect(key="tg_pick").value == ["a", "b"]
 
 
 # ---- broken runs -----------------------------------------------------------------------------------

@@ -98,7 +98,7 @@ def _column(run, col, pass_id, n_rows):
     return _grid(df, n_rows)
 
 
-@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("tied", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_update_share_matches_per_token_backward(tmp_path, tied):
     run, ref, measured, mask = _run(tmp_path, tied)
     for (u, k), (share_ref, _) in ref.items():
@@ -126,6 +126,7 @@ def test_applied_update_predicted_and_measured_change(tmp_path):
         assert scale > 1e-4 and float((pred[m] - dm[m]).abs().max()) < 0.05 * scale
 
 
+@pytest.mark.slow
 def test_central_difference_within_stated_error(tmp_path):
     # against the forward-mode shares of the same step (checked against brute force above)
     run, _, _, mask = _run(tmp_path / "cd", tied=True, method="central_difference", n_updates=1, brute=False)
@@ -188,3 +189,28 @@ def test_recompute_of_another_batch_warns(tmp_path):
             (-lp.sum()).backward()
             with pytest.warns(RuntimeWarning, match="differs from the tracked"):
                 st.record_grad_norms()
+
+
+@pytest.mark.slow
+def test_trainer_attributes_every_micro_batch_and_update_within_a_budget(tmp_path):
+    from letters_task import LettersTask  # noqa: F401  (registers the task)
+
+    from tokengrad.train.trainer import train
+    run_dir = train(dict(model="tiny", task="letters", steps=2, prompts_per_step=2, group_size=2,
+                         max_new_tokens=8, lr=1e-2, bf16=False, progress=False, run_dir=str(tmp_path / "run"),
+                         attribute_every=1, token_budget=12, grad_accum=2, num_iterations=2))
+    run = load_run(run_dir)
+    assert run.meta["attribute_every"] == 1 and run.meta["token_budget"] == 12
+    assert (run.steps["n_token_rows"] <= 12).all()
+    assert run.steps["grad_norm"].tolist()[0] == 0 < run.steps["grad_norm"].tolist()[1]  # equal rewards at 0
+    tok = run.tokens()
+    assert tok.loc[tok["step"] == 0, "update_share"].isna().all()  # no gradient: shares undefined
+    assert tok.loc[tok["step"] == 1, "update_share"].notna().all()
+    assert tok.loc[tok["step"] == 1, "dlogprob"].notna().all()
+    # every token of both updates counted before sampling: shares sum to 1, the residual is ~0 (no
+    # loss term outside log pi at beta = 0)
+    bins = run.table("prob_bins")
+    per_update = bins[bins["step"] == 1].groupby("update_id")["sum_update_share"].sum()
+    assert per_update.tolist() == pytest.approx([1.0, 1.0], abs=1e-3)
+    resid = run.buckets.query("step == 1 and bucket == 'residual'")["update_share"]
+    assert len(resid) == 2 and resid.abs().max() < 1e-3

@@ -1,13 +1,18 @@
 """End-to-end: `tokengrad dashboard` served on localhost, every page opened in headless Chromium.
 
-Needs Debian's /usr/bin/chromium (never a downloaded browser) and Playwright's Python package; skipped
-otherwise. Screenshots land in artifacts/dashboard/ (gitignored) for a look by eye.
+Every page is loaded on the shipped sample runs, on a run where every step is dead (all advantages 0), on
+a Lopti run (two updates per step) and on two ordinary synthetic runs, picked through the URL's query
+string; no page may show "NaN", a traceback or a section that "could not be drawn". `tokengrad export`
+of the same runs must not write a NaN label. Needs Debian's /usr/bin/chromium (never a downloaded
+browser) and Playwright's Python package; skipped otherwise. Screenshots land in artifacts/dashboard/
+(gitignored) for a look by eye.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,9 +30,21 @@ REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "artifacts" / "dashboard"
 PAGES = {"overview": "", "buckets": "buckets", "wordclouds": "wordclouds", "inspector": "inspector",
          "evaluation": "evaluation"}
-# Charts each page shows on the synthetic runs (at least): overview 4, buckets 7, clouds 1, inspector 1,
+# Charts each page shows on the synthetic runs (at least): overview 4, buckets 8, clouds 1, inspector 1,
 # eval 2.
-MIN_CHARTS = {"overview": 4, "buckets": 7, "wordclouds": 1, "inspector": 1, "evaluation": 2}
+MIN_CHARTS = {"overview": 4, "buckets": 8, "wordclouds": 1, "inspector": 1, "evaluation": 2}
+SAMPLE_RUNS = REPO / "sample_runs"
+SHIPPED = sorted(p.name for p in SAMPLE_RUNS.glob("*") if (p / "meta.json").exists())
+SCENARIOS = {  # name -> runs picked through the URL
+    "shipped": SHIPPED,
+    "dead": ["dead"],
+    "lopti": ["lopti"],
+    "synthetic": ["syn_grpo", "syn_tr_grpo"],
+}
+BAD_TEXT = ("NaN", "Traceback", "could not be drawn")
+# Every text the page shows, including the charts' SVG labels (innerText leaves SVG text out).
+PAGE_TEXT_JS = ("document.body.innerText + ' ' + Array.from(document.querySelectorAll('svg text'))"
+                ".map(t => t.textContent).join(' ')")
 LIVE_STEPS = 6
 # The largest label on the page's first slider's tick bar (the last step of the run on the step-range slider).
 TICK_MAX_JS = (
@@ -77,8 +94,12 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> No
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
-    write_synthetic_run(root / "grpo", n_steps=40, n_samples=8, n_tok=24, seed=0)
-    write_synthetic_run(root / "tr_grpo", n_steps=40, n_samples=8, n_tok=24, seed=1)
+    for name in SHIPPED:
+        shutil.copytree(SAMPLE_RUNS / name, root / name)
+    write_synthetic_run(root / "syn_grpo", n_steps=40, n_samples=8, n_tok=24, seed=0, dead=0.25)
+    write_synthetic_run(root / "syn_tr_grpo", n_steps=40, n_samples=8, n_tok=24, seed=1)
+    write_synthetic_run(root / "dead", n_steps=20, n_samples=4, n_tok=16, seed=3, dead=1.0)
+    write_synthetic_run(root / "lopti", n_steps=20, n_samples=4, n_tok=16, seed=4, lopti=True, dead=0.2)
     write_synthetic_run(root / "live", n_steps=LIVE_STEPS, n_samples=2, n_tok=8, seed=2)
     port = _free_port()
     cmd = [
@@ -120,7 +141,7 @@ def browser():
             b.close()
 
 
-def _settle(page, min_charts: int, timeout_ms: int = 60_000) -> None:
+def _settle(page, min_charts: int, timeout_ms: int = 120_000) -> None:
     """Wait until the page drew its charts (also those in closed expanders) and the script stopped."""
     page.wait_for_selector("[data-testid=stPlotlyChart] .main-svg", state="attached", timeout=timeout_ms)
     page.wait_for_function(
@@ -139,24 +160,77 @@ def _screenshot(page, path: Path) -> None:
     page.screenshot(path=str(path))
 
 
-@pytest.mark.parametrize("name", list(PAGES))
-def test_page_renders_without_errors(server, browser, name):
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+def _open(browser, server, name: str, runs: list[str]):
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(f"{server.url}/{PAGES[name]}?runs={','.join(runs)}")
+    return page
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+@pytest.mark.parametrize("name", list(PAGES))
+def test_page_renders_without_errors(server, browser, name, scenario):
+    runs = SCENARIOS[scenario]
+    if not runs:
+        pytest.skip("sample_runs/ not generated yet")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page = _open(browser, server, name, runs)
     try:
-        page.goto(f"{server.url}/{PAGES[name]}")
-        _settle(page, MIN_CHARTS[name])
-        _screenshot(page, ARTIFACTS / f"{name}.png")
+        _settle(page, MIN_CHARTS[name] if scenario == "synthetic" else 1)
+        _screenshot(page, ARTIFACTS / f"{scenario}_{name}.png")
         assert page.locator("[data-testid=stException]").count() == 0
-        assert "Traceback" not in page.inner_text("body")
-        n_charts = page.locator("[data-testid=stPlotlyChart]").count()
-        assert n_charts >= MIN_CHARTS[name], f"{name}: {n_charts} charts"
-        # The sidebar offers both runs, and the run picker has them picked.
-        assert "grpo" in page.inner_text("[data-testid=stSidebar]")
-        if name == "inspector":  # the coloured completion, one span per token (24 per synthetic completion)
+        text = page.evaluate(PAGE_TEXT_JS)
+        for bad in BAD_TEXT:
+            assert bad not in text, f"{scenario}/{name}: {bad!r} on the page"
+        picked = page.locator("[data-testid=stSidebar] [data-tag]").all_inner_texts()
+        assert sorted(picked) == sorted(runs)  # the runs came from the URL
+        if scenario == "synthetic":
+            n_charts = page.locator("[data-testid=stPlotlyChart]").count()
+            assert n_charts >= MIN_CHARTS[name], f"{name}: {n_charts} charts"
+        if name == "inspector" and scenario == "synthetic":  # one span per token (24 per completion)
             assert page.locator(".tg-tokens .tg-tok").count() == 24
+        if name == "inspector" and scenario == "dead":
+            assert "had no gradient" in text and "(no gradient)" in text
+        if name == "overview" and scenario == "dead":
+            assert "20 of 20 steps had no gradient" in text
     finally:
         page.close()
+
+
+def test_run_chips_wear_the_run_colours(server, browser):
+    from tokengrad.figures.style import run_colors
+
+    runs = SCENARIOS["synthetic"]
+    page = _open(browser, server, "evaluation", runs)
+    try:
+        _settle(page, 1)
+        colors = run_colors(runs)
+        tags = page.locator("[data-testid=stSidebar] [data-tag]")
+        for i in range(tags.count()):
+            name = tags.nth(i).inner_text().strip()
+            bg = tags.nth(i).evaluate("e => getComputedStyle(e).backgroundColor")
+            r, g, b = (int(colors[name][k : k + 2], 16) for k in (1, 3, 5))
+            assert bg.replace(" ", "") == f"rgb({r},{g},{b})", (name, bg)
+    finally:
+        page.close()
+
+
+def test_export_of_the_scenario_runs_writes_no_nan_label(server, tmp_path, capsys):
+    """`tokengrad export` of the shipped, the all-dead and the Lopti runs: SVG text never reads NaN, and
+    every figure left out is named with a reason."""
+    from tokengrad.figures.export import cli_export
+
+    runs = [str(server.root / n) for n in [*SHIPPED, "dead", "lopti"]]
+    out = tmp_path / "figs"
+    assert cli_export([*runs, "--out", str(out), "--format", "svg", "--words", "40"]) == 0
+    err = capsys.readouterr().err
+    svgs = sorted(out.glob("*.svg"))
+    names = {p.name for p in svgs}
+    assert {"reward.svg", "entropy.svg", "grad_norm.svg", "gradient_share_lopti.svg"} <= names
+    for p in svgs:
+        text = p.read_text()
+        assert ">NaN" not in text and "NaN%" not in text, p.name
+    assert "skipped gradient_share_dead: none of the 20 steps had a gradient" in err
+    assert "skipped bucket_shares_dead: all 10 analysed steps had no gradient" in err
 
 
 def test_live_refresh_shows_steps_written_after_the_page_opened(server, browser):
@@ -169,26 +243,28 @@ def test_live_refresh_shows_steps_written_after_the_page_opened(server, browser)
     run = server.root / "live"
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     try:
-        page.goto(f"{server.url}/buckets")
-        page.locator("[data-testid=stSelectbox]").first.wait_for(timeout=60_000)
-        _pick_run(page, "live")
+        page.goto(f"{server.url}/buckets?runs=live")
         page.wait_for_function(f"{TICK_MAX_JS} == '{LIVE_STEPS - 1}'", timeout=60_000)
-        page.get_by_text("Live refresh").click()
-        page.wait_for_selector("text=checked", timeout=30_000)
+        page.get_by_text("Live refresh").click(timeout=60_000)
+        page.wait_for_selector("text=checked", timeout=60_000)
         steps = pq.read_table(run / "steps" / "rank000" / schema.file_name(0, LIVE_STEPS - 1)).slice(0, 1)
         steps = steps.set_column(0, "step", pc.cast(pc.add(steps.column("step"), LIVE_STEPS), "int32"))
         pq.write_table(steps, run / "steps" / "rank000" / schema.file_name(LIVE_STEPS, LIVE_STEPS))
-        page.wait_for_function(f"{TICK_MAX_JS} == '{LIVE_STEPS}'", timeout=30_000)  # polled every 5 s
+        page.wait_for_function(f"{TICK_MAX_JS} == '{LIVE_STEPS}'", timeout=60_000)  # polled every 5 s
+        # a run folder that appears while the page is open is listed and picked
+        write_synthetic_run(server.root / "zz_new", n_steps=3, n_samples=2, n_tok=8, seed=5)
+        page.wait_for_selector("[data-testid=stSidebar] [data-tag] >> text=zz_new", timeout=60_000)
         _screenshot(page, ARTIFACTS / "live_refresh.png")
     finally:
         page.close()
+        shutil.rmtree(server.root / "zz_new", ignore_errors=True)
 
 
 @pytest.mark.parametrize("fmt, magic", [("png", b"\x89PNG"), ("svg", b"<svg"), ("html", b"<html")])
 def test_chart_download_button_serves_the_figure(server, browser, fmt, magic):
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     try:
-        page.goto(f"{server.url}/evaluation")
+        page.goto(f"{server.url}/evaluation?runs=syn_grpo,syn_tr_grpo")
         _settle(page, MIN_CHARTS["evaluation"])
         page.locator("[data-testid=stSidebar]").get_by_text(fmt, exact=True).click()
         page.wait_for_function("!document.querySelector('[data-testid=stStatusWidget]')", timeout=60_000)
@@ -203,11 +279,18 @@ def test_chart_download_button_serves_the_figure(server, browser, fmt, magic):
         page.close()
 
 
-def _pick_run(page, name: str) -> None:
-    """Choose `name` in the page's Run selectbox."""
-    page.locator("[data-testid=stSelectbox]").filter(has_text="Run").first.click()
-    page.get_by_role("option", name=name, exact=True).click()
-    page.wait_for_function("!document.querySelector('[data-testid=stStatusWidget]')", timeout=60_000)
+def test_chart_data_downloads_as_csv(server, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(f"{server.url}/evaluation?runs=syn_grpo")
+        _settle(page, MIN_CHARTS["evaluation"])
+        with page.expect_download(timeout=60_000) as info:
+            page.get_by_role("button", name="Download CSV").first.click()
+        assert info.value.suggested_filename == "accuracy_by_difficulty.csv"
+        lines = Path(info.value.path()).read_text().splitlines()
+        assert lines[0] == "trace,panel,x,y" and lines[1].startswith("syn_grpo,x/y,3,")
+    finally:
+        page.close()
 
 
 def test_server_binds_localhost_only(server):

@@ -25,9 +25,10 @@ def runs(tmp_path_factory):
     ]
 
 
-EXPECTED = {"reward", "grad_norm", "accuracy_by_difficulty", "weight_curves"} | {
+EXPECTED = {"reward", "entropy", "grad_norm", "accuracy_by_difficulty", "weight_curves"} | {
     f"{kind}_{run}"
-    for kind in ("bucket_shares", "bucket_update_share", "grad_vs_prob", "wordcloud")
+    for kind in ("gradient_share", "bucket_shares", "bucket_update_share", "grad_vs_prob", "grad_norm_layers",
+                 "wordcloud")
     for run in ("tr_grpo", "grpo")
 }
 
@@ -48,6 +49,10 @@ def test_export_png_svg_pdf_with_one_browser(runs, tmp_path, capsys):
     w, h = struct.unpack(">II", (tmp_path / "reward.png").read_bytes()[16:24])
     assert (w, h) == (1050, round(round(3.5 * 0.68 * 96) * 3.125))
     assert struct.unpack(">I", (tmp_path / "wordcloud_grpo.png").read_bytes()[16:20])[0] == 2100
+    # pHYs: 300 dpi = 11811 pixels per metre on both axes, unit 1 (metre)
+    png = (tmp_path / "reward.png").read_bytes()
+    at = png.index(b"pHYs")
+    assert struct.unpack(">IIB", png[at + 4 : at + 13]) == (11811, 11811, 1)
     assert str(tmp_path / "reward.pdf") in capsys.readouterr().out
 
 
@@ -94,3 +99,13 @@ def test_bad_run_and_bad_arguments(tmp_path, capsys):
     assert cli_export([str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
     assert "meta.json is missing" in capsys.readouterr().err
     assert cli_export(["x", "--out", "o", "--format", "eps"]) == 2
+
+
+def test_figure_set_skips_nan_labels_with_a_reason(runs):
+    from tokengrad.figures.figureset import nan_label
+
+    assert nan_label(go.Figure(go.Bar(x=["a", "b"], y=[0.5, float("nan")], texttemplate="%{y:.0%}")))
+    assert "nan" in nan_label(go.Figure(go.Bar(x=["nan"], y=[1.0])))
+    assert nan_label(go.Figure(layout=dict(title="share nan%"))) is not None
+    assert nan_label(go.Figure(go.Bar(x=["[0.00,0.25)"], y=[0.5], texttemplate="%{y:.0%}"))) is None
+    assert nan_label(go.Figure(layout=dict(title="financial"))) is None  # a word containing 'nan'

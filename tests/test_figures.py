@@ -14,14 +14,18 @@ from plotly.colors import sample_colorscale
 from tokengrad.figures import (
     bucket_shares,
     debiased_ema,
+    figure_table,
     find_spikes,
     make_accuracy_by_difficulty_figure,
     make_accuracy_over_steps_figure,
     make_bucket_dprob_figure,
+    make_bucket_grad_norm_figure,
     make_bucket_share_figure,
     make_bucket_steps_figure,
     make_grad_norm_figure,
     make_grad_vs_prob_figure,
+    make_gradient_share_figure,
+    make_layer_grad_norm_figure,
     make_layer_heatmap_figure,
     make_metric_figure,
     make_overview_figure,
@@ -30,11 +34,16 @@ from tokengrad.figures import (
     make_token_figure,
     make_weight_curve_figure,
     paper_style,
+    plottable_metrics,
     reference_curves,
     run_color,
+    summarize_run,
     token_html,
+    top_layers,
 )
+from tokengrad.figures.evals import wilson_interval
 from tokengrad.figures.style import RUN_PALETTE
+from tokengrad.figures.tokens import color_range
 from tokengrad.figures.wordclouds import (
     clean_token,
     find_font,
@@ -78,8 +87,9 @@ def test_find_spikes_modified_z_score():
     # median 1.0; |x - median| = 0 .1 .1 0 9 .05 .05 -> MAD .05; sigma = 1.4826*.05 = .07413;
     # threshold 1 + 3.5*.07413 = 1.2595 -> only the 10
     assert find_spikes([1, 1.1, 0.9, 1.0, 10, 1.05, 0.95]).tolist() == [4]
-    # MAD = 0: sigma = 1.2533 * mean|x - 1| = 1.2533 * 0.4 = .5013 -> threshold 2.755 -> the 3
-    assert find_spikes([1, 1, 1, 1, 3]).tolist() == [4]
+    # MAD = 0 (more than half the values equal): no robust scale, so the largest steps are not spikes
+    assert find_spikes([1, 1, 1, 1, 3]).tolist() == []
+    assert find_spikes([0.0] * 30 + [4.0, 5.0, 6.0]).tolist() == []  # dead zeros must not make 4-6 spikes
     assert find_spikes([2.0, 2.0, 2.0]).tolist() == []
     assert find_spikes([1.0, np.inf, 1.0, np.nan]).tolist() == [1]  # inf is a spike, NaN is missing
     assert find_spikes([1, 1.1, 0.9, 1.0, 10, 1.05, 0.95], k=200).tolist() == []  # (10-1)/.07413 = 121 < 200
@@ -105,7 +115,10 @@ def test_paper_style_sizes_and_strips_title():
     fig = make_metric_figure({"a": _steps([1.0, 2.0])}, "reward_mean", title="dashboard title")
     col = paper_style(fig)
     assert (col.layout.width, col.layout.height) == (336, round(3.5 * 0.68 * 96))  # 3.5 in at 96 px/in
-    assert col.layout.title.text is None and col.layout.template.layout.font.size == 10
+    # 11 px = 8.25 pt text, 10 px ticks, at most 6 ticks: readable in a 3.5 in column
+    assert col.layout.title.text is None and col.layout.template.layout.font.size == 11
+    assert col.layout.xaxis.tickfont.size == 10 and col.layout.xaxis.nticks == 6
+    assert paper_style(fig, keep_title=True).layout.title.text == "dashboard title"
     assert paper_style(fig, "page").layout.width == 672
     assert fig.layout.title.text == "dashboard title"  # the input is not modified
     with pytest.raises(ValueError, match="column"):
@@ -330,7 +343,7 @@ def test_accuracy_by_difficulty_uses_last_step_weighted_by_n():
     assert list(fig.data[0].x) == ["2", "3", "10"]  # numeric order
     # difficulty 3 at step 10: ranks 0 and 1 -> (0.5*10 + 1.0*30) / 40 = 0.875
     np.testing.assert_allclose(fig.data[0].y, [0.9, 0.875, 0.2])
-    assert list(fig.data[0].customdata) == [10, 40, 10]
+    assert [int(c[0]) for c in fig.data[0].customdata] == [10, 40, 10]
     over = make_accuracy_over_steps_figure({"a": _evals()})
     # step 0: (0.1*10 + 0*10)/20 = .05; step 10: (5 + 30 + 2 + 9)/60 = 46/60
     np.testing.assert_allclose(over.data[0].y, [0.05, 46 / 60])
@@ -357,8 +370,8 @@ def test_token_html_colours_escapes_and_hovers():
     html = token_html(_completion(), "prob")
     spans = html.split('<span class="tg-tok"')[1:]
     assert len(spans) == 3
-    assert f"background:{sample_colorscale('RdYlGn', [1.0])[0]}" in spans[0] and ">Hi</span>" in spans[0]
-    assert f"background:{sample_colorscale('RdYlGn', [0.25])[0]}" in spans[1]
+    assert f"background:{sample_colorscale('RdYlBu', [1.0])[0]}" in spans[0] and ">Hi</span>" in spans[0]
+    assert f"background:{sample_colorscale('RdYlBu', [0.25])[0]}" in spans[1]
     assert "&lt;b&gt;" in spans[1] and "<b>" not in spans[1]
     assert "prob 0.25" in spans[1] and "coef -2" in spans[1]  # hover lists every recorded value
     assert "↵<br>" in spans[2] and "opacity:0.45" in spans[2]  # newline shown, not-in-loss faded
@@ -367,6 +380,10 @@ def test_token_html_colours_escapes_and_hovers():
     assert f"background:{sample_colorscale('RdBu', [0.5])[0]}" in signed.split('<span class="tg-tok"')[1]
     with pytest.raises(ValueError, match="cannot colour"):
         token_html(_completion(), "weight")
+    # the PPO ratio diverges around 1: ratios 0.9, 1.0, 1.2 -> scale [0.8, 1.2], ratio 1 in the middle
+    ratio = token_html(_completion().assign(ratio=[0.9, 1.0, 1.2]), "ratio")
+    assert f"background:{sample_colorscale('RdBu', [0.5])[0]}" in ratio.split('<span class="tg-tok"')[1]
+    assert color_range([0.9, 1.0, 1.2], "ratio") == pytest.approx((0.8, 1.2))
 
 
 def test_token_figure_grid():
@@ -394,6 +411,10 @@ def test_clean_token_and_frequencies():
     }
     with pytest.raises(ValueError, match="missing"):
         prepare_frequencies(pd.DataFrame({"word": ["a"]}))
+    # byte pieces stay (special-token look-alikes), sizes can be the summed gradient
+    assert prepare_frequencies({"<0xE2>": 3, "<|im_end|>": 2}) == {"<0xE2>": 3.0}
+    grads = pd.DataFrame({"token": ["a", "b"], "count": [1, 5], "grad_sum": [2.0, 0.5]})
+    assert prepare_frequencies(grads, size_by="grad_sum") == {"a": 2.0, "b": 0.5}
 
 
 def test_wordcloud_figure_two_png_panels():
@@ -424,3 +445,150 @@ def test_runs_shown_together_get_distinct_colours():
     assert len(set(cmap.values())) == 8 and set(cmap.values()) <= set(RUN_PALETTE)
     assert run_colors(list(reversed(names))) == cmap  # order of selection does not matter
     assert run_colors(names, {"run3": "#000000"})["run3"] == "#000000"
+
+
+# ---- steps without a gradient ----------------------------------------------------------------------
+
+
+def _layers(values, layers=(("total", 1.0),)):
+    return pd.DataFrame([{"step": s, "rank": 0, "update_id": 0, "layer": name, "grad_norm": v * k}
+                         for s, v in enumerate(values) for name, k in layers])
+
+
+def test_grad_norm_figure_marks_dead_steps_and_smooths_over_live_ones():
+    fig = make_grad_norm_figure({"r": _layers([2.0, 0.0, 4.0, 0.0, 0.0, 8.0])}, smoothing=0.5, spike_k=None)
+    raw, smooth, dead = fig.data
+    np.testing.assert_array_equal(raw.y, [2.0, np.nan, 4.0, np.nan, np.nan, 8.0])  # gaps, not the log floor
+    # debiased EMA (w = .5) over the live values 2, 4, 8 only: 2; (.5*2 + 4)/1.5; (.25*2 + .5*4 + 8)/1.75
+    np.testing.assert_allclose(smooth.y[[0, 2, 5]], [2.0, 10 / 3, 6.0])
+    assert np.isnan(smooth.y[[1, 3, 4]]).all() and smooth.connectgaps  # bridged, never decayed
+    np.testing.assert_array_equal(smooth.customdata, raw.y)  # hover shows the recorded value
+    assert list(dead.x) == [1, 3, 4] and dead.name == "r: 3 of 6 steps had no gradient"
+    assert dead.yaxis == "y2" and fig.layout.yaxis2.range == (0, 1) and not fig.layout.yaxis2.visible
+    assert fig.layout.hovermode == "x unified"
+    all_dead = make_grad_norm_figure({"r": _layers([0.0, 0.0])})
+    assert "no step had a gradient" in [a.text for a in all_dead.layout.annotations]
+    assert all_dead.data[-1].name == "r: 2 of 2 steps had no gradient"
+
+
+def test_spikes_and_cv_are_computed_over_live_steps():
+    g = [0.0] * 10 + [1, 1.1, 0.9, 1.0, 10, 1.05, 0.95]
+    fig = make_grad_norm_figure({"r": _layers(g)}, smoothing=0.0)
+    spikes = next(t for t in fig.data if t.name == "r spikes")
+    assert list(spikes.x) == [14]  # the MAD of the live steps, not of a series that is mostly 0
+    row = summarize_run("r", {}, _steps([0.0] * len(g)), _layers(g))
+    live = np.array(g[10:])
+    assert row["no_gradient"] == "10 of 17 steps had no gradient"
+    assert row["grad_norm_cv"] == pytest.approx(live.std() / live.mean())
+    assert (row["spikes"], row["spike_steps"]) == (1, "14")
+    dead = summarize_run("d", {}, _steps([0.0, 0.0]), _layers([0.0, 0.0]))
+    assert dead["no_gradient"] == "2 of 2 steps had no gradient" and np.isnan(dead["grad_norm_cv"])
+
+
+def test_curves_against_wall_time_and_tokens_seen():
+    steps = _steps([1.0, 2.0, 3.0]).assign(time_step=[3600.0, 1800.0, 1800.0], n_tokens=[10, 20, 5])
+    by_tokens = make_metric_figure({"a": steps}, "reward_mean", smoothing=0.0, x_axis="tokens seen")
+    np.testing.assert_allclose(by_tokens.data[0].x, [10, 30, 35])
+    by_time = make_metric_figure({"a": steps}, "reward_mean", smoothing=0.0, x_axis="wall time (h)")
+    np.testing.assert_allclose(by_time.data[0].x, [1.0, 1.5, 2.0])
+    assert by_time.layout.xaxis.title.text == "wall time (h)"
+    with pytest.raises(ValueError, match="known"):
+        make_metric_figure({"a": steps}, "reward_mean", x_axis="epoch")
+    assert plottable_metrics({"a": steps}) == ["reward_mean", "n_tokens", "time_step"]
+
+
+def test_overview_panels_share_zoom_and_have_axis_titles():
+    df = _steps([1.0, 2.0]).assign(loss=[0.5, 0.25], kl=[0.1, 0.2])
+    fig = make_overview_figure({"a": df}, metrics=("reward_mean", "loss", "kl"), smoothing=0.0)
+    assert fig.layout.xaxis3.matches == "x" and fig.layout.xaxis.matches is None
+    assert fig.layout.yaxis.title.text == "reward" and fig.layout.yaxis3.title.text == "loss"
+    assert fig.layout.legend.orientation == "v" and fig.layout.legend.x > 1  # beside, not over the titles
+
+
+def test_per_layer_chart_highlights_the_top_k_blocks():
+    blocks = [("total", 1.0)] + [(f"model.layers.{i}", 1.0 + i) for i in range(30)]
+    fig = make_layer_grad_norm_figure(_layers([1.0, 2.0, 0.0], blocks), top_k=3, smoothing=0.0)
+    assert top_layers(_layers([1.0, 2.0], blocks), 3) == ["model.layers.29", "model.layers.28",
+                                                         "model.layers.27"]
+    legend = [t.name for t in fig.data if t.showlegend is not False]
+    assert "other blocks" in legend and "model.layers.29" in legend and len(legend) == 5  # + dead ticks
+    grey = [t for t in fig.data if t.name == "other blocks"]
+    assert len(grey) == 27 and {t.line.color for t in grey} == {"#BDBDBD"}
+    assert all(np.isnan(t.y[2]) for t in fig.data if t.yaxis == "y")  # step 2 is dead: a gap in every block
+    ticks = [t for t in fig.data if t.yaxis == "y2"]
+    assert len(ticks) == 1 and ticks[0].name == "all blocks: 1 of 3 steps had no gradient"
+
+
+# ---- the gradient by probability, and the bucket analysis -------------------------------------------
+
+
+def test_gradient_share_figure_labels_and_empty_states():
+    shares = pd.DataFrame({"lo": [0.0, 0.5], "hi": [0.5, 1.0], "count": [1, 3], "grad_sum": [3.0, 1.0],
+                           "token_share": [0.25, 0.75], "grad_share": [0.75, 0.25]})
+    fig = make_gradient_share_figure(shares)
+    assert [t.name for t in fig.data] == ["share of tokens", "share of Σ logit_grad_norm"]
+    assert list(fig.data[0].x) == ["[0.00,0.50)", "[0.50,1.00)"]
+    np.testing.assert_allclose(fig.data[1].y, [0.75, 0.25])
+    with_update = make_gradient_share_figure(shares.assign(update_share=[0.9, 0.1]))
+    assert with_update.data[2].name == "share of Σ update_share"
+    dead = make_gradient_share_figure(shares.assign(grad_sum=0.0, grad_share=np.nan))
+    assert not dead.data and "every token's gradient is 0" in dead.layout.annotations[0].text
+
+
+def _dead_update(step):
+    return [{"step": step, "rank": 0, "update_id": 0, "bucket": b, "lo": lo, "hi": hi, "n_tokens": n,
+             "grad_norm": 0.0, "update_share": np.nan}
+            for b, lo, hi, n in (("[0.00,0.50)", 0.0, 0.5, 5), ("[0.50,1.00)", 0.5, 1.0, 5),
+                                 ("residual", np.nan, np.nan, np.nan))]
+
+
+def test_bucket_analysis_uses_only_updates_with_a_gradient():
+    df = pd.concat([_buckets(), pd.DataFrame(_dead_update(2))], ignore_index=True)
+    s = bucket_shares(df)
+    np.testing.assert_allclose(s["token_share"], [0.4, 0.6, 0.0])  # the dead step's 5 + 5 tokens left out
+    assert s.attrs["note"] == "2 of 3 analysed updates had a gradient (steps 0, 1; update 0)"
+    fig = make_bucket_share_figure(df, title="t")
+    assert "2 of 3 analysed updates" in fig.layout.title.text
+    dead = make_bucket_share_figure(pd.DataFrame(_dead_update(0) + _dead_update(10)))
+    assert not dead.data
+    assert dead.layout.annotations[0].text == "all 2 analysed steps had no gradient (every advantage was 0)"
+    assert not make_bucket_grad_norm_figure(pd.DataFrame(_dead_update(0))).data
+
+
+def test_bucket_norms_skip_empty_buckets_and_zero_residual_is_hidden():
+    df = _buckets()
+    df.loc[(df["step"] == 1) & (df["bucket"] == "[0.00,0.50)"), ["n_tokens", "grad_norm"]] = [0, 0.0]
+    s = bucket_shares(df)
+    assert s.set_index("bucket").loc["[0.00,0.50)", "grad_norm"] == 3.0  # not (3 + 0) / 2
+    zero_res = df.assign(update_share=np.where(df["bucket"] == "residual", 0.0, df["update_share"]))
+    assert [t for t in make_bucket_share_figure(zero_res).data[0].x] == ["[0.00,0.50)", "[0.50,1.00)"]
+    assert "residual" in list(make_bucket_share_figure(df).data[0].x)  # -10 %: shown
+
+
+def test_figure_table_long_form():
+    fig = make_grad_norm_figure({"r": _layers([2.0, 0.0])}, smoothing=0.0, spike_k=None)
+    t = figure_table(fig)
+    assert list(t.columns) == ["trace", "panel", "x", "y"]
+    assert t[t["trace"] == "r"]["y"].tolist()[0] == 2.0
+    assert t[t["trace"] == "r: 1 of 2 steps had no gradient"]["x"].tolist() == [1]
+    blocks = (("total", 1), ("model.layers.0", 0.5))
+    heat = figure_table(make_layer_heatmap_figure(_layers([1.0, 2.0], blocks)))
+    assert heat["z"].tolist() == [0.5, 1.0]
+
+
+def test_accuracy_carries_n_wilson_interval_and_zero_is_not_missing():
+    # 0 of 4: centre = (z²/8) / (1 + z²/4) and half-width z/(1 + z²/4) sqrt(z²/64): equal, so [0, 2 centre]
+    z2 = 1.959964**2
+    lo, hi = wilson_interval([0.0, 0.5], [4, 100])
+    assert lo[0] == pytest.approx(0.0, abs=1e-12) and hi[0] == pytest.approx(2 * (z2 / 8) / (1 + z2 / 4))
+    assert hi[0] == pytest.approx(0.4899, abs=1e-4)  # the textbook 0/4 upper bound
+    # 50 of 100: centre 0.5, half = z/(1 + z²/100) sqrt(.25/100 + z²/40000) = 0.0962
+    assert (lo[1], hi[1]) == (pytest.approx(0.5 - 0.09617, abs=1e-4), pytest.approx(0.5 + 0.09617, abs=1e-4))
+    evals = {"a": pd.DataFrame({"step": [9, 9], "rank": 0, "task": "t", "difficulty": ["1", "2"],
+                                "accuracy": [0.0, 0.5], "n": [4, 100]}),
+             "b": pd.DataFrame({"step": [9], "rank": 0, "task": "t", "difficulty": ["1"],
+                                "accuracy": [0.25], "n": [4]})}
+    fig = make_accuracy_by_difficulty_figure(evals)
+    assert list(fig.data[0].text) == ["0%<br>n=4", "50%<br>n=100"]
+    assert list(fig.data[1].text) == ["25%<br>n=4", "not evaluated"]
+    np.testing.assert_allclose(fig.data[0].error_y.array, [hi[0], hi[1] - 0.5], atol=1e-9)

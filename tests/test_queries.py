@@ -8,6 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tokengrad import load_run, schema
+from tokengrad.gradient_shares import gradient_by_bucket, step_gradients
 from tokengrad.queries import (
     bin_edges,
     grad_norm_by_prob,
@@ -295,3 +296,61 @@ def test_recorded_run_obeys_the_one_minus_p_wedge(tmp_path, tiny_model):
     lower = np.sqrt(TINY_V / (TINY_V - 1)) * (1 - b["prob"])
     assert (b["logit_grad_unit"] >= lower - 1e-5).all()
     assert (b["logit_grad_unit"] <= np.sqrt(2) * (1 - b["prob"]) + 1e-5).all()
+
+
+def _add_dead_and_attributed_steps(run_dir):
+    """Step 2: three loss tokens with coef 0 (every advantage 0: no gradient). Step 3: two tokens with
+    per-token attribution (update_share 0.75 and 0.25), p 0.2 and 0.7, coef 1."""
+    dead = [(0, i, "cat", 0.1, 0.0, 0.0, True) for i in range(3)]
+    _write(run_dir, "tokens", _token_rows(2, 0, dead), seq=2)
+    rows = _token_rows(3, 0, [(0, 0, "cat", 0.2, 1.0, 1.0, True), (0, 1, "dog", 0.7, 1.0, 1.0, True)])
+    for row, share in zip(rows, (0.75, 0.25)):
+        row["update_share"] = share
+    _write(run_dir, "tokens", rows, seq=3)
+
+
+def test_gradient_by_bucket_over_live_steps(tmp_path):
+    run_dir = make_tiny_run(tmp_path / "tiny")
+    assert "update_share" not in gradient_by_bucket(load_run(run_dir)).columns  # no attribution recorded
+    _add_dead_and_attributed_steps(run_dir)
+    run = load_run(run_dir)
+    per_step = step_gradients(run)
+    assert per_step["step"].tolist() == [0, 1, 2, 3]
+    assert per_step["live"].tolist() == [True, True, False, True]
+    g = gradient_by_bucket(run, [0.0, 0.5, 1.0])
+    # logit_grad_norm = |coef| c (1 - p), c = 0.9 sqrt2. Loss tokens of every update, live steps 0, 1, 3:
+    # [0, .5): step 0 u0 .5*.95 + .5*.7 + .25*.9, u1 .5*.95 + .5*.7, step 3 1*.8 -> 2.675 c over 6 tokens
+    # [.5, 1]: step 0 .5*.2 + .5*.05 + .25*.4 + .25*0, step 1 4 * .5*.5, step 3 1*.3 -> 1.525 c over 9
+    c = 0.9 * np.sqrt(2)
+    assert g["count"].tolist() == [6, 9]
+    np.testing.assert_allclose(g["grad_sum"], [2.675 * c, 1.525 * c], rtol=1e-5)
+    np.testing.assert_allclose(g["grad_share"], [2.675 / 4.2, 1.525 / 4.2], rtol=1e-5)
+    np.testing.assert_allclose(g["token_share"], [6 / 15, 9 / 15])
+    np.testing.assert_allclose(g["update_share"], [0.75, 0.25])  # only step 3 recorded attribution
+    assert (g.attrs["n_steps"], g.attrs["n_live"], g.attrs["steps"]) == (4, 3, [0, 1, 3])
+    with_dead = gradient_by_bucket(run, [0.0, 0.5, 1.0], live_only=False)
+    assert with_dead["count"].tolist() == [9, 9]  # the dead step's three p = 0.1 tokens
+    only_dead = gradient_by_bucket(run, [0.0, 0.5, 1.0], step_range=(2, 2))
+    assert only_dead["count"].sum() == 0 and only_dead.attrs["n_live"] == 0
+    assert np.isnan(only_dead["grad_share"]).all()
+
+
+def test_gradient_by_bucket_prefers_the_exact_prob_bins_of_a_budgeted_run(tmp_path):
+    """A budgeted run keeps some token rows only; its prob_bins histogram is exact over all loss tokens."""
+    run_dir = make_tiny_run(tmp_path / "tiny")
+    #        step  lo    hi    n   Σ logit_grad_norm  Σ update_share
+    spec = [(5, 0.00, 0.25, 4, 2.0, 0.6), (5, 0.25, 0.50, 1, 0.5, 0.1), (5, 0.50, 0.75, 0, 0.0, 0.0),
+            (5, 0.75, 1.00, 5, 0.5, 0.3), (6, 0.00, 0.25, 10, 0.0, None)]  # step 6: no gradient
+    rows = [dict(step=s, rank=0, update_id=0, lo=lo, hi=hi, adv_sign=1, n_tokens=n, sum_logit_grad_norm=g,
+                 sum_update_share=u) for s, lo, hi, n, g, u in spec]
+    _write(run_dir, "prob_bins", rows)
+    run = load_run(run_dir)
+    g = gradient_by_bucket(run)
+    assert g.attrs["source"] == "prob_bins" and (g.attrs["n_steps"], g.attrs["n_live"]) == (2, 1)
+    assert g["count"].tolist() == [4, 1, 0, 5]  # the dead step's 10 tokens left out
+    np.testing.assert_allclose(g["grad_share"], [2 / 3, 0.5 / 3, 0.0, 0.5 / 3])
+    np.testing.assert_allclose(g["update_share"], [0.6, 0.1, 0.0, 0.3])
+    halves = gradient_by_bucket(run, [0.0, 0.5, 1.0])
+    assert halves["count"].tolist() == [5, 5] and halves.attrs["source"] == "prob_bins"
+    uneven = gradient_by_bucket(run, [0.0, 0.1, 1.0])  # 0.1 splits a recorded bin: the token table answers
+    assert uneven.attrs["source"] == "tokens"

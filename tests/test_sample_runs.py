@@ -122,12 +122,15 @@ def test_every_export_figure_has_data(runs):
     from tokengrad.figures.export import build_figure_set
 
     specs, notes = build_figure_set(runs, max_words=30)
-    # The only figure a run may lack: update shares, when each of its analysed steps had zero gradient.
+    # The only figures a run may lack: the bucket analysis, when each of its analysed steps had no gradient
+    # (and then the note says so, instead of drawing NaN shares).
+    dead = "all 4 analysed steps had no gradient (every advantage was 0)"
     no_shares = {
-        f"bucket_update_share_{n}: no data" for n, r in runs.items() if _updates_with_gradient(r).empty
+        f"{kind}_{n}: {dead}" for n, r in runs.items() if _updates_with_gradient(r).empty
+        for kind in ("bucket_shares", "bucket_update_share")
     }
     assert set(notes) <= no_shares
-    assert len(specs) + len(notes) == 4 + 4 * len(runs)
+    assert len(specs) + len(notes) == 5 + 6 * len(runs)
 
 
 def test_sample_runs_fit_the_size_limit():

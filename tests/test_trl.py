@@ -361,3 +361,19 @@ def test_failing_train_keeps_finished_steps_and_restores_the_trainer(tmp_path):
     assert run.steps.step.tolist() == [0, 1]
     assert run.tokens(columns=["step"]).step.unique().tolist() == [0]
     assert "compute_loss" not in vars(trainer)
+
+
+def test_update_shares_inside_trl(tmp_path):
+    trainer = make_trainer(tmp_path, "dapo", max_steps=1, temperature=0.1)
+    tg_trl.attach(trainer, tmp_path / "run", attribute_every=1)
+    trainer.train()
+    run = load_run(tmp_path / "run")
+    tok = run.tokens()
+    # every token's share of the update TRL applied: they sum to 1 (dapo's loss is built on log pi alone)
+    assert tok["update_share"].notna().all()
+    assert tok.groupby("update_id")["update_share"].sum().tolist() == pytest.approx([1.0], abs=1e-3)
+    assert tok["dlogprob"].notna().all() and tok["dlogprob_pred"].notna().all()
+    with pytest.raises(RuntimeError, match="central_difference"):
+        trainer = make_trainer(tmp_path / "jvp", "dapo", max_steps=1, temperature=0.1)
+        tg_trl.attach(trainer, tmp_path / "jvp" / "run", attribute_every=1, attribute_method="jvp")
+        trainer.train()

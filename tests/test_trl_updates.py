@@ -124,6 +124,23 @@ def test_buckets_of_an_update_spanning_generation_batches(tmp_path, loss_type):
     assert b.n_tokens.sum() == int(run.tokens(columns=["in_loss"]).in_loss.sum())
 
 
+@pytest.mark.slow
+def test_spanning_update_keeps_the_bucket_schedule_of_its_first_step(tmp_path):
+    # bucket_every=2 analyses steps 0 and 2; the updates begun there end in steps 1 and 3, analysed too
+    trainer = make_trainer(tmp_path, "dapo", max_steps=2, gradient_accumulation_steps=4,
+                           steps_per_generation=1, num_iterations=2, temperature=0.1)
+    tg_trl.attach(trainer, tmp_path / "run", bucket_every=2)
+    trainer.train()
+    run = load_run(tmp_path / "run")
+    b = run.buckets
+    assert run.steps.step.tolist() == [0, 1, 2, 3] and b.step.unique().tolist() == [1, 3]
+    for _, rows in b.groupby("step"):
+        assert rows.update_share.sum() == pytest.approx(1.0, abs=1e-5)
+        assert abs(float(rows[rows.bucket == "residual"].update_share.iloc[0])) < 1e-5
+    tokens = run.tokens(columns=["step", "in_loss"])
+    assert b.n_tokens.sum() == int(tokens.in_loss.sum())
+
+
 def test_confident_token_stats_match_float64(tmp_path):
     # temperature 0.015 makes most of the tiny model's tokens near-certain (1 - p down to 1e-7 and below),
     # where sqrt(1 - 2p + sum p^2) from the fused head's outputs would cancel to 0
@@ -166,8 +183,8 @@ def test_rule_parameters_come_from_the_trainer(tmp_path, beta):
     assert len(kl_warnings) == (1 if beta else 0)
     params = rec.rule[1]
     assert (params["eps_low"], params["eps_high"]) == (0.1, 0.3)  # TRL's epsilons, not the rule's 0.2/0.2
-    assert rec.recorder.meta["weighting"]["params"]["eps_high"] == 0.3
     rec.detach()
+    assert load_run(tmp_path / "run").meta["weighting"]["params"]["eps_high"] == 0.3
     with pytest.raises(ValueError, match="epsilon_low=0.1"):
         tg_trl.attach(make_trainer(tmp_path / "b", "dapo", epsilon=0.1), tmp_path / "run2",
                       weighting="clip_cov", weighting_params={"eps_low": 0.2})

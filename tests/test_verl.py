@@ -14,7 +14,7 @@ from tensordict import TensorDict  # noqa: E402
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY  # noqa: E402
 from verl.utils import tensordict_utils as tu  # noqa: E402
 from verl.workers.config import ActorConfig  # noqa: E402
-from verl.workers.utils.losses import ppo_loss  # noqa: E402
+from verl.workers.utils import losses  # noqa: E402
 
 from tokengrad import load_run  # noqa: E402
 from tokengrad.integrations import verl as tg_verl  # noqa: E402
@@ -65,8 +65,8 @@ def _padded_grad(data, log_probs, loss_mode, agg):
     """autograd of verl's loss w.r.t. the padded log_prob [B, R] it is built from."""
     from verl.workers.utils.padding import no_padding_2_padding
 
-    (g_flat,) = torch.autograd.grad(ppo_loss(_config(loss_mode, agg), {"log_probs": log_probs}, data)[0],
-                                    log_probs)
+    loss = losses.ppo_loss(_config(loss_mode, agg), {"log_probs": log_probs}, data)[0]
+    (g_flat,) = torch.autograd.grad(loss, log_probs)
     return no_padding_2_padding(g_flat, data)  # [B, R]: the same slice ppo_loss takes
 
 
@@ -78,7 +78,10 @@ def run_dir(tmp_path, monkeypatch):
 
 
 def test_plugin_entry_point_registered_the_losses():
-    """`import verl` loaded tokengrad's entry point: the names are in verl's own registry."""
+    """`import verl` loaded tokengrad's entry point: the names are in verl's own registry, and the loss entry
+    (which verl/workers/engine_workers.py binds when it is imported, after the plugin) is the wrapped one."""
+    assert losses.ppo_loss._tokengrad
+    assert losses.ppo_loss.__wrapped__.__module__ == "verl.workers.utils.losses"
     for name in ("tokengrad", "tokengrad_tr_grpo", "tokengrad_ar", "tokengrad_cw_grpo"):
         assert name in POLICY_LOSS_REGISTRY, sorted(POLICY_LOSS_REGISTRY)
     assert tg_verl.check_verl_version(verl.__version__)
@@ -88,9 +91,9 @@ def test_plugin_entry_point_registered_the_losses():
 def test_recorded_coef_is_autograd_of_verls_loss(run_dir, agg):
     data, log_probs = _batch()
     want = _padded_grad(data, log_probs, "vanilla", agg)  # [B, R]
-    loss, metrics = ppo_loss(_config("tokengrad", agg), {"log_probs": log_probs}, data)
+    loss, metrics = losses.ppo_loss(_config("tokengrad", agg), {"log_probs": log_probs}, data)
     loss.backward()
-    assert torch.allclose(loss, ppo_loss(_config("vanilla", agg), {"log_probs": log_probs}, data)[0])
+    assert torch.allclose(loss, losses.ppo_loss(_config("vanilla", agg), {"log_probs": log_probs}, data)[0])
     torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1).step()  # an optimizer update ends the step
     tg_verl.close_recording()
     run = load_run(run_dir)
@@ -100,7 +103,7 @@ def test_recorded_coef_is_autograd_of_verls_loss(run_dir, agg):
     coef = torch.tensor(tok["coef"].to_numpy())
     assert torch.allclose(coef, want[mask].float(), rtol=1e-5, atol=1e-9), agg
     assert torch.allclose(torch.tensor(tok["old_logprob"].to_numpy()), data["old_log_probs"][mask])
-    assert (tok["token_id"] == tg_verl.UNKNOWN_TOKEN).all()
+    assert tok["token_id"].tolist() == data["responses"][mask].tolist()
     assert run.meta["config"]["loss_mode"] == "tokengrad"
 
 
@@ -108,7 +111,7 @@ def test_recorded_coef_is_autograd_of_verls_loss(run_dir, agg):
 def test_tr_grpo_scales_each_tokens_gradient(run_dir, agg):
     data, log_probs = _batch(seed=1)
     plain = _padded_grad(data, log_probs, "vanilla", agg)  # [B, R]
-    loss, _ = ppo_loss(_config("tokengrad_tr_grpo", agg), {"log_probs": log_probs}, data)
+    loss, _ = losses.ppo_loss(_config("tokengrad_tr_grpo", agg), {"log_probs": log_probs}, data)
     loss.backward()
     from verl.workers.utils.padding import no_padding_2_padding
 
@@ -127,12 +130,23 @@ def test_tr_grpo_scales_each_tokens_gradient(run_dir, agg):
     assert load_run(run_dir).meta["weighting"]["name"] == "tr_grpo"
 
 
+def test_token_budget_from_the_environment(run_dir, monkeypatch):
+    monkeypatch.setenv(tg_verl.BUDGET_ENV, "7")
+    data, log_probs = _batch(seed=5)
+    losses.ppo_loss(_config("tokengrad", "token-mean"), {"log_probs": log_probs}, data)[0].backward()
+    torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1).step()
+    tg_verl.close_recording()
+    run = load_run(run_dir)
+    assert run.meta["token_budget"] == 7
+    assert 0 < len(run.tokens()) <= 7 < int(data["response_mask"].sum())
+
+
 def test_each_optimizer_update_is_a_step_readable_while_running(run_dir):
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     for update in range(3):
         for micro in range(2):  # two micro-batches accumulate into one update
             data, log_probs = _batch(seed=10 * update + micro)
-            ppo_loss(_config("tokengrad", "token-mean"), {"log_probs": log_probs}, data)[0].backward()
+            losses.ppo_loss(_config("tokengrad", "token-mean"), {"log_probs": log_probs}, data)[0].backward()
         opt.step()
     tg_verl.recording().recorder.flush()
     run = load_run(run_dir)  # the recording is still open

@@ -1,5 +1,6 @@
 """Probability buckets: which probability range of tokens makes the update (AR-Lopti arXiv 2505.12929
-Fig. 1)."""
+Fig. 1). First the run-wide answer from the token table (every run with tokens), then the recorded bucket
+analysis (runs with bucket_every), then per-token norms against probability and the rules' weight curves."""
 
 from __future__ import annotations
 
@@ -9,26 +10,70 @@ from app import data
 from app.views import common
 from tokengrad.figures.buckets import (
     BUCKET_LABELS,
+    RESIDUAL_HELP,
     make_bucket_dprob_figure,
     make_bucket_grad_norm_figure,
     make_bucket_share_figure,
     make_bucket_steps_figure,
-    make_grad_vs_prob_figure,
-    make_prob_histogram_figure,
     make_weight_curve_figure,
 )
+from tokengrad.figures.probability import (
+    make_grad_vs_prob_figure,
+    make_gradient_share_figure,
+    make_prob_histogram_figure,
+    scope_note,
+)
 from tokengrad.queries import ABS_COEF
-from tokengrad.schema import BIN, BUCKET, TOK
+from tokengrad.schema import BIN, BUCKET, DECILE_BUCKET_EDGES, DEFAULT_BUCKET_EDGES, TOK
 
 NO_BUCKETS = (
     "Record it with `Recorder(..., bucket_every=N)` or train with `bucket_every=N` "
     "(one extra backward per bucket on every N-th step)."
 )
 OVER_STEPS = (BUCKET.update_share, BUCKET.grad_norm, BUCKET.token_share, BUCKET.cos_to_total)
+EDGES = {"quarters": DEFAULT_BUCKET_EDGES, "tenths": DECILE_BUCKET_EDGES}
 GRAD_VALUES = {  # per-token norm -> how the (1 - p) references are scaled (see make_grad_vs_prob_figure)
     TOK.logit_grad_unit: "exact bounds: |d(-log p)/dlogits| per unit coef",
     TOK.logit_grad_norm: "references scaled by the mean |coef|: a guide, not a bound",
 }
+
+
+def _headline(run: str, step_range: tuple[int, int] | None) -> None:
+    """Each bucket's share of tokens vs its share of the gradient, run-wide, live steps only."""
+    name = common.run_name(run)
+    if not data.has_table(run, "tokens"):
+        common.empty(f"No token table in {name}.", common.NO_TOKENS)
+        return
+    edges = st.radio("Buckets", list(EDGES), horizontal=True, key="bk_edges")
+    shares = data.query(run, "gradient_by_bucket", edges=list(EDGES[edges]), step_range=step_range)
+    note = scope_note(shares.attrs.get("n_live", 0), shares.attrs.get("n_steps", 0), step_range)
+    if shares.attrs.get("source") == "prob_bins":
+        note += ", from the exact per-step histogram (prob_bins)"
+    common.chart(
+        make_gradient_share_figure(shares, title=f"Share of tokens vs share of the gradient: {name}<br>"
+                                                 f"<sup>{note}</sup>"),
+        "bk_headline", f"gradient_share_{name}", table=shares)
+    st.caption("Per loss token, its gradient is |coef| · |p − e_y| at the logits (logit_grad_norm, exact); a "
+               "bucket's share is its sum over the sum for all tokens of the live steps (steps whose every "
+               "advantage is 0 have no gradient and are left out). With per-token attribution recorded, "
+               "Σ update_share is the bucket's share of the update itself.")
+
+
+def _phase_options(run: str, buckets) -> dict:
+    """None (all updates) and each recorded update id, labelled (Lopti: which phase trains which tokens)."""
+    ids = sorted(int(u) for u in buckets[BUCKET.update_id].dropna().unique())
+    if len(ids) <= 1:
+        return {None: "all updates"}
+    weighting = data.meta(run).get("weighting") or {}
+    lopti = "lopti" in str(weighting.get("name", "")).lower()
+    low_first = (weighting.get("params") or {}).get("low_first", True)
+    names = {0: "low-probability tokens", 1: "high-probability tokens"}
+    if not low_first:
+        names = {0: names[1], 1: names[0]}
+    out = {None: "all updates"}
+    for u in ids:
+        out[u] = f"update {u}" + (f" (Lopti phase {u + 1}: {names[u]})" if lopti and u in names else "")
+    return out
 
 
 def _bucket_sections(run: str, step_range: tuple[int, int] | None) -> None:
@@ -37,27 +82,27 @@ def _bucket_sections(run: str, step_range: tuple[int, int] | None) -> None:
     if buckets.empty:
         common.empty(f"No bucket analysis in {name}.", NO_BUCKETS)
         return
+    phases = _phase_options(run, buckets)
+    update_id = None
+    if len(phases) > 1:
+        update_id = st.radio("Updates", list(phases), format_func=phases.get, horizontal=True,
+                             key="bk_update",
+                             help="Token and update shares always come from the same updates.")
+    kw = dict(update_id=update_id)
     c1, c2 = st.columns(2)
     with c1:
-        common.chart(
-            make_bucket_share_figure(buckets, step_range, title="Token share vs update share"),
-            "bk_share",
-            f"bucket_shares_{name}",
-        )
+        common.chart(make_bucket_share_figure(buckets, step_range, title="Token share vs update share", **kw),
+                     "bk_share", f"bucket_shares_{name}")
     with c2:
-        common.chart(
-            make_bucket_grad_norm_figure(buckets, step_range, title="Bucket gradient norm"),
-            "bk_norm",
-            f"bucket_grad_norm_{name}",
-        )
+        common.chart(make_bucket_grad_norm_figure(buckets, step_range, title="Bucket gradient norm", **kw),
+                     "bk_norm", f"bucket_grad_norm_{name}")
+    st.caption(f"{phases[update_id]}; {RESIDUAL_HELP}.")
     value = st.selectbox("Over steps", OVER_STEPS, format_func=BUCKET_LABELS.get, key="bk_value")
     shown = buckets if step_range is None else buckets[buckets[BUCKET.step].between(*step_range)]
-    common.chart(make_bucket_steps_figure(shown, value), "bk_steps", f"bucket_{value}_{name}")
+    common.chart(make_bucket_steps_figure(shown, value, **kw), "bk_steps", f"bucket_{value}_{name}")
     common.chart(
-        make_bucket_dprob_figure(buckets, step_range, title="Probability change after the update"),
-        "bk_dprob",
-        f"bucket_dprob_{name}",
-    )
+        make_bucket_dprob_figure(buckets, step_range, title="Probability change after the update", **kw),
+        "bk_dprob", f"bucket_dprob_{name}")
 
 
 def _token_sections(run: str, step_range: tuple[int, int] | None) -> None:
@@ -104,6 +149,10 @@ def render() -> None:
     runs = common.require_runs()
     run = common.pick_one(runs, "bk_run")
     step_range = common.step_range_ui(run, "bk_steps_range")
+    st.subheader("Which tokens carry the gradient")
+    with common.guard("Gradient by probability"):
+        _headline(run, step_range)
+    st.subheader("Bucket analysis (recorded every bucket_every steps)")
     with common.guard("Bucket analysis"):
         _bucket_sections(run, step_range)
     st.subheader("Per-token gradient norm by probability")

@@ -1,4 +1,4 @@
-"""Widgets and guards every page uses: the selected runs, charts with a download button, warnings.
+"""Widgets and guards every page uses: the selected runs, charts with image and CSV downloads, warnings.
 
 A page wraps each section in `guard("...")`: a failure there (a corrupt file, a table with unexpected
 columns) becomes a warning on that section and the rest of the page is still drawn.
@@ -10,12 +10,14 @@ import contextlib
 import re
 from pathlib import Path
 
+import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
 from app import data
 from app.views.sidebar import FORMAT_KEY, RUNS_KEY
 from tokengrad.figures.export import figure_to_bytes, find_browser
+from tokengrad.figures.tables import figure_table
 
 MIME = {"png": "image/png", "svg": "image/svg+xml", "html": "text/html"}
 DOWNLOAD_WIDTH, DOWNLOAD_HEIGHT = 1100, 500  # CSS px of a downloaded chart (PNG at 300 dpi scale)
@@ -117,18 +119,25 @@ def download_format() -> str:
     return fmt if fmt == "html" or find_browser() else "html"
 
 
-def chart(fig: go.Figure, key: str, name: str | None = None) -> None:
-    """Draw a figure full width with a download button under it (format chosen in the sidebar).
+def chart(fig: go.Figure, key: str, name: str | None = None, table: pd.DataFrame | None = None) -> None:
+    """Draw a figure full width with two download buttons under it: the image (format chosen in the
+    sidebar) and its data as CSV (`table`, else every plotted point, figures.tables.figure_table).
 
-    The file is built only when the button is clicked (deferred callable), so a page with many charts
+    The files are built only when a button is clicked (deferred callables), so a page with many charts
     does not pay for static export (~1-2 s per figure with kaleido) on every rerun."""
     st.plotly_chart(fig, width="stretch", key=f"chart_{key}")
     fmt = download_format()
     size = {"width": DOWNLOAD_WIDTH, "height": fig.layout.height or DOWNLOAD_HEIGHT}
+    stem = _slug(name or key)
     st.download_button(
         f"Download {fmt.upper()}", data=lambda: figure_to_bytes(fig, fmt, **size),
-        file_name=f"{_slug(name or key)}.{fmt}", mime=MIME[fmt], key=f"dl_{key}", on_click="ignore",
+        file_name=f"{stem}.{fmt}", mime=MIME[fmt], key=f"dl_{key}", on_click="ignore",
         icon=":material/download:", type="tertiary")
+    st.download_button(
+        "Download CSV",
+        data=lambda: (table if table is not None else figure_table(fig)).to_csv(index=False).encode("utf-8"),
+        file_name=f"{stem}.csv", mime="text/csv", key=f"csv_{key}", on_click="ignore",
+        icon=":material/table:", type="tertiary")
 
 
 def show_run_warnings(runs: list[str]) -> None:

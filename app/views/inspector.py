@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import streamlit as st
 
 from app import data
 from app.views import common
-from tokengrad.figures.overview import grad_norm_series, step_series
+from tokengrad.figures.gradnorms import run_grad_norms
+from tokengrad.figures.liveness import live_mask
 from tokengrad.figures.smoothing import find_spikes
 from tokengrad.figures.tokens import make_token_figure, token_html
 from tokengrad.schema import SAMPLE, STEP, TOK
@@ -18,21 +20,49 @@ RANK_BY = (TOK.logit_grad_norm, TOK.head_grad_norm, TOK.logit_grad_unit)
 SHARE = {"share": st.column_config.ProgressColumn("share", format="percent", min_value=0.0, max_value=1.0)}
 
 
-def _spike_steps(run: str) -> list[int]:
-    """Steps whose pre-clip gradient norm is a spike (layers total, else the steps table)."""
-    gn = grad_norm_series(data.table(run, "layers"))
-    if gn.empty:
-        gn = step_series(data.table(run, "steps"), STEP.grad_norm)
+def _grad_norms(run: str) -> pd.DataFrame:
+    """[step, grad_norm] of the whole model (layers total, else the steps table)."""
+    return run_grad_norms(data.table(run, "layers"), data.table(run, "steps"))
+
+
+def _spike_steps(gn: pd.DataFrame) -> list[int]:
+    """Steps whose pre-clip gradient norm is a spike among the live steps."""
     if gn.empty:
         return []
-    return [int(s) for s in gn[STEP.step].to_numpy()[find_spikes(gn[STEP.grad_norm].to_numpy())]]
+    values = gn[STEP.grad_norm].to_numpy()
+    live = np.flatnonzero(live_mask(values))
+    return [int(s) for s in gn[STEP.step].to_numpy()[live[find_spikes(values[live])]]]
 
 
-def _step_ui(run: str) -> int:
+def _ranges(steps: list[int]) -> str:
+    """'3-5, 7, 11' for [3, 4, 5, 7, 11]."""
+    out: list[list[int]] = []
+    for s in steps:
+        if out and s == out[-1][-1] + 1:
+            out[-1].append(s)
+        else:
+            out.append([s])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in out)
+
+
+def _largest_step(steps: list[int], per_step: pd.DataFrame, gn: pd.DataFrame) -> int:
+    """The token step with the largest gradient norm (recorded norm, else the summed token norms)."""
+    norms = gn.set_index(STEP.step)[STEP.grad_norm].reindex(steps) if not gn.empty else pd.Series(dtype=float)
+    if norms.notna().any() and norms.max() > 0:
+        return int(norms.idxmax())
+    sums = per_step.set_index(TOK.step)["grad_sum"].reindex(steps)
+    return int(sums.idxmax()) if sums.notna().any() and sums.max() > 0 else steps[-1]
+
+
+def _step_ui(run: str) -> tuple[int, bool]:
+    """The inspected step and whether it had a gradient."""
     steps = data.query(run, "token_steps")
-    spikes = [s for s in _spike_steps(run) if s in set(steps)]
-    if st.session_state.get("in_step") not in steps:  # first visit, or another run: a spike, else the last
-        st.session_state["in_step"] = spikes[0] if spikes else steps[-1]
+    per_step = data.query(run, "step_gradients")
+    live = {int(s) for s in per_step.loc[per_step["live"], TOK.step]}
+    gn = _grad_norms(run)
+    spikes = [s for s in _spike_steps(gn) if s in set(steps)]
+    if st.session_state.get("in_step") not in steps:  # first visit, or another run: the largest gradient
+        st.session_state["in_step"] = _largest_step(steps, per_step, gn)
     c1, c2 = st.columns([3, 2])
     if spikes:
         jump = c2.selectbox("Jump to a gradient-norm spike", ["-"] + spikes, key="in_spike")
@@ -40,10 +70,19 @@ def _step_ui(run: str) -> int:
             st.session_state["in_last_jump"] = jump
             st.session_state["in_step"] = jump
     else:
-        c2.caption("No gradient-norm spikes in this run.")
-    if len(steps) == 1:
-        return steps[0]
-    return int(c1.select_slider("Step", steps, key="in_step"))
+        c2.caption("No gradient-norm spikes among the live steps.")
+    if len(steps) > 1:
+        c1.select_slider("Step", steps, key="in_step",
+                         format_func=lambda s: f"{s} ●" if s in live else f"{s} (no gradient)",
+                         help="● marks steps with a gradient; the others had every advantage 0.")
+    c1.caption(f"Steps with a gradient (●): {_ranges(sorted(live)) or 'none'} — {len(live)} of {len(steps)}.")
+    step = int(st.session_state["in_step"]) if len(steps) > 1 else steps[0]
+    return step, step in live
+
+
+DEAD_STEP = ("Step {step} had no gradient: every advantage was 0 (each group's completions got the same "
+             "reward), so every token's coef and logit_grad_norm are 0 and there is nothing to rank. "
+             "Pick a step marked ● on the slider.")
 
 
 def _forensics(run: str, step: int) -> None:
@@ -97,11 +136,11 @@ def _forensics(run: str, step: int) -> None:
 
 
 def _pct(x) -> str:
-    return f"{x:.1%}" if pd.notna(x) else "n/a"  # NaN share: the step's gradient is 0
+    return f"{x:.1%}" if pd.notna(x) else "no gradient"  # undefined share: the step's gradient is 0
 
 
 def _num(x) -> str:
-    return f"{x:.3g}" if pd.notna(x) else "n/a"
+    return f"{x:.3g}" if pd.notna(x) else "not recorded"
 
 
 def _completion(run: str, step: int) -> None:
@@ -116,8 +155,8 @@ def _completion(run: str, step: int) -> None:
         for r in ranked.itertuples()
     }
     c1, c2 = st.columns([3, 2])
-    sample = c1.selectbox(
-        "Completion (ranked by gradient share)", list(labels), format_func=labels.get, key="in_sample"
+    sample = c1.selectbox(  # keyed by step: another step's completions never keep a stale label
+        "Completion (ranked by gradient share)", list(labels), format_func=labels.get, key=f"in_sample_{step}"
     )
     color_by = c2.selectbox("Colour tokens by", COLOR_BY, key="in_color")
     tokens = data.query(run, "sample_tokens", step=step, sample_id=sample)
@@ -145,10 +184,13 @@ def render() -> None:
     run = common.pick_token_run(runs, "in_run")
     if run is not None:
         with common.guard("Step"):
-            step = _step_ui(run)
+            step, live = _step_ui(run)
             st.subheader(f"Spike forensics: step {step}")
             with common.guard("Spike forensics"):
-                _forensics(run, step)
+                if live:
+                    _forensics(run, step)
+                else:
+                    st.info(DEAD_STEP.format(step=step), icon=":material/block:")
             st.subheader("Completion")
             with common.guard("Completion"):
                 _completion(run, step)

@@ -1,7 +1,9 @@
 """The sidebar every page shares: runs folder, run picker, live refresh and the download format.
 
 The chosen run directories go to Session State (key RUNS_KEY); pages read them with
-`app.views.common.selected_runs()`.
+`app.views.common.selected_runs()`. The picked runs' chips wear the run's colour (the one every chart
+gives it), and the picked runs are in the URL (urlstate). Live refresh watches the runs folder too: a run
+folder that appears while the page is open is listed and picked.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from pathlib import Path
 import streamlit as st
 
 from app import data
+from app.views import urlstate
 from tokengrad.dashboard import ALLOW_ANY_FLAG, confine, resolve_root
+from tokengrad.figures.style import run_colors
 
 ROOT_KEY = "tg_root"
 RUNS_KEY = "tg_runs"
@@ -23,6 +27,7 @@ LIVE_KEY = "tg_live"
 EVERY_KEY = "tg_live_every"
 FORMAT_KEY = "tg_download_format"
 _SIG_KEY = "tg_live_signature"
+_KNOWN_KEY = "tg_known_runs"
 DEFAULT_PICK = 4  # runs shown at first: enough to compare, few enough to read
 LIVE_INTERVALS_S = (2, 5, 10, 30)
 DOWNLOAD_FORMATS = ("png", "svg", "html")
@@ -65,47 +70,72 @@ def _runs_ui(root: str) -> list[str]:
         return []
     by_name = {Path(r).name: r for r in runs}
     names = list(by_name)
-    current = [n for n in st.session_state.get(PICK_KEY, names[:DEFAULT_PICK]) if n in by_name]
-    st.session_state[PICK_KEY] = current  # drop runs that vanished from the folder
+    known = st.session_state.get(_KNOWN_KEY)
+    new = [n for n in names if known is not None and n not in known]  # appeared since the last run
+    st.session_state[_KNOWN_KEY] = names
+    picked = st.session_state.get(PICK_KEY, names[:DEFAULT_PICK])
+    st.session_state[PICK_KEY] = [n for n in picked if n in by_name] + new  # drop vanished, add new runs
     picked = st.multiselect(
         "Runs",
         names,
         key=PICK_KEY,
         help="Pick several runs to overlay them; a run keeps its colour on every page.",
     )
+    _chip_colors(picked)
     st.session_state[RUNS_KEY] = [by_name[n] for n in picked]
     return st.session_state[RUNS_KEY]
 
 
-def _watch(run_dirs: list[str]) -> None:
-    """Poll the runs' file signatures; rerun the whole app only when a file changed.
+def _chip_colors(picked: list[str]) -> None:
+    """Colour the run picker's chips (tags carry the option as aria-label) with the runs' chart colours."""
+    colors = run_colors(picked)
+    rules = "".join(
+        f'[data-testid="stSidebar"] [data-tag][aria-label="{_css_string(name)}"]'
+        f"{{background-color:{colors[name]};color:#fff}}"
+        for name in picked
+    )
+    st.html(f"<style>{rules}</style>")
+
+
+def _css_string(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("<", "\\3c ")
+
+
+def _watch(root: str, run_dirs: list[str]) -> None:
+    """Poll the runs folder and the picked runs' file signatures; rerun the whole app only when a file
+    changed or a run folder appeared or vanished.
 
     Runs as a fragment with run_every (see _live_ui), so a poll redraws only this caption. The cached
     loaders are keyed on the same signatures, so the app rerun re-reads only the tables that changed."""
-    sig = data.live_signature(run_dirs)
+    sig = (tuple(data.runs_under(root)), data.live_signature(run_dirs))
     if st.session_state.get(_SIG_KEY) != sig:
         st.session_state[_SIG_KEY] = sig
         st.rerun(scope="app")
     st.caption(f"checked {time.strftime('%H:%M:%S')}")
 
 
-def _live_ui(run_dirs: list[str]) -> None:
-    live = st.toggle("Live refresh", key=LIVE_KEY, help="Re-read runs that are still being written.")
-    if not live or not run_dirs:
+def _live_ui(root: str, run_dirs: list[str]) -> None:
+    live = st.toggle("Live refresh", key=LIVE_KEY,
+                     help="Re-read runs that are still being written, and list new run folders.")
+    if not live:
         return
     every = st.select_slider("every (s)", LIVE_INTERVALS_S, value=5, key=EVERY_KEY)
-    st.session_state[_SIG_KEY] = data.live_signature(run_dirs)  # this run already shows these files
-    st.fragment(_watch, run_every=every)(run_dirs)
+    # this script run already shows these files and folders
+    st.session_state[_SIG_KEY] = (tuple(data.runs_under(root)), data.live_signature(run_dirs))
+    st.fragment(_watch, run_every=every)(root, run_dirs)
 
 
 def render() -> None:
     with st.sidebar:
         st.markdown("### tokengrad")
+        urlstate.restore()
         root = _root_ui()
         if root is None:
             st.session_state[RUNS_KEY] = []
         run_dirs = _runs_ui(root) if root else []
-        _live_ui(run_dirs)
+        urlstate.push()
+        if root:
+            _live_ui(root, run_dirs)
         st.radio(
             "Download charts as",
             DOWNLOAD_FORMATS,

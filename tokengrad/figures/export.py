@@ -2,9 +2,11 @@
 
     tokengrad export runs/grpo runs/tr_grpo --out figs --format pdf
 
-writes the papers' figure set (reward and gradient-norm trajectories, accuracy by difficulty, per-bucket
-update shares, gradient norm vs probability, high/low-probability word clouds, weight curves) in one style
-(figures.style.paper_style: 3.5 in columns / 7 in pages, paper fonts, no dashboard chrome).
+writes the papers' figure set (figures.figureset: reward, entropy and gradient-norm trajectories, accuracy
+by difficulty, weight curves; per run the share of tokens vs share of the gradient, bucket update shares,
+gradient norm vs probability, per-layer norms and high/low-probability word clouds) in one style
+(figures.style.paper_style: 3.5 in columns / 7 in pages, paper fonts, no dashboard chrome). PNGs carry
+their resolution (a pHYs chunk of 300 dpi), so they print at the intended size.
 
 Static images come from kaleido >= 1, which drives a separately installed Chrome/Chromium (Debian:
 `apt-get install -y chromium`); one browser renders the whole set. Without a browser the command says how
@@ -15,26 +17,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple
 
 import plotly.graph_objects as go
 
-from tokengrad.figures import (
-    make_accuracy_by_difficulty_figure,
-    make_bucket_steps_figure,
-    make_grad_norm_figure,
-    make_grad_vs_prob_figure,
-    make_metric_figure,
-    make_weight_curve_figure,
-)
-from tokengrad.figures.buckets import make_bucket_share_figure
-from tokengrad.figures.style import PNG_SCALE, paper_style
-from tokengrad.schema import BUCKET, STEP
+from tokengrad.figures.figureset import FigureSpec, build_figure_set, unique_names
+from tokengrad.figures.style import PNG_DPI, PNG_SCALE, paper_style
 
 STATIC_FORMATS = ("png", "svg", "pdf")
 BROWSER_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
@@ -48,13 +39,6 @@ _KOPTS = {"mathjax": False}  # no LaTeX in our figures; MathJax would be fetched
 
 class BrowserNotFoundError(RuntimeError):
     """No Chrome/Chromium for kaleido; the message says how to install one."""
-
-
-class FigureSpec(NamedTuple):
-    name: str  # file stem
-    figure: go.Figure
-    width: str = "column"  # figures.style.PAPER_WIDTHS key
-    height_in: float | None = None
 
 
 def find_browser() -> str | None:
@@ -117,7 +101,7 @@ def write_static(
     formats = [formats] if isinstance(formats, str) else list(formats)
     jobs, paths = [], []
     for spec in specs:
-        fig = paper_style(spec.figure, spec.width, spec.height_in)
+        fig = paper_style(spec.figure, spec.width, spec.height_in, keep_title=spec.keep_title)
         for fmt in formats:
             path = out_dir / f"{spec.name}.{fmt}"
             jobs.append({"fig": fig, "path": str(path), "opts": _opts(fig, fmt, None, None, None)})
@@ -125,7 +109,20 @@ def write_static(
     errors = kaleido.write_fig_from_object_sync(jobs, kopts={"path": _browser(), **_KOPTS})
     if errors:
         raise RuntimeError(f"kaleido failed on {len(errors)} figure(s): {errors[0]!r}")
+    for path in paths:
+        if path.suffix == ".png":
+            set_png_dpi(path)
     return paths
+
+
+def set_png_dpi(path: Path, dpi: int = PNG_DPI) -> None:
+    """Store the resolution in the PNG (pHYs chunk, pixels per metre) so viewers and TeX size it right;
+    kaleido writes none. Pillow rewrites the file losslessly."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        im.load()
+        im.save(path, format="PNG", dpi=(dpi, dpi))
 
 
 def write_html(specs: Sequence[FigureSpec], out_dir: Path) -> list[Path]:
@@ -133,92 +130,10 @@ def write_html(specs: Sequence[FigureSpec], out_dir: Path) -> list[Path]:
     paths = []
     for spec in specs:
         path = out_dir / f"{spec.name}.html"
-        paper_style(spec.figure, spec.width, spec.height_in).write_html(path, include_plotlyjs="directory")
+        fig = paper_style(spec.figure, spec.width, spec.height_in, keep_title=spec.keep_title)
+        fig.write_html(path, include_plotlyjs="directory")
         paths.append(path)
     return paths
-
-
-def _slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "run"
-
-
-def unique_names(runs: Sequence) -> dict[str, object]:
-    """run name -> run, names made unique with #2, #3 ... in order."""
-    out: dict[str, object] = {}
-    for run in runs:
-        name, i = run.name, 1
-        while name in out:
-            i += 1
-            name = f"{run.name}#{i}"
-        out[name] = run
-    return out
-
-
-def build_figure_set(
-    runs: Mapping[str, object],
-    *,
-    smoothing: float = 0.6,
-    low: tuple[float, float] = (0.0, 0.25),
-    high: tuple[float, float] = (0.75, 1.0),
-    step_range: tuple[int, int] | None = None,
-    max_words: int = 150,
-) -> tuple[list[FigureSpec], list[str]]:
-    """The papers' figures for runs keyed by name; returns (specs, notes on figures left out for lack of
-    data)."""
-    from tokengrad.figures.style import run_colors
-    from tokengrad.figures.wordclouds import make_high_low_wordcloud_figure
-    from tokengrad.queries import grad_norm_by_prob, token_frequencies
-
-    steps = {n: r.steps for n, r in runs.items()}
-    colors = run_colors(list(runs))  # one colour per run across the whole figure set
-    specs = [
-        FigureSpec("reward", make_metric_figure(steps, STEP.reward_mean, smoothing=smoothing, colors=colors)),
-        FigureSpec(
-            "grad_norm",
-            make_grad_norm_figure({n: r.layers for n, r in runs.items()}, smoothing=smoothing, colors=colors),
-        ),
-        FigureSpec(
-            "accuracy_by_difficulty",
-            make_accuracy_by_difficulty_figure({n: r.evals for n, r in runs.items()}, colors=colors),
-        ),
-        FigureSpec(
-            "weight_curves", make_weight_curve_figure({n: r.meta for n, r in runs.items()}, colors=colors)
-        ),
-    ]
-    for name, run in runs.items():
-        slug = _slug(name)
-        specs += [
-            FigureSpec(f"bucket_shares_{slug}", make_bucket_share_figure(run.buckets, step_range)),
-            FigureSpec(
-                f"bucket_update_share_{slug}",
-                make_bucket_steps_figure(run.buckets, BUCKET.update_share),
-                "page",
-            ),
-            FigureSpec(
-                f"grad_vs_prob_{slug}",
-                make_grad_vs_prob_figure(grad_norm_by_prob(run, step_range=step_range)),
-            ),
-            FigureSpec(
-                f"wordcloud_{slug}",
-                make_high_low_wordcloud_figure(
-                    token_frequencies(run, *high, step_range=step_range, limit=4 * max_words),
-                    token_frequencies(run, *low, step_range=step_range, limit=4 * max_words),
-                    titles=(f"p ≥ {high[0]:g}", f"p < {low[1]:g}"),
-                    width=1200,
-                    height=600,
-                    max_words=max_words,
-                ),
-                "page",
-                2.6,
-            ),
-        ]
-    kept = [s for s in specs if s.figure.data]
-    notes = [f"{s.name}: {_why_empty(s.figure)}" for s in specs if not s.figure.data]
-    return kept, notes
-
-
-def _why_empty(fig: go.Figure) -> str:
-    return fig.layout.annotations[0].text if fig.layout.annotations else "no data"
 
 
 def _parser() -> argparse.ArgumentParser:

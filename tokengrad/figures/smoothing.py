@@ -20,9 +20,10 @@ import pandas as pd
 
 # Iglewicz & Hoaglin (1993), "How to Detect and Handle Outliers": modified z-score
 # M_i = 0.6745 (x_i - median) / MAD, outlier when |M_i| > 3.5. 0.6745 = 1/1.4826 makes MAD estimate
-# the standard deviation of normal data; with MAD = 0 the scale falls back to 1.253314 * mean |x - median|.
+# the standard deviation of normal data. MAD = 0 means more than half of the values are identical: there is
+# no robust scale, and the mean-absolute-deviation fallback would call whatever differs from that value (the
+# largest steps) a spike, so no step is called a spike then (robust_threshold returns +inf).
 MAD_TO_SIGMA = 1.4826
-MEAN_AD_TO_SIGMA = 1.253314
 DEFAULT_SPIKE_K = 3.5
 
 
@@ -39,9 +40,11 @@ def debiased_ema(values, smoothing: float = 0.6) -> np.ndarray:
 
 
 def robust_threshold(values, k: float = DEFAULT_SPIKE_K) -> float:
-    """median + k * sigma_hat, sigma_hat = 1.4826 * MAD (or 1.2533 * mean abs deviation if MAD = 0).
+    """median + k * sigma_hat with sigma_hat = 1.4826 * MAD over the finite values.
 
-    Returns +inf when the series has no spread (nothing can be a spike) or no finite value.
+    Returns +inf when the MAD is 0 (more than half of the values equal the median: no robust scale, so
+    nothing is called a spike) or there is no finite value. Callers pass live steps only
+    (figures.liveness): a run's dead steps are all 0 and would make the MAD 0.
     """
     x = np.asarray(values, dtype=float)
     x = x[np.isfinite(x)]
@@ -50,8 +53,6 @@ def robust_threshold(values, k: float = DEFAULT_SPIKE_K) -> float:
     med = float(np.median(x))
     dev = np.abs(x - med)
     sigma = MAD_TO_SIGMA * float(np.median(dev))
-    if sigma == 0.0:
-        sigma = MEAN_AD_TO_SIGMA * float(dev.mean())
     return med + k * sigma if sigma > 0.0 else float("inf")
 
 

@@ -88,19 +88,26 @@ DASHBOARD_TEMPLATE = go.layout.Template(layout=go.Layout(
     margin=dict(l=60, r=20, t=60, b=50),
 ))
 
+# Paper font sizes in CSS px (96 per inch): 11 px = 8.25 pt text, 10 px = 7.5 pt ticks, the smallest that
+# stays readable in a 3.5 in column; at most PAPER_NTICKS ticks per axis so labels never collide.
+PAPER_FONT_PX, PAPER_TICK_PX, PAPER_NTICKS = 11, 10, 6
+PAPER_LEGEND = dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0,
+                    font=dict(size=PAPER_TICK_PX), bgcolor="rgba(255,255,255,0)")
 PAPER_TEMPLATE = go.layout.Template(layout=go.Layout(
-    font=dict(family=PAPER_FONT, size=10, color="black"),
+    font=dict(family=PAPER_FONT, size=PAPER_FONT_PX, color="black"),
     plot_bgcolor="white", paper_bgcolor="white",
-    xaxis=_axis(gridcolor="#E5E5E5", title=dict(standoff=4), tickfont=dict(size=9)),
-    yaxis=_axis(gridcolor="#E5E5E5", title=dict(standoff=4), tickfont=dict(size=9)),
-    legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="left", x=0, font=dict(size=9),
-                bgcolor="rgba(255,255,255,0)"),
-    margin=dict(l=48, r=8, t=28, b=38),
+    xaxis=_axis(gridcolor="#E5E5E5", title=dict(standoff=4), tickfont=dict(size=PAPER_TICK_PX)),
+    yaxis=_axis(gridcolor="#E5E5E5", title=dict(standoff=4), tickfont=dict(size=PAPER_TICK_PX)),
+    legend=PAPER_LEGEND,
+    margin=dict(l=52, r=10, t=30, b=40),
 ))
 
 
 def dashboard_layout(fig: go.Figure, title: str | None = None, **layout) -> go.Figure:
-    """Apply the dashboard template (in place) and return the figure."""
+    """Apply the dashboard template (in place) and return the figure. A two-line title (a subtitle after
+    <br>) gets the room above the legend row it needs."""
+    if title and "<br>" in title and "margin" not in layout:
+        layout["margin"] = dict(t=100)
     fig.update_layout(template=DASHBOARD_TEMPLATE, title=title, **layout)
     return fig
 
@@ -123,15 +130,19 @@ def paper_style(fig: go.Figure, width: str = "column", height_in: float | None =
     """
     out = go.Figure(fig)
     w, h = paper_size(width, height_in)
-    out.update_layout(template=PAPER_TEMPLATE, width=w, height=h, updatemenus=[], sliders=[])
-    if not keep_title:
-        out.update_layout(title=None)
-        out.update_layout(margin=dict(t=28 if out.layout.showlegend is not False else 10))
-    out.update_xaxes(rangeslider_visible=False, showline=True, linecolor="#444", ticks="outside",
-                     showgrid=False, tickfont=dict(size=9), title_font=dict(size=10))  # y grid only
-    out.update_yaxes(showline=True, linecolor="#444", ticks="outside", gridcolor="#E5E5E5",
-                     tickfont=dict(size=9), title_font=dict(size=10))
-    out.update_annotations(font_size=10)
+    out.update_layout(template=PAPER_TEMPLATE, width=w, height=h, updatemenus=[], sliders=[],
+                      legend=PAPER_LEGEND, hovermode="closest")
+    legend_px = 30 if out.layout.showlegend is not False else 10
+    if keep_title:  # the run's name, above the legend
+        out.update_layout(title=dict(font=dict(size=PAPER_FONT_PX), x=0.01, xanchor="left", y=0.99,
+                                     yanchor="top"), margin=dict(t=legend_px + 18))
+    else:
+        out.update_layout(title=None, margin=dict(t=legend_px))
+    ticks = dict(showline=True, linecolor="#444", ticks="outside", tickfont=dict(size=PAPER_TICK_PX),
+                 title_font=dict(size=PAPER_FONT_PX), nticks=PAPER_NTICKS)
+    out.update_xaxes(rangeslider_visible=False, showgrid=False, **ticks)  # y grid only
+    out.update_yaxes(gridcolor="#E5E5E5", **ticks)
+    out.update_annotations(font_size=PAPER_FONT_PX)
     return out
 
 

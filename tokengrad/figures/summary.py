@@ -12,13 +12,15 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from tokengrad.figures.overview import grad_norm_series, step_series
+from tokengrad.figures.curves import step_series
+from tokengrad.figures.gradnorms import run_grad_norms
+from tokengrad.figures.liveness import dead_mask, dead_note, live_mask
 from tokengrad.figures.smoothing import DEFAULT_SPIKE_K, find_spikes
 from tokengrad.schema import EVAL, STEP
 
 FINAL_FRACTION = 0.1  # "final" reward: mean over the last 10% of steps (at least one step)
 
-SUMMARY_COLUMNS = ("run", "rule", "params", "steps", "final_reward", "eval_accuracy",
+SUMMARY_COLUMNS = ("run", "rule", "params", "steps", "no_gradient", "final_reward", "eval_accuracy",
                    "grad_norm_cv", "spikes", "spike_steps")
 
 
@@ -62,26 +64,26 @@ def coefficient_of_variation(values) -> float:
 
 def summarize_run(name: str, meta: dict, steps: pd.DataFrame, layers: pd.DataFrame | None = None,
                   evals: pd.DataFrame | None = None, spike_k: float = DEFAULT_SPIKE_K) -> dict:
-    """One summary row. Gradient norms come from the layers table's total, else the steps table."""
+    """One summary row. Gradient norms come from the layers table's total, else the steps table; the CV
+    and the spikes are computed over live steps (figures.liveness), and no_gradient counts the others."""
     weighting = (meta or {}).get("weighting") or {}
-    gn = grad_norm_series(layers) if layers is not None else pd.DataFrame()
-    if gn.empty:
-        gn = step_series(steps, STEP.grad_norm)
-    gn_values = gn[STEP.grad_norm].to_numpy(dtype=float) if len(gn) else np.array([])
-    spikes = find_spikes(gn_values, spike_k)
+    gn = run_grad_norms(layers if layers is not None else pd.DataFrame(), steps)
+    values = gn[STEP.grad_norm].to_numpy(dtype=float) if len(gn) else np.array([])
+    live = np.flatnonzero(live_mask(values))
+    spikes = live[find_spikes(values[live], spike_k)]
     reward = step_series(steps, STEP.reward_mean)
     return {
         "run": name,
         "rule": weighting.get("name", ""),
         "params": format_params(weighting.get("params")),
         "steps": int(steps[STEP.step].nunique()) if len(steps) else 0,
+        "no_gradient": dead_note(int(dead_mask(values).sum()), int(np.isfinite(values).sum()))
+        if values.size else "",
         "final_reward": final_value(reward[STEP.reward_mean]),
         "eval_accuracy": final_eval_accuracy(evals),
-        "grad_norm_cv": coefficient_of_variation(gn_values),
+        "grad_norm_cv": coefficient_of_variation(values[live]),
         "spikes": int(spikes.size),
-        "spike_steps": ", ".join(str(int(s)) for s in gn[STEP.step].to_numpy()[spikes])
-        if spikes.size
-        else "",
+        "spike_steps": ", ".join(str(int(s)) for s in gn[STEP.step].to_numpy()[spikes]),
     }
 
 

@@ -5,8 +5,10 @@
                                                              # st.markdown(html, unsafe_allow_html=True)
     fig = make_token_figure(df, color_by="prob")             # the same as a plotly heatmap
 
-Hovering a token shows every value recorded for it. Signed values (coef, advantage) use a diverging
-scale centred on 0, probabilities a fixed [0, 1] scale, the rest a sequential scale over the data.
+Hovering a token shows every value recorded for it. Every scale is colour-blind safe (ColorBrewer's
+RdYlBu / RdBu diverging and single-hue sequential scales, no red-green pair): probabilities on a fixed
+[0, 1] red-yellow-blue scale, signed values (coef, advantage) diverging around 0, the PPO ratio diverging
+around 1 (no change), the rest a sequential scale over the data.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from tokengrad.figures.style import dashboard_layout, empty_figure
 from tokengrad.schema import TOK
 
 COLOR_SCALES = {
-    TOK.prob: "RdYlGn",
-    TOK.logprob: "RdYlGn",
+    TOK.prob: "RdYlBu",
+    TOK.logprob: "RdYlBu",
     TOK.weight: "Purples",
     TOK.coef: "RdBu",
     TOK.advantage: "RdBu",
@@ -34,6 +36,7 @@ COLOR_SCALES = {
     TOK.ratio: "RdBu",
 }
 SIGNED = frozenset({TOK.coef, TOK.advantage})
+CENTRES = {TOK.coef: 0.0, TOK.advantage: 0.0, TOK.ratio: 1.0}  # diverging scales: the neutral value
 FIXED_RANGES = {TOK.prob: (0.0, 1.0), TOK.logit_grad_unit: (0.0, float(np.sqrt(2.0)))}
 # Columns shown on hover, in this order, when present.
 HOVER_COLUMNS = (
@@ -61,17 +64,18 @@ WHITESPACE_SYMBOLS = {"\n": "↵", "\t": "⇥"}
 def color_range(
     values, column: str, vmin: float | None = None, vmax: float | None = None
 ) -> tuple[float, float]:
-    """(lo, hi) of the colour scale: fixed for prob, symmetric around 0 for signed columns, else data
-    range."""
+    """(lo, hi) of the colour scale: fixed for prob, symmetric around the neutral value for diverging
+    columns (0 for coef and advantage, 1 for the ratio), else the data range."""
     x = np.asarray(values, dtype=float)
     x = x[np.isfinite(x)]
     if column in FIXED_RANGES:
         lo, hi = FIXED_RANGES[column]
     elif x.size == 0:
         lo, hi = 0.0, 1.0
-    elif column in SIGNED or (x.min() < 0 < x.max() and column not in (TOK.logprob,)):
-        m = float(np.abs(x).max()) or 1.0
-        lo, hi = -m, m
+    elif column in CENTRES or (x.min() < 0 < x.max() and column not in (TOK.logprob,)):
+        c = CENTRES.get(column, 0.0)
+        m = float(np.abs(x - c).max()) or 1.0
+        lo, hi = c - m, c + m
     else:
         lo, hi = float(x.min()), float(x.max())
     lo, hi = (lo if vmin is None else vmin), (hi if vmax is None else vmax)
@@ -83,7 +87,7 @@ def token_colors(
 ) -> list[str | None]:
     """'rgb(r, g, b)' per value on the column's scale; None for missing values."""
     lo, hi = color_range(values, column, vmin, vmax)
-    scale = COLOR_SCALES.get(column, "RdBu" if column in SIGNED else "YlOrRd")
+    scale = COLOR_SCALES.get(column, "RdBu" if column in CENTRES else "YlOrRd")
     x = np.asarray(values, dtype=float)
     pos = np.clip((x - lo) / (hi - lo), 0.0, 1.0)
     ok = np.isfinite(pos)

@@ -8,7 +8,10 @@ Fig. 1 style).
 
 Token strings are cleaned for display: byte-level BPE markers (Ġ space, Ċ newline, ĉ tab) and the
 SentencePiece ▁ become whitespace, surrounding whitespace is stripped, and whitespace-only tokens are shown
-as ␣ / ↵ / ⇥ (or dropped with show_whitespace=False). Special tokens (<|im_end|>, </s>, ...) are dropped.
+as ␣ / ↵ / ⇥ (or dropped with show_whitespace=False). Special tokens (<|im_end|>, </s>, ...) are dropped;
+byte tokens that are not valid text on their own (<0xE2>, recorded by tokengrad's decoder) are kept as
+they are. Words are never rotated (a rotated '<' reads as 'V'). Clouds are sized by token count, or by the
+tokens' summed gradient (grad_sum, the sum of logit_grad_norm) with size_by="grad_sum".
 The font is found through matplotlib's font manager (DejaVu Sans, bundled with matplotlib), which draws
 symbols that wordcloud's bundled DroidSansMono renders as empty boxes.
 """
@@ -33,6 +36,8 @@ from tokengrad.schema import BIN, TOK
 MARKERS = {"Ġ": " ", "▁": " ", "Ċ": "\n", "ĉ": "\t"}  # byte-level BPE and SentencePiece (U+2581) markers
 WHITESPACE_SYMBOLS = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "↵"}
 SPECIAL_TOKEN = re.compile(r"^<\|?[A-Za-z0-9_./:-]*\|?>$|^</?s>$")  # <|im_end|>, <pad>, </s>, <|endoftext|>
+BYTE_TOKEN = re.compile(r"^(<0x[0-9A-F]{2}>)+$")  # undecodable bytes, shown as they are
+SIZE_BY = ("count", "grad_sum")
 DEFAULT_STOP_TOKENS: frozenset[str] = frozenset()
 HIGH_HUE, LOW_HUE = 210, 15  # blue for high-probability tokens, red-orange for low
 DEFAULT_FONT_FAMILY = "DejaVu Sans"
@@ -51,27 +56,31 @@ def clean_token(token: str, *, show_whitespace: bool = True) -> str | None:
 
 def prepare_frequencies(freqs: pd.DataFrame | Mapping[str, float], *, show_whitespace: bool = True,
                         stop_tokens: Iterable[str] = DEFAULT_STOP_TOKENS, drop_special: bool = True,
-                        max_words: int | None = 200) -> dict[str, float]:
-    """{display text: count} from (token, count) rows: cleaned, stop/special tokens dropped, merged.
+                        max_words: int | None = 200, size_by: str = BIN.count) -> dict[str, float]:
+    """{display text: size} from (token, count[, grad_sum]) rows: cleaned, stop/special tokens dropped,
+    merged; the size is the `size_by` column (count, or grad_sum: the tokens' summed gradient).
 
     Tokens that clean to the same text (e.g. 'Ġthe' and 'the') add up. A stop token matches either the
     raw or the cleaned text. Keeps the max_words largest.
     """
     if isinstance(freqs, pd.DataFrame):
-        missing = {TOK.token, BIN.count} - set(freqs.columns)
+        if size_by not in SIZE_BY:
+            raise ValueError(f"size_by must be one of {SIZE_BY}, got {size_by!r}")
+        missing = {TOK.token, size_by} - set(freqs.columns)
         if missing:
-            raise ValueError(f"frequency frame needs columns token, count; missing {sorted(missing)}")
-        pairs = zip(freqs[TOK.token], freqs[BIN.count])
+            raise ValueError(f"frequency frame needs columns token, {size_by}; missing {sorted(missing)}")
+        pairs = zip(freqs[TOK.token], freqs[size_by])
     else:
         pairs = freqs.items()
     stops = set(stop_tokens)
     out: dict[str, float] = {}
     for token, count in pairs:
         token = "" if token is None else str(token)
-        if token in stops or (drop_special and SPECIAL_TOKEN.match(token.strip())):
+        special = SPECIAL_TOKEN.match(token.strip()) and not BYTE_TOKEN.match(token.strip())
+        if token in stops or (drop_special and special):
             continue
         text = clean_token(token, show_whitespace=show_whitespace)
-        if text is None or text in stops or not count or count <= 0:
+        if text is None or text in stops or not count or not count > 0:
             continue
         out[text] = out.get(text, 0.0) + float(count)
     ranked = sorted(out.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -98,7 +107,7 @@ def _cloud(freqs: Mapping[str, float], width: int, height: int, hue: int, seed: 
     from wordcloud import WordCloud
 
     wc = WordCloud(width=width, height=height, background_color="white", font_path=font_path or find_font(),
-                   random_state=seed, color_func=_hue_color_func(hue), prefer_horizontal=0.95,
+                   random_state=seed, color_func=_hue_color_func(hue), prefer_horizontal=1.0,
                    max_words=max(len(freqs), 1), relative_scaling=0.5, collocations=False)
     return wc.generate_from_frequencies(dict(freqs))
 
@@ -125,7 +134,8 @@ def wordcloud_png(freqs: Mapping[str, float], *, width: int = 800, height: int =
 def make_wordcloud_figure(panels: Mapping[str, pd.DataFrame | Mapping[str, float]], *,
                           hues: Iterable[int] | None = None, width: int = 800, height: int = 400,
                           show_whitespace: bool = True, stop_tokens: Iterable[str] = DEFAULT_STOP_TOKENS,
-                          max_words: int = 200, seed: int = 0, title: str | None = None) -> go.Figure:
+                          max_words: int = 200, seed: int = 0, size_by: str = BIN.count,
+                          title: str | None = None) -> go.Figure:
     """One word cloud per panel (panel title -> (token, count) frame), side by side as go.Image traces.
 
     Each image is embedded as a PNG data URI (compact, and rendered by the browser and by kaleido).
@@ -140,7 +150,8 @@ def make_wordcloud_figure(panels: Mapping[str, pd.DataFrame | Mapping[str, float
     fig = make_subplots(rows=1, cols=len(panels), subplot_titles=list(panels), horizontal_spacing=0.02)
     for j, ((name, freqs), hue) in enumerate(zip(panels.items(), hues)):
         words = prepare_frequencies(
-            freqs, show_whitespace=show_whitespace, stop_tokens=stop_tokens, max_words=max_words
+            freqs, show_whitespace=show_whitespace, stop_tokens=stop_tokens, max_words=max_words,
+            size_by=size_by,
         )
         png = wordcloud_png(words, width=width, height=height, hue=hue, seed=seed)
         fig.add_trace(

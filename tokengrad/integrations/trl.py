@@ -32,6 +32,7 @@ statistics), trl_loss (TRL's clip definitions), trl_logs (step scalars), trl_wei
 
 from __future__ import annotations
 
+from tokengrad.integrations.trl_deepspeed import check_deepspeed, deepspeed_setup
 from tokengrad.integrations.trl_recording import SAMPLE_KEY, TRLRecording
 from tokengrad.integrations.trl_weighting import (
     NOT_A_GRADIENT_SCALE,
@@ -63,15 +64,20 @@ def attach(trainer, run_dir, *, weighting: str | None = None, weighting_params: 
         bucket_every: probability-bucket gradient analysis every N steps (0 = off; one extra backward per
             bucket on those steps).
         allow_untested_trl: try a TRL version outside `TESTED_TRL` instead of refusing it.
-        recorder_kwargs: passed to `tokengrad.Recorder` (layers, on_error, compact_every, ...).
+        recorder_kwargs: passed to `tokengrad.Recorder` (layers, on_error, compact_every, attribute_every,
+            attribute_method, token_budget, ...).
     """
     import trl
 
     check_trl_version(trl.__version__, allow_untested_trl)
     check_trainer(trainer)
+    check_deepspeed(deepspeed_setup(trainer), bucket_every)  # docs/deepspeed.md
     weighting_params = trainer_params(weighting, weighting_params, trainer)
     rule = resolve_weighting(weighting, weighting_params)
     warn_if_kl_scaled(weighting, trainer)
+    # TRL's fused LM head is a custom autograd.Function without a forward-mode derivative, so update
+    # shares inside TRL come from the central difference (two plain forwards) unless asked otherwise
+    recorder_kwargs.setdefault("attribute_method", "central_difference")
     tokenizer = getattr(trainer, "_tokenizer", None) or trainer.processing_class
     model_cfg = getattr(trainer.model, "config", None)
     rec = Recorder(
@@ -125,4 +131,7 @@ def check_trainer(trainer) -> None:
 
 def _run_config(trainer, trl_version: str) -> dict:
     args = trainer.args.to_dict() if hasattr(trainer.args, "to_dict") else dict(vars(trainer.args))
-    return {"integration": "trl", "trl_version": trl_version, "trainer": type(trainer).__name__, "args": args}
+    ds = deepspeed_setup(trainer)
+    extra = {} if ds is None else {"deepspeed": {"zero_stage": ds.zero_stage, "config": ds.config}}
+    return {"integration": "trl", "trl_version": trl_version, "trainer": type(trainer).__name__, "args": args,
+            **extra}

@@ -13,6 +13,7 @@ import warnings
 import torch
 from transformers import TrainerCallback
 
+from tokengrad.integrations.trl_deepspeed import DeepSpeedNorms, deepspeed_setup
 from tokengrad.integrations.trl_fused import FusedCapture, fused_token_stats
 from tokengrad.integrations.trl_logs import SUMMARY_KEYS, StepLogs, column
 from tokengrad.integrations.trl_loss import ClipSettings, clipped_tokens
@@ -51,6 +52,8 @@ class TRLRecording:
         self._patch(t, "_calculate_rewards", self._calculate_rewards)
         self._patch(t.accelerator, "clip_grad_norm_", self._clip_grad_norm)
         self._patch(t.accelerator, "backward", self._backward)
+        if deepspeed_setup(t) is not None:  # norms through DeepSpeed's API: .grad is partitioned
+            DeepSpeedNorms(self).install()
         self._fused.install()
         self._callback = _Callback(self)
         t.add_callback(self._callback)
@@ -167,11 +170,14 @@ class TRLRecording:
             logps, entropies = out[0], out[1]
             ids, mask = self._inputs["completion_ids"], self._inputs["completion_mask"]
             stats = fused_token_stats(logps, entropies, captured, ids, mask)
-            self._track(logps, stats, captured.head_input)
+            # attribution steps score the same micro-batch again with substituted parameters
+            again = lambda: orig(model, input_ids, attention_mask, logits_to_keep, *a, **k)[0]  # noqa: E731
+            self._track(logps, stats, captured.head_input, again)
             self._inputs = None  # one tracked pass per compute_loss call
         return out
 
-    def _track(self, logps: torch.Tensor, stats: TokenStats | None, hidden: torch.Tensor | None) -> None:
+    def _track(self, logps: torch.Tensor, stats: TokenStats | None, hidden: torch.Tensor | None,
+               recompute=None) -> None:
         inp = self._inputs
         mask = inp["completion_mask"]  # [B, T]
         loss_mask = mask * inp["tool_mask"] if "tool_mask" in inp else mask  # [B, T]
@@ -200,6 +206,7 @@ class TRLRecording:
             clipped=clipped_tokens(self.clip, logps, old, adv, loss_mask),
             update_id=self.update_id,
             extra=extra,
+            recompute=recompute,
         )
         self._accumulating = True
 

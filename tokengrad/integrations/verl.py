@@ -17,12 +17,14 @@ weighting rule acts as a per-token scale of dL/dlog pi_t in backward, as in the 
 Each process writes its own rank's files into one run directory: $TOKENGRAD_RUN_DIR (on storage shared by
 all nodes; default ./tokengrad_runs/verl). One tokengrad step is one optimizer update of the actor
 (a `train_batch` of verl's engine: one PPO mini-batch), closed by torch's global optimizer-step hook.
-docs/verl.md lists what is recorded and what this seam cannot see (token ids, rewards, block norms).
+docs/verl.md lists what is recorded and what this seam cannot see (rewards, entropy, block norms).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextvars
+import functools
 import os
 import threading
 
@@ -33,9 +35,11 @@ from tokengrad.train.weighting import TokenBatch
 
 TESTED_VERL = ("0.9", "0.10")  # [lowest, first untested) minor versions; keep in step with the `verl` extra
 RUN_DIR_ENV = "TOKENGRAD_RUN_DIR"
+BUDGET_ENV = "TOKENGRAD_TOKEN_BUDGET"  # token rows per step and rank (Recorder token_budget); unset = all
 DEFAULT_RUN_DIR = os.path.join("tokengrad_runs", "verl")
 LOSS_PREFIX = "tokengrad"
-UNKNOWN_TOKEN = -1  # token_id of every row: verl's policy-loss seam passes log-probs, not token ids
+# [B, T] response token ids of the micro-batch in verl's loss entry (the policy loss gets log-probs only)
+_RESPONSES: contextvars.ContextVar = contextvars.ContextVar("tokengrad_verl_responses", default=None)
 SAMPLE_STRIDE = 1 << 32  # sample_id = rank * SAMPLE_STRIDE + row: unique over ranks within a step
 
 
@@ -56,13 +60,14 @@ def register_losses() -> list[str]:
     import verl
     from verl.trainer.ppo import core_algos
 
-    from tokengrad.integrations.trl import supported_weightings
+    from tokengrad.integrations.trl_weighting import supported_weightings
 
     if not check_verl_version(verl.__version__):
         raise RuntimeError(
             f"tokengrad's verl integration is tested with verl>={TESTED_VERL[0]},<{TESTED_VERL[1]} but verl "
             f"{verl.__version__} is installed; its policy-loss signature may differ. Install tokengrad[verl]."
         )
+    _wrap_loss_entry()
     names = []
     for rule in [None, *supported_weightings()]:
         name = loss_name(rule)
@@ -72,9 +77,35 @@ def register_losses() -> list[str]:
     return names
 
 
+def _wrap_loss_entry() -> None:
+    """verl's actor loss entry, `verl.workers.utils.losses.ppo_loss`, wrapped so a tokengrad policy loss can
+    read the micro-batch's response ids (it receives only log-probs). The plugin runs at `import verl`,
+    before `verl.workers.engine_workers` binds `ppo_loss`; other loss modes pass straight through."""
+    from verl.workers.utils import losses
+
+    entry = losses.ppo_loss
+    if getattr(entry, "_tokengrad", False):
+        return
+
+    @functools.wraps(entry)
+    def ppo_loss(config, model_output, data, *args, **kwargs):
+        mode = str(config.policy_loss.get("loss_mode", "vanilla"))
+        if not mode.startswith(LOSS_PREFIX) or "responses" not in data.keys():
+            return entry(config, model_output, data, *args, **kwargs)
+        resp = data["responses"]
+        token = _RESPONSES.set(resp.to_padded_tensor(0) if resp.is_nested else resp)  # [B, R]
+        try:
+            return entry(config, model_output, data, *args, **kwargs)
+        finally:
+            _RESPONSES.reset(token)
+
+    ppo_loss._tokengrad = True
+    losses.ppo_loss = ppo_loss
+
+
 def make_policy_loss(rule: str | None):
     """A verl PolicyLossFn: verl's vanilla PPO loss on the tracked (and, with a rule, rescaled) log_prob."""
-    from tokengrad.integrations.trl import resolve_weighting
+    from tokengrad.integrations.trl_weighting import resolve_weighting
 
     resolved = resolve_weighting(rule, None)
 
@@ -113,13 +144,15 @@ class VerlRecording:
     def __init__(self, run_dir: str | os.PathLike, rule: str | None):
         import verl
 
-        from tokengrad.integrations.trl import _weighting_meta
+        from tokengrad.integrations.trl_weighting import weighting_meta
 
-        meta = _weighting_meta(rule, None)
+        meta = weighting_meta(rule, None)
+        budget = os.environ.get(BUDGET_ENV)
         self.recorder = Recorder(
             run_dir,
             config={"integration": "verl", "verl_version": verl.__version__, "loss_mode": loss_name(rule)},
             weighting=meta,
+            token_budget=int(budget) if budget else None,
         ).open()
         self.rule = rule
         self.step = None
@@ -136,12 +169,19 @@ class VerlRecording:
                 self.step = self.recorder.begin_step(self.next_step)
                 self._rows = 0
             n, t = log_prob.shape
+            ids = _RESPONSES.get()
+            if ids is None or tuple(ids.shape) != (n, t):
+                raise RuntimeError(
+                    f"tokengrad's verl loss needs the response ids of its micro-batch [{n}, {t}] from verl's "
+                    f"loss entry (verl.workers.utils.losses.ppo_loss, wrapped when verl loads the plugin); "
+                    f"got {None if ids is None else tuple(ids.shape)}. Call it through that entry."
+                )
             first = self.recorder.rank * SAMPLE_STRIDE + self._rows
             self._rows += n
             sid = torch.arange(first, first + n, device=log_prob.device)  # [B]
             self.step.track(
                 log_prob,
-                token_ids=torch.full((n, t), UNKNOWN_TOKEN, dtype=torch.long, device=log_prob.device),
+                token_ids=ids.to(log_prob.device),
                 mask=response_mask,
                 old_logprobs=old_log_prob,
                 advantages=advantages,

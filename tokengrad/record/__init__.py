@@ -4,9 +4,10 @@ into the run format (`tokengrad.schema`). Needs torch; never imports the trainer
     from tokengrad.record import Recorder, logprobs_with_stats, token_stats
 """
 
+from tokengrad.record.budget import Budget
 from tokengrad.record.fused_logprobs import logprobs_with_stats
 from tokengrad.record.recorder import Recorder
 from tokengrad.record.stats import TokenStats, token_stats
 from tokengrad.record.step_recorder import StepRecorder
 
-__all__ = ["Recorder", "StepRecorder", "TokenStats", "logprobs_with_stats", "token_stats"]
+__all__ = ["Budget", "Recorder", "StepRecorder", "TokenStats", "logprobs_with_stats", "token_stats"]

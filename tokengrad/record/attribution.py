@@ -84,7 +84,11 @@ def jvp_logprobs(model: torch.nn.Module, recompute: Recompute, tangents: dict[st
     with fwAD.dual_level(), torch.no_grad(), _math_attention():
         duals = {n: fwAD.make_dual(p.detach(), tangents[n].to(p.dtype)) if n in tangents else p.detach()
                  for n, p in named.items()}
-        out = _run_at(model, recompute, duals)
+        try:
+            out = _run_at(model, recompute, duals)
+        except NotImplementedError as err:  # e.g. a custom autograd.Function without jvp (fused kernels)
+            raise RuntimeError(f"forward-mode AD cannot pass through this model's recompute(): {err} Use "
+                               f"attribute_method='central_difference' (plain forwards).") from err
         primal, tangent = fwAD.unpack_dual(out)
         if tangent is None:  # log pi does not depend on any parameter with a tangent
             tangent = torch.zeros_like(primal)

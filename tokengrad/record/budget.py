@@ -126,66 +126,89 @@ def _sample_sequences(passes: list, quota: int, step: int, rank: int, seed: int)
 
 
 # ---- exact aggregates --------------------------------------------------------------------------------
+# Grouped sums use one bincount over every [N, T] position, masked-out positions sent to a spare last bin:
+# no boolean gathers of the large tensors, and no sort (torch.unique) over millions of tokens.
+def _masked_sum(t: torch.Tensor, m: torch.Tensor) -> tuple[float, int]:
+    """(sum, count) of the finite entries of t where m ([N, T] each)."""
+    ok = m & torch.isfinite(t)
+    return float(torch.where(ok, t.double(), 0.0).sum()), int(ok.sum())
+
+
+def _distinct_tokens(passes: list, sel: list[torch.Tensor]) -> int:
+    """Loss tokens counted once over passes (a token tracked in several passes, mu > 1 or Lopti phases)."""
+    ids = torch.cat([p.sample_ids for p in passes])                                 # [sum N] small
+    if torch.unique(ids).numel() == ids.numel():  # no sequence in two passes: a plain count
+        return int(sum(int(m.sum()) for m in sel))
+    keys = [p.sample_ids.unsqueeze(1).expand_as(m)[m] * (1 << 32) + m.nonzero()[:, 1]   # (sample, position)
+            for p, m in zip(passes, sel)]
+    return int(torch.unique(torch.cat(keys)).numel())
+
+
 def step_aggregates(passes: list, values: list[dict]) -> dict[str, float]:
     """The steps table's token statistics over all loss tokens (as rows.step_derived on all rows)."""
     sel = [p.in_loss & p.mask for p in passes]
-    out: dict[str, float] = {}
-    keys = [p.sample_ids.unsqueeze(1).expand_as(m)[m] * (1 << 32) + m.nonzero()[:, 1]   # (sample, position)
-            for p, m in zip(passes, sel)]
-    out["n_tokens"] = int(torch.unique(torch.cat(keys)).numel()) if keys else 0
-    out["n_nonfinite"] = int(sum(int((~torch.isfinite(t[p.mask])).sum()) for p, v in zip(passes, values)
+    out: dict[str, float] = {"n_tokens": _distinct_tokens(passes, sel)}
+    out["n_nonfinite"] = int(sum(int((~torch.isfinite(t) & p.mask).sum()) for p, v in zip(passes, values)
                                  for k, t in v.items() if not k.startswith("_") and k != "abs_coef"
                                  and t.is_floating_point()))
 
-    def cat(name):
-        parts = [v[name][m] for v, m in zip(values, sel) if name in v]
-        return torch.cat(parts).double() if parts else torch.empty(0, dtype=torch.float64)
+    def mean(name):
+        parts = [_masked_sum(v[name], m) for v, m in zip(values, sel) if name in v]
+        n = sum(c for _, c in parts)
+        return (sum(s for s, _ in parts) / n if n else math.nan), bool(parts)
 
-    ent, w = cat("entropy"), cat("weight")
-    out["entropy_mean"] = _nanmean(ent)
-    if w.numel():
-        fin = w[torch.isfinite(w)]
-        out.update(weight_mean=_nanmean(w), weight_min=float(fin.min()) if fin.numel() else math.nan,
-                   weight_max=float(fin.max()) if fin.numel() else math.nan)
-    clipped = [p.clipped[m] for p, m in zip(passes, sel) if p.clipped is not None]
+    out["entropy_mean"] = mean("entropy")[0]
+    w_mean, has_w = mean("weight")
+    if has_w:
+        inf = torch.tensor(math.inf)
+        lo = min(float(torch.where(m & torch.isfinite(v["weight"]), v["weight"], inf).min())
+                 for v, m in zip(values, sel))
+        hi = max(float(torch.where(m & torch.isfinite(v["weight"]), v["weight"], -inf).max())
+                 for v, m in zip(values, sel))
+        out.update(weight_mean=w_mean, weight_min=lo if math.isfinite(lo) else math.nan,
+                   weight_max=hi if math.isfinite(hi) else math.nan)
+    clipped = [(int((p.clipped & m).sum()), int(m.sum()))
+               for p, m in zip(passes, sel) if p.clipped is not None]
     if clipped:
-        c = torch.cat(clipped)
-        out["clip_frac"] = float(c.float().mean()) if c.numel() else math.nan
+        n = sum(c for _, c in clipped)
+        out["clip_frac"] = sum(k for k, _ in clipped) / n if n else math.nan
     return out
 
 
-def _nanmean(x: torch.Tensor) -> float:
-    x = x[torch.isfinite(x)]
-    return float(x.mean()) if x.numel() else math.nan
-
-
-def _sign(v: dict, m: torch.Tensor) -> torch.Tensor:
+def _sign_index(v: dict, like: torch.Tensor) -> torch.Tensor:
+    """[N, T] 0, 1, 2 for negative, zero, positive advantage (1 without advantages)."""
     adv = v.get("advantage")
-    return torch.zeros(int(m.sum()), dtype=torch.long, device=m.device) if adv is None else \
-        torch.sign(adv[m]).long()
+    return torch.ones_like(like, dtype=torch.long) if adv is None else torch.sign(adv).long() + 1
+
+
+def _grouped(key: torch.Tensor, m: torch.Tensor, n_keys: int, weights: torch.Tensor | None = None
+             ) -> torch.Tensor:
+    """Per-key sums (or counts) over the positions in m; [N, T] inputs -> [n_keys] float64 on the CPU."""
+    k = torch.where(m, key, n_keys).flatten()
+    w = None if weights is None else torch.nan_to_num(weights.double(), nan=0.0).flatten()
+    return torch.bincount(k, weights=w, minlength=n_keys + 1)[:n_keys].double().cpu()
 
 
 def prob_bin_rows(passes: list, values: list[dict], n_bins: int, step: int, rank: int) -> list[dict]:
     """One row per (update_id, probability bin, advantage sign) with loss tokens: count and the sums of
-    PROB_BIN_SUMS (None where the value was not recorded)."""
+    PROB_BIN_SUMS (None where the value was not recorded; NaN values count as 0)."""
     edges = torch.linspace(0.0, 1.0, n_bins + 1, dtype=torch.float64)
-    rows = []
+    rows, n_keys = [], n_bins * 3
     for u in sorted({p.update_id for p in passes}):
-        n_keys = n_bins * 3
         acc = torch.zeros(1 + len(PROB_BIN_SUMS), n_keys, dtype=torch.float64)
         have = set()
         for p, v in zip(passes, values):
             if p.update_id != u:
                 continue
             m = p.in_loss & p.mask                                                  # [N, T]
-            prob = v["prob"][m].double()                                            # [M]
+            prob = v["prob"].double()
             b = torch.bucketize(prob, edges[1:-1].to(prob.device), right=True).clamp(0, n_bins - 1)
-            key = (b * 3 + _sign(v, m) + 1).cpu()                                   # [M]
-            acc[0] += torch.bincount(key, minlength=n_keys).double()
+            key = b * 3 + _sign_index(v, b)                                         # [N, T]
+            acc[0] += _grouped(key, m, n_keys)
             for j, name in enumerate(PROB_BIN_SUMS):
                 if name in v:
                     have.add(name)
-                    acc[1 + j] += torch.bincount(key, weights=v[name][m].double().cpu(), minlength=n_keys)
+                    acc[1 + j] += _grouped(key, m, n_keys, v[name])
         for key in acc[0].nonzero().squeeze(1).tolist():
             b, s = divmod(key, 3)
             row = dict(step=step, rank=rank, update_id=u, lo=float(edges[b]), hi=float(edges[b + 1]),
@@ -204,43 +227,40 @@ def vocab_arrays(passes: list, values: list[dict], edges: tuple[float, ...], top
     sel = [p.in_loss & p.mask for p in passes]
     if not any(bool(m.any()) for m in sel):
         return {}
-    tok = torch.cat([p.token_ids[m].long() for p, m in zip(passes, sel)])           # [M]
-    sign = torch.cat([_sign(v, m) for v, m in zip(values, sel)])
-    inner = torch.tensor(edges[1:-1], dtype=torch.float64)
-    prob = torch.cat([v["prob"][m].double() for v, m in zip(values, sel)])
-    bucket = torch.bucketize(prob, inner.to(prob.device), right=True)
-
-    def col(name):
-        if not all(name in v for v in values):
-            return None
-        return torch.cat([v[name][m].double() for v, m in zip(values, sel)])
-
-    share, lgn = col("update_share"), col("logit_grad_norm")
-    uniq, inv = torch.unique(tok, return_inverse=True)
-    count = torch.bincount(inv, minlength=len(uniq))
-    mass_src = share.abs() if share is not None else lgn
-    keep = set(torch.topk(count.double(), min(top, len(uniq))).indices.tolist())
-    if mass_src is not None:
-        mass = torch.bincount(inv, weights=torch.nan_to_num(mass_src), minlength=len(uniq))
-        keep |= set(torch.topk(mass, min(top, len(uniq))).indices.tolist())
-    kept = torch.zeros(len(uniq), dtype=torch.bool, device=tok.device)
-    kept[torch.tensor(sorted(keep), dtype=torch.long, device=tok.device)] = True
-    m = kept[inv]
-    nb = len(edges) - 1
-    key = (inv[m] * 3 + sign[m] + 1) * nb + bucket[m]                                 # [M_kept]
-    ukey, kinv = torch.unique(key, return_inverse=True)
-
-    def sums(x):
-        return None if x is None else torch.bincount(kinv, weights=x[m], minlength=len(ukey)).cpu().numpy()
-
-    tid = uniq[ukey // (3 * nb)].cpu().numpy()
-    rest = (ukey % (3 * nb)).cpu().numpy()
-    b = rest % nb
-    e = np.asarray(edges)
-    return {"token_id": tid.astype(np.int32), "adv_sign": (rest // nb - 1).astype(np.int8),
+    n_vocab = 1 + max(int(p.token_ids[m].max()) for p, m in zip(passes, sel) if bool(m.any()))
+    has = {n: all(n in v for v in values) for n in ("update_share", "logit_grad_norm")}
+    rank_by = "update_share" if has["update_share"] else "logit_grad_norm" if has["logit_grad_norm"] else None
+    count = sum(_grouped(p.token_ids.long(), m, n_vocab) for p, m in zip(passes, sel))   # [V]
+    keep = set(torch.topk(count, min(top, int((count > 0).sum()))).indices.tolist())
+    if rank_by is not None:
+        mass = sum(_grouped(p.token_ids.long(), m, n_vocab, v[rank_by].abs())
+                   for p, v, m in zip(passes, values, sel))
+        keep |= set(torch.topk(mass, min(top, int((count > 0).sum()))).indices.tolist())
+    kept = torch.tensor(sorted(keep), dtype=torch.long)
+    slot = torch.full((n_vocab,), -1, dtype=torch.long)
+    slot[kept] = torch.arange(len(kept))                                           # token -> kept index
+    nb, inner = len(edges) - 1, torch.tensor(edges[1:-1], dtype=torch.float64)
+    n_keys = len(kept) * 3 * nb
+    cols = {c: torch.zeros(n_keys, dtype=torch.float64)
+            for c in ("n", "sum_prob", "update_share", "logit_grad_norm")}
+    for p, v, m in zip(passes, values, sel):
+        s = slot.to(p.token_ids.device)[p.token_ids.long()]                        # [N, T]
+        bucket = torch.bucketize(v["prob"].double(), inner.to(s.device), right=True)
+        key = (s * 3 + _sign_index(v, s)) * nb + bucket
+        mk = m & (s >= 0)
+        cols["n"] += _grouped(key, mk, n_keys)
+        cols["sum_prob"] += _grouped(key, mk, n_keys, v["prob"])
+        for c in ("update_share", "logit_grad_norm"):
+            if has[c]:
+                cols[c] += _grouped(key, mk, n_keys, v[c])
+    nz = cols["n"].nonzero().squeeze(1)
+    tok, rest = kept[nz // (3 * nb)], nz % (3 * nb)
+    b, e = (rest % nb).numpy(), np.asarray(edges)
+    return {"token_id": tok.numpy().astype(np.int32), "adv_sign": (rest // nb - 1).numpy().astype(np.int8),
             "lo": e[b].astype(np.float32), "hi": e[b + 1].astype(np.float32),
-            "n_tokens": torch.bincount(kinv, minlength=len(ukey)).cpu().numpy().astype(np.int64),
-            "sum_prob": sums(prob), "sum_update_share": sums(share), "sum_logit_grad_norm": sums(lgn)}
+            "n_tokens": cols["n"][nz].numpy().astype(np.int64), "sum_prob": cols["sum_prob"][nz].numpy(),
+            "sum_update_share": cols["update_share"][nz].numpy() if has["update_share"] else None,
+            "sum_logit_grad_norm": cols["logit_grad_norm"][nz].numpy() if has["logit_grad_norm"] else None}
 
 
 # ---- moving the kept rows to the host ----------------------------------------------------------------

@@ -90,6 +90,7 @@ class Recorder:
         token_budget: at most this many token rows per step and rank (None = all): whole sampled
             sequences plus the largest |update_share| (else gradient norm) tokens, flagged in
             `selected_by`; steps, buckets, prob_bins and vocab stay exact over all tokens (record/budget.py).
+            A `tokengrad.record.budget.Budget` sets the sequence fraction, bins and vocab size too.
         trackers: `tokengrad.integrations.trackers` backends (TensorBoard, W&B) that get each step's
             aggregates live, from rank 0 only (docs/trackers.md).
     """
@@ -113,7 +114,7 @@ class Recorder:
         attribute_method: str = "jvp",
         attribute_eps: float | None = None,
         attribute_applied: bool = True,
-        token_budget: int | None = None,
+        token_budget: "int | Budget | None" = None,
         trackers=(),
         temperature: float | None = None,
     ):
@@ -124,7 +125,8 @@ class Recorder:
         self.bucket_every = int(bucket_every)
         self.attribute_every, self.attribute_method = _attribution_args(attribute_every, attribute_method)
         self.attribute_eps, self.attribute_applied = attribute_eps, bool(attribute_applied)
-        self.budget = Budget(token_budget) if token_budget is not None else None
+        self.budget = (token_budget if isinstance(token_budget, Budget) or token_budget is None
+                       else Budget(token_budget))
         self.bucket_edges = validate_edges(bucket_edges)
         self.layers = layers
         self.rank, self.world_size = _dist_rank_world()

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tokengrad import schema
+from tokengrad.record.token_text import piece_text
 
 # Labels of tokens.selected_by, by the codes record.budget uses.
 SELECTED_BY = ("all", "sequence", "top_update_share", "top_grad_norm", "top_abs_coef")
@@ -83,7 +84,7 @@ class TokenDecoder:
     def _decode(self, i: int) -> str | None:
         """One id's text; an id the tokenizer cannot decode keeps its row, with a null `token` (warned)."""
         try:
-            return self.tokenizer.decode([i])
+            return piece_text(self.tokenizer, i)  # bytes that are no text alone read <0xNN>
         except Exception as err:  # noqa: BLE001 - tokenizers raise many types; the row matters more
             warnings.warn(
                 f"tokengrad: the tokenizer cannot decode token id {i} ({type(err).__name__}: {err}); "
@@ -149,6 +150,8 @@ def step_derived(batches: list[CapturedBatch]) -> dict[str, float]:
     """Step statistics that follow from the token rows (used when the caller did not log them)."""
     if not batches:
         return {"n_tokens": 0, "n_nonfinite": 0}
+    if any(b.index is not None for b in batches):  # a budget's sample: record.budget computed them exactly
+        return {}
     sel = [(b, b.in_loss & b.mask) for b in batches]
 
     def cat(name):

@@ -251,12 +251,9 @@ class StepRecorder:
             total, blocks = global_grad_norms(self.rec.model, self.rec.layers)
         else:  # one process or DDP (already all-reduced): read locally
             total, blocks = grad_norms(named, self.rec.layers)
-        self._update_norms[update_id] = total
         if self.attribution is not None:  # shares along g, read before clipping changes .grad
             self.attribution.on_gradient(self._passes, update_id, total * total)
-        rows = [{"layer": schema.TOTAL_LAYER, "grad_norm": total}]
-        rows += [{"layer": b, "grad_norm": v} for b, v in blocks.items()]
-        self._layer_rows += [dict(r, step=self.step, rank=self.rec.rank, update_id=update_id) for r in rows]
+        self.add_grad_norms(total, blocks, update_id)
         if update_id in self._bucket_state:
             self._finish_buckets(
                 update_id, [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in named]
@@ -266,6 +263,13 @@ class StepRecorder:
                                                    self.rec.rank, named[0][1].device if named else "cpu")
         self._t_record += time.perf_counter() - t
         return total
+
+    def add_grad_norms(self, total: float, blocks: dict[str, float], update_id: int = 0) -> None:
+        """Record norms read elsewhere (e.g. through DeepSpeed's API, where `.grad` is partitioned)."""
+        self._update_norms[update_id] = total
+        rows = [{"layer": schema.TOTAL_LAYER, "grad_norm": total}]
+        rows += [{"layer": b, "grad_norm": v} for b, v in blocks.items()]
+        self._layer_rows += [dict(r, step=self.step, rank=self.rec.rank, update_id=update_id) for r in rows]
 
     def clip_grad_norm_(self, max_norm: float, update_id: int = 0) -> float:
         """record_grad_norms() then clip with the same total norm, reading the gradients once (the same

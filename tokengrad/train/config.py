@@ -73,6 +73,11 @@ def _scales() -> Mapping:
     return ADVANTAGE_SCALES
 
 
+def _attribution_methods() -> Mapping:
+    from tokengrad.record.attribution import ATTRIBUTION_METHODS
+    return ATTRIBUTION_METHODS
+
+
 def _importable(modules: list) -> str | None:
     """Import each plugin module (once; Python caches imports) so that its registrations exist."""
     import importlib
@@ -164,6 +169,12 @@ class TrainConfig:
     eval_per_difficulty: int = _f(10, "held-out problems per difficulty level", _at_least(1))
     bucket_every: int = _f(0, "probability-bucket gradient analysis every N steps "
                            "(0 = off; one extra backward per bucket)", _at_least(0))
+    attribute_every: int = _f(0, "every N steps each token's exact share of its update (update_share, one "
+                              "forward-mode pass per micro-batch; 0 = off)", _at_least(0))
+    attribute_method: str = _f("jvp", "how update shares are computed: jvp (exact) or central_difference",
+                               _one_of(_attribution_methods))
+    token_budget: int = _f(0, "at most this many token rows per step and rank, aggregates kept exact "
+                           "(0 = record every token)", _at_least(0))
     checkpoint: bool = _f(True, "save RUN/checkpoint (weights, tokenizer, optimizer state) after the "
                           "last step, for resume and reuse")
     checkpoint_every: int = _f(0, "also save it every N steps (0 = only after the last step)", _at_least(0))

@@ -111,6 +111,8 @@ class Trainer:
             self.run_dir, model=self.model, tokenizer=self.tok, config=cfg.to_dict(),
             run_name=cfg.run_name or self.run_dir.name, model_name=cfg.model,
             weighting=rule_meta(cfg.weighting, self.rule_params), bucket_every=cfg.bucket_every,
+            attribute_every=cfg.attribute_every, attribute_method=cfg.attribute_method,
+            token_budget=cfg.token_budget or None,
             resume_step=self.start_step if cfg.resume else None,  # no checkpoint yet: from step 0
             temperature=self.temperature,
         )
@@ -292,6 +294,11 @@ class Trainer:
             old_logprobs=old, ref_logprobs=ref, advantages=adv, weights=w.effective(logprobs),
             sample_ids=b.sample_ids[rows], group_ids=b.group_ids[rows], stats=stats, hidden=hidden,
             clipped=out.clipped, update_id=update_id, rollout_logprobs=b.rollout_logprobs[rows],
+            recompute=lambda: token_logprobs(  # attribution's second look at the same rows (no dropout)
+                lambda i, a, p: policy_forward(self.model, i, a, p),
+                b.input_ids[rows], b.attention_mask[rows], b.prompt_len, b.completion_ids[rows],
+                self.temperature, self.autocast,
+            ).logprobs,
         )
         share = micro_batch_share(cfg.aggregation, loss_mask, b.loss_mask[u.rows]) * rank_scale
         st.backward(out.loss * share)
