@@ -16,7 +16,8 @@ SIZE_LIMIT = 25 * 2**20
 # Columns added by later schema versions: a run recorded under an older version lacks them (and only them).
 ADDED_IN = {
     2: {"update_share", "dlogprob_pred", "dlogprob", "selected_by", "n_token_rows"},
-    3: {"rollout_logprob", "rollout_mismatch", "groups_generated", "groups_kept", "gen_rounds"},
+    3: {"rollout_logprob", "rollout_mismatch", "groups_generated", "groups_kept", "gen_rounds",
+        "ds_grad_norm"},
 }
 TABLES_ADDED_IN = {"prob_bins": 2, "vocab": 2}  # tables an older run has no files of
 
