@@ -14,9 +14,12 @@ RULES = {"grpo", "tr_grpo", "ar_lopti"}
 MIN_STEPS = 40
 SIZE_LIMIT = 25 * 2**20
 # Columns added by later schema versions: a run recorded under an older version lacks them (and only them).
-ADDED_IN = {2: {"rollout_logprob", "rollout_mismatch", "groups_generated", "groups_kept", "gen_rounds",
-               "update_share", "dlogprob_pred", "dlogprob", "selected_by", "n_token_rows"}}
-TABLES_ADDED_IN = {2: {"prob_bins", "vocab"}}  # written only by budgeted recording
+ADDED_IN = {
+    2: {"update_share", "dlogprob_pred", "dlogprob", "selected_by", "n_token_rows"},
+    3: {"rollout_logprob", "rollout_mismatch", "groups_generated", "groups_kept", "gen_rounds",
+        "ds_grad_norm"},
+}
+TABLES_ADDED_IN = {"prob_bins": 2, "vocab": 2}  # tables an older run has no files of
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +44,11 @@ def test_every_file_has_the_fixed_columns_with_their_dtypes(runs, table):
     for name, run in runs.items():
         files = run.files(table)
         version = run.meta["schema_version"]
-        if any(v > version and table in tables for v, tables in TABLES_ADDED_IN.items()):
+        if version < TABLES_ADDED_IN.get(table, 0):
+            assert not files, f"{name}: {table} files in a version-{version} run"
+            continue
+        if table in TABLES_ADDED_IN and not run.meta.get("token_budget"):  # written under a budget only
+            assert not files, f"{name}: {table} files without a token budget"
             continue
         assert files, f"{name}: no {table} files"
         newer = {c for v, cols in ADDED_IN.items() if v > version for c in cols}
