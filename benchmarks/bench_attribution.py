@@ -16,15 +16,18 @@ GPU, or with --wall, wall-clock seconds (synchronised).
 - bucket passes (today): `bucket_gradients` for K = 4 probability buckets (K backward passes over the
   retained graph) plus accumulating and comparing the K gradient copies (`bucket_shares`).
 
-Extra peak memory is VmHWM during the operation minus the RSS before it (/proc, Linux), next to the
-parameter bytes (the one buffer the applied-update attribution keeps). Targets from the issue: <= 2
+Extra peak memory is VmHWM during the operation minus the RSS before it (/proc, Linux), each operation in
+a fresh process after a warm-up run of it, next to the parameter bytes (the one buffer the applied-update
+attribution keeps). Targets from the issue: <= 2
 forward passes of time and at most one extra parameter-sized buffer. Nothing is asserted.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -81,21 +84,8 @@ def peak_mb(fn) -> float:
     return (status_kb("VmHWM") - before) / 1024
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--vocab", type=int, default=8192)
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--seq", type=int, default=128)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--wall", action="store_true", help="wall-clock instead of CPU seconds")
-    args = ap.parse_args(argv)
-    global CLOCK
-    CLOCK = time.perf_counter if args.wall else time.process_time
-    torch.set_num_threads(args.threads)
-    reps = 3 if args.quick else 7
+def setup(args) -> dict:
+    """The model, one training pass (gradients in .grad) and the operations to measure, by name."""
     model = make_model(args.vocab, args.hidden, args.layers)
     params = [p for p in model.parameters()]
     ids = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=torch.Generator().manual_seed(1))
@@ -115,12 +105,12 @@ def main(argv=None) -> None:
     coef = torch.autograd.grad(-(lp * adv).mean(), lp, retain_graph=True)[0]
     grads = {n: p.grad for n, p in model.named_parameters()}
     recompute = lambda: logprobs(model, ids)  # noqa: E731
-    edges = tuple(float(q) for q in [0.0, *torch.quantile(lp.detach().exp().flatten(),
-                                                           torch.tensor([0.25, 0.5, 0.75])).tolist(), 1.0])
+    quart = torch.quantile(lp.detach().exp().flatten(), torch.tensor([0.25, 0.5, 0.75])).tolist()
+    edges = (0.0, *quart, 1.0)
     idx = bk.bucket_index(lp.detach().exp(), edges)
     in_loss = torch.ones_like(lp, dtype=torch.bool)
 
-    def buckets():
+    def buckets():  # today's exact passes on the retained graph of a training pass (not timed)
         lp_ = train_pass()
         t = CLOCK()
         g = bk.bucket_gradients(lp_, coef, in_loss, idx, len(edges) - 1, params)
@@ -129,39 +119,66 @@ def main(argv=None) -> None:
         bk.bucket_shares(store, [p.grad for p in params])
         return CLOCK() - t
 
-    t_fwd = timed(fwd, reps)
-    t_jvp = timed(lambda: directional_logprobs(model, recompute, grads, "jvp"), reps)
-    t_cd = timed(lambda: directional_logprobs(model, recompute, grads, "central_difference"), reps)
-    t_bk = statistics.median(buckets() for _ in range(reps))
-    t_train = timed(train_pass, reps)
-    n_par = sum(p.numel() for p in params)
-    par_mb = n_par * 4 / 2**20
-    m_fwd = peak_mb(fwd)
-    m_jvp = peak_mb(lambda: directional_logprobs(model, recompute, grads, "jvp"))
-    m_cd = peak_mb(lambda: directional_logprobs(model, recompute, grads, "central_difference"))
+    return {"fwd": fwd, "train": train_pass, "buckets": buckets, "n_par": sum(p.numel() for p in params),
+            "jvp": lambda: directional_logprobs(model, recompute, grads, "jvp"),
+            "central_difference": lambda: directional_logprobs(model, recompute, grads, "central_difference")}
 
-    def bucket_mem():
-        lp_ = train_pass()
-        g = bk.bucket_gradients(lp_, coef, in_loss, idx, len(edges) - 1, params)
-        del g
 
-    m_bk = peak_mb(bucket_mem) - peak_mb(lambda: train_pass())
-    print(f"attribution cost: Llama {args.layers} x {args.hidden}, V = {args.vocab}, {n_par / 1e6:.1f} M "
-          f"parameters ({par_mb:.0f} MB), batch {args.batch} x {args.seq}; medians of {reps}; "
+def child_mb(cli: list[str], op: str) -> float:
+    """Extra peak MB of one operation, measured in a fresh interpreter (`--child OP`)."""
+    out = subprocess.run([sys.executable, __file__, *cli, "--child", op], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"child {op} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])["mb"]
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--wall", action="store_true", help="wall-clock instead of CPU seconds")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    global CLOCK
+    CLOCK = time.perf_counter if args.wall else time.process_time
+    torch.set_num_threads(args.threads)
+    if args.child:  # one operation's extra peak RSS, in a fresh process, after a warm-up run of it
+        ops = setup(args)
+        ops["fwd"]()
+        ops[args.child]()
+        print(json.dumps({"mb": peak_mb(ops[args.child])}))
+        return
+    reps = 3 if args.quick else 7
+    ops = setup(args)
+    t = {name: timed(ops[name], reps) for name in ("fwd", "jvp", "central_difference", "train")}
+    t["buckets"] = statistics.median(ops["buckets"]() for _ in range(reps))
+    par_mb = ops["n_par"] * 4 / 2**20
+    cli = [a for a in (argv if argv is not None else sys.argv[1:]) if a not in ("--quick", "--wall")]
+    mem = {name: child_mb(cli, name) for name in ("fwd", "jvp", "central_difference", "train", "buckets")}
+    print(f"attribution cost: Llama {args.layers} x {args.hidden}, V = {args.vocab}, "
+          f"{ops['n_par'] / 1e6:.1f} M parameters ({par_mb:.0f} MB), batch {args.batch} x {args.seq}; "
+          f"medians of {reps}; "
           f"{torch.get_num_threads()} threads, {'wall' if args.wall else 'CPU'} seconds")
+    f = t["fwd"]
     line("what", "measured", "target")
-    line("plain forward (the unit)", f"{t_fwd * 1e3:.0f} ms")
-    line("forward + backward of the training pass", f"{t_train / t_fwd:.2f} forwards")
-    line("jvp along g (exact)", f"{t_jvp / t_fwd:.2f} forwards", "<= 2", verdict(t_jvp / t_fwd, 2.0))
-    line("central difference along g", f"{t_cd / t_fwd:.2f} forwards", "<= 2", verdict(t_cd / t_fwd, 2.0))
-    line("attribution step, jvp: along g + along delta", f"{2 * t_jvp / t_fwd:.2f} forwards")
-    line(f"bucket passes today (K = {len(edges) - 1})", f"{t_bk / t_fwd:.2f} forwards")
-    line("jvp vs bucket passes", f"{t_jvp / t_bk:.2f} x")
-    line("extra peak: plain forward", f"{m_fwd:.0f} MB")
-    line("extra peak: jvp", f"{m_jvp:.0f} MB", f"fwd + {par_mb:.0f}", verdict(m_jvp, m_fwd + par_mb))
-    line("extra peak: central difference", f"{m_cd:.0f} MB", f"fwd + {par_mb:.0f}",
-         verdict(m_cd, m_fwd + par_mb))
-    line("extra peak: bucket passes (K grads)", f"{m_bk:.0f} MB")
+    line("plain forward (the unit)", f"{f * 1e3:.0f} ms")
+    line("forward + backward of the training pass", f"{t['train'] / f:.2f} forwards")
+    line("jvp along g (exact)", f"{t['jvp'] / f:.2f} forwards", "<= 2", verdict(t["jvp"] / f, 2.0))
+    line("central difference along g", f"{t['central_difference'] / f:.2f} forwards", "<= 2",
+         verdict(t["central_difference"] / f, 2.0))
+    line("attribution step, jvp: along g + along delta", f"{2 * t['jvp'] / f:.2f} forwards")
+    line("bucket passes today (K = 4)", f"{t['buckets'] / f:.2f} forwards")
+    line("jvp / bucket passes", f"{t['jvp'] / t['buckets']:.2f}")
+    line("peak over the model + grads: plain forward", f"{mem['fwd']:.0f} MB")
+    for name in ("jvp", "central_difference"):
+        extra = mem[name] - mem["fwd"]
+        line(f"  {name}, beyond a forward", f"{extra:.0f} MB", f"<= {par_mb:.0f}", verdict(extra, par_mb))
+    line("  bucket passes, beyond a training pass", f"{mem['buckets'] - mem['train']:.0f} MB")
     line("applied-update copy (kept per update)", f"{par_mb:.0f} MB", f"<= {par_mb:.0f}", "meets")
 
 

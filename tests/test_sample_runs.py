@@ -13,9 +13,13 @@ SAMPLE_RUNS = ROOT / "sample_runs"
 RULES = {"grpo", "tr_grpo"}   # the ar_lopti lab run did not fit the build budget (docs/study.md)
 MIN_STEPS = 200
 SIZE_LIMIT = 30 * 2**20
-BUDGET_TABLES = {"prob_bins", "vocab"}
 # Columns added by later schema versions: a run recorded under an older version lacks them (and only them).
-ADDED_IN = {2: {"rollout_logprob", "rollout_mismatch", "groups_generated", "groups_kept", "gen_rounds"}}
+ADDED_IN = {
+    2: {"update_share", "dlogprob_pred", "dlogprob", "selected_by", "n_token_rows"},
+    3: {"rollout_logprob", "rollout_mismatch", "groups_generated", "groups_kept", "gen_rounds",
+        "ds_grad_norm"},
+}
+TABLES_ADDED_IN = {"prob_bins": 2, "vocab": 2}  # tables an older run has no files of
 
 
 @pytest.fixture(scope="module")
@@ -39,16 +43,15 @@ def test_every_file_has_the_fixed_columns_with_their_dtypes(runs, table):
     want = schema.arrow_schema(table)
     for name, run in runs.items():
         files = run.files(table)
-        if table in BUDGET_TABLES and not run.meta["config"].get("token_budget"):
-            continue  # written only under a token budget (record/budget.py); these runs record every token
-        assert files, f"{name}: no {table} files"
         version = run.meta["schema_version"]
+        if version < TABLES_ADDED_IN.get(table, 0):
+            assert not files, f"{name}: {table} files in a version-{version} run"
+            continue
+        if table in TABLES_ADDED_IN and not run.meta.get("token_budget"):  # written under a budget only
+            assert not files, f"{name}: {table} files without a token budget"
+            continue
+        assert files, f"{name}: no {table} files"
         newer = {c for v, cols in ADDED_IN.items() if v > version for c in cols}
-        if "temperature" not in run.meta:
-            # Recorded while version 2 was still growing, before its sampler and DeepSpeed columns (and meta
-            # temperature) existed; the reader gives the missing ones as null, present ones must match.
-            # Regenerate with scripts/make_sample_runs.py to drop this.
-            newer |= {f.name for f in want}
         for path in files:
             got = pq.read_schema(path)
             for field in want:

@@ -23,11 +23,12 @@ from types import SimpleNamespace
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 2
-# Version history: 2 added tokens.update_share / dlogprob_pred / dlogprob / selected_by, steps.n_token_rows,
-# the prob_bins and vocab tables (attribution and budgeted recording), and tokens.rollout_logprob,
-# steps.rollout_mismatch / groups_generated / groups_kept / gen_rounds and meta temperature (the sampler's
-# distribution, dynamic-sampling refills); version-1 runs read with those columns null and those tables empty.
+SCHEMA_VERSION = 3
+# Version history: 2 added tokens.update_share / dlogprob_pred / dlogprob / selected_by, steps.n_token_rows
+# and the prob_bins and vocab tables (attribution and budgeted recording); 3 added tokens.rollout_logprob,
+# steps.rollout_mismatch / groups_generated / groups_kept / gen_rounds / ds_grad_norm and meta temperature
+# (the sampler's distribution, dynamic-sampling refills, DeepSpeed). Older runs read with the newer columns
+# null and tables empty.
 
 META_FILE = "meta.json"
 RANKS_DIR = "ranks"

@@ -109,6 +109,29 @@ def bucket_shares(store: list[list[torch.Tensor] | None], total: list[torch.Tens
 
 
 @torch.no_grad()
+def union_of_passes(
+    sample_ids: torch.Tensor, passes: list, like: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The step's loss tokens over every pass, on the rows `sample_ids` ([N]): (in_loss [N, T] bool,
+    log pi_old [N, T], advantage [N, T]), from passes given as (sample_ids [n], in_loss [n, T],
+    old_logprob [n, T], advantage [n, T] or None); rows a pass holds but `sample_ids` lacks are skipped."""
+    N, T = like.shape
+    where = {int(s): i for i, s in enumerate(sample_ids.tolist())}
+    in_loss = torch.zeros(N, T, dtype=torch.bool, device=like.device)
+    old, adv = torch.zeros(N, T, device=like.device), torch.zeros(N, T, device=like.device)
+    for sid, sel, lp, a in passes:
+        if tuple(sel.shape[1:]) != (T,):
+            continue
+        idx = torch.tensor([where.get(int(s), -1) for s in sid.tolist()], device=like.device)  # [n]
+        ok = idx >= 0
+        idx, sel = idx[ok], sel[ok]
+        in_loss[idx] |= sel
+        old[idx] = torch.where(sel, lp[ok], old[idx])
+        adv[idx] = torch.where(sel, (a if a is not None else torch.zeros_like(lp))[ok], adv[idx])
+    return in_loss, old, adv
+
+
+@torch.no_grad()
 def prob_change(
     old_logprob: torch.Tensor,
     new_logprob: torch.Tensor,

@@ -287,6 +287,11 @@ class Recorder:
         self._require_open().submit(bundle)
 
     # ---- meta -------------------------------------------------------------------------------------
+    @property
+    def meta(self) -> dict:
+        """A copy of what meta.json holds for this run (config, weighting, temperature, ...)."""
+        return dict(self._meta)
+
     def _make_meta(self, config, run_name, model_name, model, tokenizer, weighting) -> dict:
         return {
             "schema_version": schema.SCHEMA_VERSION,

@@ -328,23 +328,11 @@ class StepRecorder:
         Written onto the bucket rows of the step's last update (rows with counts only when that update had
         no gradient analysis).
         """
-        N, T = new_logprobs.shape
-        dev = new_logprobs.device
-        sid = _ids(sample_ids, N, dev)
-        where = {int(s): i for i, s in enumerate(sid.tolist())}
-        in_loss = torch.zeros(N, T, dtype=torch.bool, device=dev)
-        old = torch.zeros(N, T, device=dev)
-        adv = torch.zeros(N, T, device=dev)
-        for p in self._passes:
-            if "old_logprob" not in p.tensors or tuple(p.in_loss.shape[1:]) != (T,):
-                continue
-            idx = torch.tensor([where.get(int(s), -1) for s in p.sample_ids.tolist()], device=dev)
-            ok = idx >= 0
-            idx, sel = idx[ok], p.in_loss[ok]
-            in_loss[idx] |= sel
-            old[idx] = torch.where(sel, p.tensors["old_logprob"][ok], old[idx])
-            a = p.tensors.get("advantage", torch.zeros_like(p.tensors["old_logprob"]))[ok]
-            adv[idx] = torch.where(sel, a, adv[idx])
+        N, _ = new_logprobs.shape
+        tracked = [(p.sample_ids, p.in_loss, p.tensors["old_logprob"], p.tensors.get("advantage"))
+                   for p in self._passes if "old_logprob" in p.tensors]
+        rows_ids = _ids(sample_ids, N, new_logprobs.device)
+        in_loss, old, adv = bk.union_of_passes(rows_ids, tracked, new_logprobs)
         edges = self.rec.bucket_edges
         idx = bk.bucket_index(old.exp(), edges)  # [N, T] bucket of pi_old
         dmean, correct = bk.prob_change(old, new_logprobs.detach().float(), adv, in_loss, idx, len(edges) - 1)

@@ -174,12 +174,10 @@ class Trainer:
             t2 = time.perf_counter()
             logged = self.update(st, batch, g)
             t3 = time.perf_counter()
-            logged.update(
-                rollout_stats(g.scores), lr=lr, time_generate=t1 - t0, time_score=t2 - t1,
-                time_update=t3 - t2, groups_generated=len(g.scores), groups_kept=g.n_kept,
-                gen_rounds=g.n_rounds,
-            )
-            if mismatch is not None:
+            logged.update(rollout_stats(g.scores), lr=lr, time_generate=t1 - t0, time_score=t2 - t1,
+                          time_update=t3 - t2, groups_generated=len(g.scores), groups_kept=g.n_kept,
+                          gen_rounds=g.n_rounds)
+            if mismatch is not None:  # None: no loss token has a sampler log-prob (greedy, no rows)
                 logged["rollout_mismatch"] = mismatch
             if not logged.get("grad_norm"):  # 0, or no update at all
                 self.dead_steps["other" if keep_groups(g.scores[..., 0]).any() else "tied"] += 1
