@@ -234,7 +234,8 @@ SECTIONS = {
 
 def report(df: pd.DataFrame) -> str:
     """The markdown report: one estimate table and one paired-difference table per claim."""
-    parts = [f"Runs: {len(df)} ({', '.join(f'{r}: {n}' for r, n in df['rule'].value_counts().items())}). "
+    parts = ["# Study results (written by scripts/study.py; read docs/study.md first)",
+             f"Runs: {len(df)} ({', '.join(f'{r}: {n}' for r, n in df['rule'].value_counts().items())}). "
              "Cells: mean over seeds [percentile bootstrap 95 % interval over seeds]."]
     for title, cols in SECTIONS.items():
         cols = cols if isinstance(cols, list) else sorted(c for c in df if c.startswith(cols))

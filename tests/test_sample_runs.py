@@ -10,9 +10,9 @@ from tokengrad import list_runs, load_run, schema
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_RUNS = ROOT / "sample_runs"
-RULES = {"grpo", "tr_grpo", "ar_lopti"}
-MIN_STEPS = 40
-SIZE_LIMIT = 25 * 2**20
+RULES = {"grpo", "tr_grpo"}   # the ar_lopti lab run did not fit the build budget (docs/study.md)
+MIN_STEPS = 200
+SIZE_LIMIT = 30 * 2**20
 # Columns added by later schema versions: a run recorded under an older version lacks them (and only them).
 ADDED_IN = {
     2: {"update_share", "dlogprob_pred", "dlogprob", "selected_by", "n_token_rows"},
@@ -33,7 +33,7 @@ def test_one_run_per_rule_of_the_real_model(runs):
     assert set(runs) == RULES
     for name, run in runs.items():
         assert run.meta["weighting"]["name"] == name
-        assert run.meta["model"] == "smollm2-135m-instruct"
+        assert run.meta["model"] == "lab-add"
         assert run.meta["finished"] is True
         assert run.rows_dropped == 0
 
