@@ -26,6 +26,7 @@ SMALL_TABLES = ("steps", "layers", "buckets", "samples", "evals")
 QUERIES = {f.__name__: f for f in (
     queries.token_frequencies, queries.grad_norm_by_prob, queries.top_tokens,
     queries.top_samples, queries.sample_tokens, queries.token_steps, queries.token_totals,
+    queries.share_by_partition, queries.attributed_steps,
     gradient_shares.gradient_by_bucket, gradient_shares.step_gradients,
 )}
 _CACHE_ENTRIES = 256

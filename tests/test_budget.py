@@ -147,6 +147,8 @@ def test_run_written_at_the_previous_schema_version_loads(tmp_path, runs):
     part = queries.share_by_partition(run, by="prob", bins=4)
     assert part["count"].sum() > 0 and part["update_share"].isna().all()
     assert queries.vocab_frequencies(run).empty
+    assert queries.attributed_steps(run) == 0
+    assert queries.attributed_steps(full) == full.steps["step"].nunique()
     assert len(queries.top_tokens(run, step=0, value="logit_grad_norm")) > 0
 
 

@@ -208,6 +208,12 @@ def grad_norm_by_prob(
     return _binned(run, bin_edges(bins), means, _base(step_range, loss_only, update_id))
 
 
+def attributed_steps(run) -> int:
+    """How many steps carry per-token attribution (tokens.update_share recorded; 0 on older runs)."""
+    q = f"SELECT count(DISTINCT {TOK.step}) AS n FROM tokens WHERE {TOK.update_share} IS NOT NULL"
+    return int(run.sql(q)["n"].iloc[0])
+
+
 def top_tokens(
     run,
     step: int,

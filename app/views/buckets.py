@@ -20,10 +20,11 @@ from tokengrad.figures.buckets import (
 from tokengrad.figures.probability import (
     make_grad_vs_prob_figure,
     make_gradient_share_figure,
+    make_partition_share_figure,
     make_prob_histogram_figure,
     scope_note,
 )
-from tokengrad.queries import ABS_COEF
+from tokengrad.queries import ABS_COEF, PARTITIONS
 from tokengrad.schema import BIN, BUCKET, DECILE_BUCKET_EDGES, DEFAULT_BUCKET_EDGES, TOK
 
 NO_BUCKETS = (
@@ -105,6 +106,34 @@ def _bucket_sections(run: str, step_range: tuple[int, int] | None) -> None:
         "bk_dprob", f"bucket_dprob_{name}")
 
 
+PARTITION_NAMES = {"prob": "probability", "entropy_quantile": "entropy quantile",
+                   "adv_sign": "advantage sign", "position": "position"}
+NO_ATTRIBUTION = ("Record it with `Recorder(..., attribute_every=N)` or train with `attribute_every=N`: "
+                  "every token of those steps gets update_share, its exact share of the update (one "
+                  "directional pass).")
+
+
+def _partition_section(run: str, step_range: tuple[int, int] | None) -> None:
+    """Share of the update by any partition of the tokens: a sum of per-token update_share."""
+    name = common.run_name(run)
+    if not data.has_table(run, "tokens"):
+        common.empty(f"No token table in {name}.", common.NO_TOKENS)
+        return
+    if not data.query(run, "attributed_steps"):
+        common.empty(f"No per-token attribution in {name}.", NO_ATTRIBUTION)
+        return
+    c1, c2 = st.columns([2, 1])
+    by = c1.radio("Partition tokens by", list(PARTITIONS), format_func=PARTITION_NAMES.get, horizontal=True,
+                  key="bk_partition")
+    bins = c2.slider("Parts", 2, 20, 5, key="bk_parts", disabled=by == "adv_sign")
+    shares = data.query(run, "share_by_partition", by=by, bins=bins, step_range=step_range)
+    title = f"Share of the update by {PARTITION_NAMES[by]}"
+    common.chart(make_partition_share_figure(shares, by, title=title),
+                 "bk_partition_chart", f"update_share_by_{by}_{name}", table=shares)
+    st.caption("A part's share of the update is the sum of its tokens' update_share "
+               "(coef · ⟨∇log π, g⟩ / ‖g‖²) per attributed update; the parts and the residual sum to 1.")
+
+
 def _token_sections(run: str, step_range: tuple[int, int] | None) -> None:
     name = common.run_name(run)
     if not data.has_table(run, "tokens"):
@@ -155,6 +184,9 @@ def render() -> None:
     st.subheader("Bucket analysis (recorded every bucket_every steps)")
     with common.guard("Bucket analysis"):
         _bucket_sections(run, step_range)
+    st.subheader("Share of the update by partition (per-token attribution)")
+    with common.guard("Update share by partition"):
+        _partition_section(run, step_range)
     st.subheader("Per-token gradient norm by probability")
     with common.guard("Token probabilities"):
         _token_sections(run, step_range)

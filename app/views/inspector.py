@@ -15,8 +15,11 @@ from tokengrad.figures.tokens import make_token_figure, token_html
 from tokengrad.schema import SAMPLE, STEP, TOK
 
 COLOR_BY = (TOK.prob, TOK.weight, TOK.coef, TOK.logit_grad_norm, TOK.head_grad_norm, TOK.entropy,
-            TOK.advantage, TOK.logprob, TOK.ratio)
+            TOK.advantage, TOK.logprob, TOK.ratio, TOK.update_share)
 RANK_BY = (TOK.logit_grad_norm, TOK.head_grad_norm, TOK.logit_grad_unit)
+# with per-token attribution recorded, a token's exact share of the update ranks first (arXiv 2505.12929's
+# question answered exactly: its own gradient norm ignores how tokens' gradients cancel or align)
+RANK_BY_ATTRIBUTED = (TOK.update_share, *RANK_BY)
 SHARE = {"share": st.column_config.ProgressColumn("share", format="percent", min_value=0.0, max_value=1.0)}
 
 
@@ -86,7 +89,8 @@ DEAD_STEP = ("Step {step} had no gradient: every advantage was 0 (each group's c
 
 
 def _forensics(run: str, step: int) -> None:
-    value = st.radio("Rank by", RANK_BY, horizontal=True, key="in_rank_by")
+    ranks = RANK_BY_ATTRIBUTED if data.query(run, "attributed_steps") else RANK_BY
+    value = st.radio("Rank by", ranks, horizontal=True, key="in_rank_by")
     c1, c2 = st.columns(2)
     with c1:
         st.markdown("**Samples carrying most of the step's gradient**")

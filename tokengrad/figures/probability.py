@@ -148,3 +148,44 @@ def make_grad_vs_prob_figure(
     fig.update_xaxes(title="token probability p", range=[0, 1])
     fig.update_yaxes(title=value.replace("_", " "), rangemode="tozero")
     return dashboard_layout(fig, title)
+
+
+PARTITION_TITLES = {  # queries.PARTITIONS -> x-axis title
+    "prob": "token probability",
+    "entropy_quantile": "entropy quantile (nats)",
+    "adv_sign": "advantage sign",
+    "position": "token position in the completion",
+}
+ADV_SIGN = {-1: "A < 0", 0: "A = 0", 1: "A > 0"}
+
+
+def partition_labels(shares: pd.DataFrame, by: str) -> list[str]:
+    """One x label per partition row: the advantage sign, or the [lo, hi) range."""
+    if by == "adv_sign":
+        return [ADV_SIGN.get(int(lo), str(lo)) for lo in shares[BIN.lo]]
+    fmt = (lambda v: f"{v:.0f}") if by == "position" else (lambda v: f"{v:.2f}")
+    return [f"{fmt(lo)}-{fmt(hi)}" for lo, hi in zip(shares[BIN.lo], shares[BIN.hi])]
+
+
+def make_partition_share_figure(shares: pd.DataFrame, by: str, *, title: str | None = None) -> go.Figure:
+    """Each part's share of the loss tokens next to its share of the update, Σ update_share per update
+    (queries.share_by_partition): the exact per-token attribution (arXiv 2505.12929's question, asked of
+    any partition: entropy quantile, advantage sign, position or probability)."""
+    if by not in PARTITION_TITLES:
+        raise ValueError(f"unknown partition {by!r}; known: {list(PARTITION_TITLES)}")
+    if shares.empty or shares[BIN.count].sum() == 0:
+        return empty_figure("no loss tokens in the selection", title)
+    if UPDATE_SHARE not in shares or not np.isfinite(shares[UPDATE_SHARE]).any():
+        return empty_figure("no attributed step in the selection (record with attribute_every=N)", title)
+    labels = partition_labels(shares, by)
+    fig = go.Figure()
+    for col in ("token_share", UPDATE_SHARE):
+        name, color = SHARE_BARS[col]
+        fig.add_trace(go.Bar(
+            x=labels, y=shares[col], name=name, marker_color=color, texttemplate="%{y:.0%}",
+            textposition="outside", customdata=shares[BIN.count],
+            hovertemplate="%{x}<br>%{y:.1%} " + name + "<br>%{customdata} tokens<extra></extra>"))
+    fig.update_layout(barmode="group")
+    fig.update_xaxes(title=PARTITION_TITLES[by], type="category")
+    fig.update_yaxes(title="share", tickformat=".0%")
+    return dashboard_layout(fig, title)
