@@ -94,6 +94,21 @@ def gather_logprobs(logits: Tensor, token_ids: Tensor) -> Tensor:
     return picked - logits.logsumexp(-1)  # [n, T]
 
 
+def directional_logprobs(
+    model, input_ids: Tensor, attention_mask: Tensor, prompt_len: int, completion_ids: Tensor,
+    temperature: float = 1.0,
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+) -> Tensor:
+    """[n, T] the same log-probs as `token_logprobs` by the plain route (gather minus logsumexp): the fused
+    pass is a custom autograd.Function without a forward-mode rule, and per-token attribution takes a
+    directional derivative of this (record/attribution.py). The two routes agree to rounding."""
+    with autocast():
+        logits, _ = policy_forward(model, input_ids, attention_mask, prompt_len)  # [n, T, V]
+    if temperature != 1.0:
+        logits = logits.float() / temperature
+    return gather_logprobs(logits, completion_ids)
+
+
 def logprob_temperature(sampling_temperature: float) -> float:
     """The T the trained log-probs divide by: the sampler's, or 1 for greedy decoding (T = 0)."""
     return sampling_temperature if sampling_temperature > 0 else 1.0

@@ -47,7 +47,13 @@ from tokengrad.train.checkpoint import checkpoint_after_step, checkpoint_path, r
 from tokengrad.train.config import TrainConfig, describe_config, load_config, make_config
 from tokengrad.train.loss import micro_batch_share, normaliser, phase_masks, policy_loss
 from tokengrad.train.models import load_model
-from tokengrad.train.policy import logprob_temperature, policy_forward, score_logprobs, token_logprobs
+from tokengrad.train.policy import (
+    directional_logprobs,
+    logprob_temperature,
+    policy_forward,
+    score_logprobs,
+    token_logprobs,
+)
 from tokengrad.train.rollout import (
     evaluate,
     generate_completions,
@@ -294,11 +300,10 @@ class Trainer:
             old_logprobs=old, ref_logprobs=ref, advantages=adv, weights=w.effective(logprobs),
             sample_ids=b.sample_ids[rows], group_ids=b.group_ids[rows], stats=stats, hidden=hidden,
             clipped=out.clipped, update_id=update_id, rollout_logprobs=b.rollout_logprobs[rows],
-            recompute=lambda: token_logprobs(  # attribution's second look at the same rows (no dropout)
-                lambda i, a, p: policy_forward(self.model, i, a, p),
-                b.input_ids[rows], b.attention_mask[rows], b.prompt_len, b.completion_ids[rows],
+            recompute=lambda: directional_logprobs(  # attribution's second look at the same rows
+                self.model, b.input_ids[rows], b.attention_mask[rows], b.prompt_len, b.completion_ids[rows],
                 self.temperature, self.autocast,
-            ).logprobs,
+            ),
         )
         share = micro_batch_share(cfg.aggregation, loss_mask, b.loss_mask[u.rows]) * rank_scale
         st.backward(out.loss * share)
