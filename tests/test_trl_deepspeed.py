@@ -1,6 +1,9 @@
 """TRL under DeepSpeed: detection from accelerate's real DeepSpeedPlugin, the refusals, and (where DeepSpeed
 runs on this CPU) norms read through deepspeed.utils.safe_get_full_grad from ZeRO-2/3
-engines against the plain gradients of an identical model, and a TRL GRPOTrainer run on a ZeRO-2/3 engine."""
+engines against the plain gradients of an identical model, and a TRL GRPOTrainer run on a ZeRO-2/3 engine.
+
+The engine tests (marked slow) run in a pytest process of their own (scripts/test.sh): a ZeRO-3 engine
+replaces torch.nn.functional.linear process-wide with an autograd function that has no forward-mode rule."""
 
 from __future__ import annotations
 
@@ -17,6 +20,19 @@ from tokengrad.record.gradnorms import grad_norms, trainable_params
 os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed prints its accelerator guess to stdout otherwise
 deepspeed = pytest.importorskip("deepspeed")
 accelerate_utils = pytest.importorskip("accelerate.utils")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    """A DeepSpeed trainer leaves accelerate's process-wide state (and transformers' DeepSpeed config) set:
+    every later trainer in this process would start a DeepSpeed engine. Reset both after each test."""
+    yield
+    from accelerate.state import AcceleratorState, GradientState
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    unset_hf_deepspeed_config()
 
 
 def _plugin(stage, **extra):
