@@ -142,6 +142,7 @@ def test_recorded_coef_equals_autograd_of_trl_loss(tmp_path, loss_type):
     run = load_run(tmp_path / "run")
     tokens = run.tokens()
     ga, mu = trainer.args.gradient_accumulation_steps, trainer.num_iterations
+    assert run.meta["temperature"] == pytest.approx(CONFIGS[loss_type].get("temperature", 1.0))
     assert len(passes) == 2 * ga  # 2 optimizer steps x GA micro-batches
     assert len(run.steps) == math.ceil(2 / mu)  # one tokengrad step per generation batch
     checked = 0

@@ -89,7 +89,8 @@ def attach(trainer, run_dir, *, weighting: str | None = None, weighting_params: 
         model_name=getattr(model_cfg, "_name_or_path", None) or None,
         weighting=weighting_meta(weighting, weighting_params),
         bucket_every=bucket_every,
-        **recorder_kwargs,
+        # TRL divides the logits by its sampling temperature before every log-prob (as the recorder's values)
+        **{"temperature": float(getattr(trainer, "temperature", 1.0) or 1.0), **recorder_kwargs},
     )
     return TRLRecording(trainer, rec, rule).install()
 
