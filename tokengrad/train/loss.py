@@ -135,6 +135,25 @@ def _check_inputs(logprobs, old_logprobs, advantages, mask, norm_mask, ref_logpr
     )
 
 
+def clipped_surrogate(
+    u: Tensor, adv: Tensor, eps_low: float, eps_high: float, ppo_clip: bool = True, clip_ratio_c: float = 0.0
+) -> tuple[Tensor, Tensor]:
+    """PPO's surrogate min(u A, clip(u, 1 - eps_low, 1 + eps_high) A) (arXiv:1707.06347; asymmetric range,
+    arXiv:2503.14476), bounded below by c A for A < 0 when clip_ratio_c = c > 0 (dual-clip,
+    arXiv:1912.09729). Returns ([N, T] surrogate, [N, T] True where a constant branch won)."""
+    surr = u * adv  # [N, T]
+    obj, clipped = surr, torch.zeros_like(surr, dtype=torch.bool)  # [N, T]
+    if ppo_clip:
+        surr_clipped = u.clamp(1.0 - eps_low, 1.0 + eps_high) * adv  # [N, T]
+        clipped = surr_clipped < surr  # [N, T] the min picks the constant branch
+        obj = torch.minimum(surr, surr_clipped)
+    if clip_ratio_c > 0:
+        floor = clip_ratio_c * adv  # [N, T]
+        dual = (adv < 0) & (floor > obj)  # [N, T] the dual clip's constant wins
+        clipped, obj = clipped | dual, torch.where(dual, floor, obj)
+    return obj, clipped
+
+
 def policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -195,16 +214,7 @@ def policy_loss(
     ratio = log_ratio.exp()  # [N, T]
     adv = torch.where(valid, advantages, 0.0) * _one(weights.advantage_weight)  # [N, T]
     u = ratio * _one(weights.ratio_weight)  # [N, T]
-    surr = u * adv  # [N, T]
-    obj, clipped = surr, torch.zeros_like(valid)  # [N, T]
-    if ppo_clip:
-        surr_clipped = u.clamp(1.0 - eps_low, 1.0 + eps_high) * adv  # [N, T]
-        clipped = surr_clipped < surr  # [N, T] the min picks the constant branch
-        obj = torch.minimum(surr, surr_clipped)
-    if clip_ratio_c > 0:
-        floor = clip_ratio_c * adv  # [N, T]
-        dual = (adv < 0) & (floor > obj)  # [N, T] the dual clip's constant wins
-        clipped, obj = clipped | dual, torch.where(dual, floor, obj)
+    obj, clipped = clipped_surrogate(u, adv, eps_low, eps_high, ppo_clip, clip_ratio_c)  # [N, T]
     clipped = clipped & valid
     pg = -obj * _one(weights.loss_weight)  # [N, T]
     per_token = pg
