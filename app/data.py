@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from tokengrad import gradient_shares, queries, schema
+from tokengrad import gradient_shares, queries, schema, share_queries
 from tokengrad.runs import list_runs, load_run
 
 Signature = tuple[tuple[str, int, int], ...]
@@ -26,7 +26,7 @@ SMALL_TABLES = ("steps", "layers", "buckets", "samples", "evals")
 QUERIES = {f.__name__: f for f in (
     queries.token_frequencies, queries.grad_norm_by_prob, queries.top_tokens,
     queries.top_samples, queries.sample_tokens, queries.token_steps, queries.token_totals,
-    queries.share_by_partition, queries.attributed_steps,
+    share_queries.share_by_partition, share_queries.attributed_steps,
     gradient_shares.gradient_by_bucket, gradient_shares.step_gradients,
 )}
 _CACHE_ENTRIES = 256

@@ -143,7 +143,7 @@ def timed(fn) -> tuple[float, object]:
 
 
 def part_run(args) -> None:
-    from tokengrad import load_run, queries
+    from tokengrad import load_run, share_queries
     from tokengrad.figures.overview import make_grad_norm_figure, make_overview_figure
     from tokengrad.figures.summary import summarize_run
 
@@ -167,12 +167,12 @@ def part_run(args) -> None:
 
     def wordcloud():
         run = load_run(run_dir)
-        return (queries.vocab_frequencies(run, 0.75, 1.0, limit=480),
-                queries.vocab_frequencies(run, 0.0, 0.25, value="update_share", limit=480))
+        return (share_queries.vocab_frequencies(run, 0.75, 1.0, limit=480),
+                share_queries.vocab_frequencies(run, 0.0, 0.25, value="update_share", limit=480))
 
     t_over, _ = timed(overview)
     t_wc, got = timed(wordcloud)
-    t_hist, _ = timed(lambda: queries.prob_bin_histogram(load_run(run_dir)))
+    t_hist, _ = timed(lambda: share_queries.prob_bin_histogram(load_run(run_dir)))
     line("query (cold)", "seconds", "target")
     line("Overview (steps, layers, evals + figures)", f"{t_over:.2f}", "<= 2", verdict(t_over, 2.0))
     line("word cloud (2 vocab queries)", f"{t_wc:.2f}", "<= 1", verdict(t_wc, 1.0))

@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import TINY_V, forward_logprobs, make_model
 
-from tokengrad import Recorder, load_run, queries, schema
+from tokengrad import Recorder, load_run, queries, schema, share_queries
 
 N, L = 8, 13  # sequences, ids per sequence (T = 12 scored tokens)
 
@@ -78,7 +78,7 @@ def test_aggregates_are_exact_over_all_tokens(runs):
     pos = bins[bins["adv_sign"] == 1]
     assert pos["sum_logit_grad_norm"].sum() == pytest.approx(
         tok.loc[tok["advantage"] > 0, "logit_grad_norm"].sum(), rel=1e-5)
-    hist = queries.prob_bin_histogram(cut)
+    hist = share_queries.prob_bin_histogram(cut)
     assert hist["count"].sum() == len(tok)
     assert hist["update_share"].sum() == pytest.approx(tok["update_share"].sum(), abs=1e-5)
 
@@ -88,14 +88,14 @@ def test_vocab_table_counts_and_shares(runs):
     tok = full.tokens(where="in_loss")
     vocab = cut.table("vocab")
     assert vocab["n_tokens"].sum() == len(tok)  # 64-token vocabulary: every token is a top token here
-    got = queries.vocab_frequencies(cut, limit=500).set_index("token")
+    got = share_queries.vocab_frequencies(cut, limit=500).set_index("token")
     counts = tok.groupby("token_id").size()
     for tid, n in counts.items():
         assert got.loc[f"#{tid}", "count"] == n
     share = tok.groupby("token_id")["update_share"].sum()
-    by_share = queries.vocab_frequencies(cut, value="update_share", limit=3)
+    by_share = share_queries.vocab_frequencies(cut, value="update_share", limit=3)
     assert [f"#{t}" for t in share.abs().nlargest(3).index] == by_share["token"].tolist()
-    neg = queries.vocab_frequencies(cut, adv_sign=-1, prob_lo=0.0, prob_hi=0.25, limit=500)
+    neg = share_queries.vocab_frequencies(cut, adv_sign=-1, prob_lo=0.0, prob_hi=0.25, limit=500)
     assert neg["count"].sum() == ((tok["advantage"] < 0) & (tok["prob"] < 0.25)).sum()
 
 
@@ -114,16 +114,16 @@ def test_without_attribution_top_rows_rank_by_gradient_norm(tmp_path):
 def test_share_by_partition(runs):
     full, _ = runs
     tok = full.tokens(where="in_loss")
-    for by in queries.PARTITIONS:
-        part = queries.share_by_partition(full, by=by, bins=4)
+    for by in share_queries.PARTITIONS:
+        part = share_queries.share_by_partition(full, by=by, bins=4)
         assert part["count"].sum() == len(tok), by
         assert part["update_share"].sum() == pytest.approx(tok["update_share"].sum(), abs=1e-5), by
-    sign = queries.share_by_partition(full, by="adv_sign").set_index("lo")
+    sign = share_queries.share_by_partition(full, by="adv_sign").set_index("lo")
     assert sign.loc[-1, "update_share"] == pytest.approx(tok.loc[tok["advantage"] < 0, "update_share"].sum())
-    ent = queries.share_by_partition(full, by="entropy_quantile", bins=4)
+    ent = share_queries.share_by_partition(full, by="entropy_quantile", bins=4)
     assert ent["count"].max() - ent["count"].min() <= 1  # quantiles of a continuous value
     with pytest.raises(ValueError, match="unknown partition"):
-        queries.share_by_partition(full, by="color")
+        share_queries.share_by_partition(full, by="color")
 
 
 def test_run_written_at_the_previous_schema_version_loads(tmp_path, runs):
@@ -144,11 +144,11 @@ def test_run_written_at_the_previous_schema_version_loads(tmp_path, runs):
     run = load_run(old)
     assert run.tokens()["update_share"].isna().all()
     assert run.steps["n_token_rows"].isna().all() and len(run.table("vocab")) == 0
-    part = queries.share_by_partition(run, by="prob", bins=4)
+    part = share_queries.share_by_partition(run, by="prob", bins=4)
     assert part["count"].sum() > 0 and part["update_share"].isna().all()
-    assert queries.vocab_frequencies(run).empty
-    assert queries.attributed_steps(run) == 0
-    assert queries.attributed_steps(full) == full.steps["step"].nunique()
+    assert share_queries.vocab_frequencies(run).empty
+    assert share_queries.attributed_steps(run) == 0
+    assert share_queries.attributed_steps(full) == full.steps["step"].nunique()
     assert len(queries.top_tokens(run, step=0, value="logit_grad_norm")) > 0
 
 

@@ -150,7 +150,7 @@ def make_grad_vs_prob_figure(
     return dashboard_layout(fig, title)
 
 
-PARTITION_TITLES = {  # queries.PARTITIONS -> x-axis title
+PARTITION_TITLES = {  # share_queries.PARTITIONS -> x-axis title
     "prob": "token probability",
     "entropy_quantile": "entropy quantile (nats)",
     "adv_sign": "advantage sign",
@@ -169,7 +169,7 @@ def partition_labels(shares: pd.DataFrame, by: str) -> list[str]:
 
 def make_partition_share_figure(shares: pd.DataFrame, by: str, *, title: str | None = None) -> go.Figure:
     """Each part's share of the loss tokens next to its share of the update, Σ update_share per update
-    (queries.share_by_partition): the exact per-token attribution (arXiv 2505.12929's question, asked of
+    (share_queries.share_by_partition): the exact per-token attribution (arXiv 2505.12929's question, asked of
     any partition: entropy quantile, advantage sign, position or probability)."""
     if by not in PARTITION_TITLES:
         raise ValueError(f"unknown partition {by!r}; known: {list(PARTITION_TITLES)}")
