@@ -65,7 +65,7 @@ def parse_phases(text: str) -> list[tuple[int, float]]:
 
 
 def build(phases: list[tuple[int, float]], batch: int, drop: float, seed: int, resume: Path | None = None,
-          resume_phases: int = 0, progress: bool = True):
+          resume_phases: int = 0, progress: bool = True, model_config: dict | None = None):
     """(model, tokenizer, history) after the SFT phases; each phase is a fresh AdamW with warm-up and a
     cosine decay to 0 (a warm restart), reading the next `steps * batch` problems of one seeded stream.
 
@@ -74,7 +74,7 @@ def build(phases: list[tuple[int, float]], batch: int, drop: float, seed: int, r
     torch.manual_seed(seed)
     task = get_task("lab_add", digits=4)
     tok = make_word_tokenizer(ADD_WORDS)
-    model = make_lab_model(tok, seed, **ADD_CONFIG)
+    model = make_lab_model(tok, seed, **(ADD_CONFIG | (model_config or {})))
     if resume is not None:
         model = AutoModelForCausalLM.from_pretrained(resume, dtype=torch.float32)
         set_generation_ids(model, tok)
@@ -119,10 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resume", type=Path, default=None, help="a model saved after the first "
                     "--resume-phases phases of the same command (those phases are skipped)")
     ap.add_argument("--resume-phases", type=int, default=0)
+    ap.add_argument("--model-config", type=json.loads, default=None,
+                    help='LlamaConfig overrides as JSON, e.g. \'{"hidden_size": 192}\'')
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     phases = parse_phases(args.phases)
-    model, tok, history = build(phases, args.batch, args.drop, args.seed, args.resume, args.resume_phases)
+    model, tok, history = build(phases, args.batch, args.drop, args.seed, args.resume, args.resume_phases,
+                                 model_config=args.model_config)
     args.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(args.out, safe_serialization=True)
     tok.save_pretrained(args.out)

@@ -51,8 +51,14 @@ from tokengrad.train.config import load_config, parse_override  # noqa: E402
 
 RULES = ("grpo", "tr_grpo", "tr_grpo_reverse", "ar", "lopti", "ar_lopti", "cw_grpo")
 LOW_EDGE = 0.25  # the lowest probability bucket of the default edges [0, .25, .5, .75, 1]
-TEACHER_DROP = 0.5  # the sloppy-carry teacher of scripts/make_lab_model.py
 N_BOOT = 10_000
+
+
+def teacher_drop() -> float:
+    """The carry-forgetting probability the shipped lab model was trained with (its SFT history)."""
+    from tokengrad.train.lab import lab_dir
+
+    return float(json.loads((lab_dir("lab-add") / "sft_history.json").read_text())["settings"]["drop"])
 
 
 def config_path(rule: str) -> Path:
@@ -95,8 +101,8 @@ def run_control(seed: int, seconds: float, out: Path, overrides: dict) -> dict:
     held = task.eval_problems(cfg.eval_per_difficulty, seed)
     batch = cfg.prompts_per_step * cfg.group_size
     problems = task.train_problems(batch * cfg.steps, seed)
-    rng = np.random.default_rng([seed, 3])
-    pairs = [(render_prompt(tok, p), task.teacher(p, TEACHER_DROP, rng)) for p in problems]
+    rng, drop = np.random.default_rng([seed, 3]), teacher_drop()
+    pairs = [(render_prompt(tok, p), task.teacher(p, drop, rng)) for p in problems]
 
     def examples(step: int) -> list[tuple[str, str]]:
         return [pairs[(step * batch + j) % len(pairs)] for j in range(batch)]
