@@ -13,6 +13,7 @@ same seed's grpo run, evaluated on the same held-out set (OUT/control-s<seed>.js
 
 Per run (tokengrad run format; "live" = steps whose update had a non-zero gradient):
     acc_start, acc_final, acc_gain   held-out greedy exact match at step -1 and after the last step
+    acc_mean                         its mean over the evaluations after updates (speed of learning)
     acc_d<k>, gain_d<k>              the same by difficulty (number of carries k)
     live_share                       share of steps with a gradient
     low_tokens, low_update           AR-Lopti premise: p < 0.25 tokens' share of the loss tokens and of the
@@ -78,6 +79,36 @@ def run_one(rule: str, seed: int, run_dir: Path, overrides: dict) -> Path:
     return run_dir
 
 
+def _unit(kind: str, rule: str, seed: int, out: Path, overrides: dict, threads: int) -> str:
+    """One unit of the study in a worker process: a (rule, seed) run, or the seed's SFT control (which
+    needs the wall time of that seed's grpo run, so it is scheduled after it)."""
+    torch.set_num_threads(threads)
+    if kind == "run":
+        run_one(rule, seed, out / f"{rule}-s{seed}", overrides)
+        return f"finished {out}/{rule}-s{seed}"
+    wall = json.loads((out / f"grpo-s{seed}" / "study.json").read_text())["wall_seconds"]
+    run_control(seed, wall, out, overrides)
+    return f"finished {out}/control-s{seed}.json"
+
+
+def train_all(rules: list[str], seeds: list[int], out: Path, overrides: dict, jobs: int, threads: int,
+              control: bool) -> None:
+    """Every (rule, seed) run, seed-major (an interrupted study has every rule at the early seeds), then the
+    controls, on `jobs` worker processes. Finished runs and controls are reused."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    out.mkdir(parents=True, exist_ok=True)
+    units = [("run", rule, seed) for seed in seeds for rule in rules]
+    units += [("control", "grpo", seed) for seed in seeds if control and "grpo" in rules]
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+        runs = [pool.submit(_unit, *u, out, overrides, threads) for u in units if u[0] == "run"]
+        for f in runs:
+            print(f.result(), flush=True)
+        for f in [pool.submit(_unit, *u, out, overrides, threads) for u in units if u[0] == "control"]:
+            print(f.result(), flush=True)
+
+
 def accuracy(results: dict) -> float:
     """n-weighted mean of {difficulty: (accuracy, n)}."""
     n = sum(k for _, k in results.values())
@@ -130,6 +161,8 @@ def eval_metrics(ev: pd.DataFrame) -> dict:
         for d, a in zip(e["difficulty"], e["accuracy"]):
             out[f"{tag}_d{d}"] = float(a)
     out["acc_gain"] = out["acc_final"] - out["acc_start"]
+    after = ev[ev["step"] >= 0].groupby("step").apply(lambda e: (e["accuracy"] * e["n"]).sum() / e["n"].sum())
+    out["acc_mean"] = float(after.mean())   # mean over the evaluations after updates: speed of learning
     for key in [k for k in out if k.startswith("final_d")]:
         d = key.removeprefix("final_d")
         out[f"acc_d{d}"] = out.pop(key)
@@ -226,8 +259,8 @@ def markdown(df: pd.DataFrame) -> str:
 
 
 SECTIONS = {
-    "Held-out accuracy (greedy exact match, step -1 → last step)": ["acc_start", "acc_final", "acc_gain",
-                                                                     "live_share", "wall_seconds"],
+    "Held-out accuracy (greedy exact match, step -1 → last step)": [
+        "acc_start", "acc_mean", "acc_final", "acc_gain", "live_share", "wall_seconds"],
     "Accuracy gain by difficulty (carries)": "gain_d",
     "Final accuracy by difficulty (carries)": "acc_d",
     "AR-Lopti premise: p < 0.25 tokens, live bucket steps": ["low_tokens", "low_update"],
@@ -281,24 +314,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--figures", default=str(ROOT / "docs" / "figures"), help="PNG folder ('' = none)")
     ap.add_argument("--no-control", action="store_true", help="skip the SFT-continuation control")
     ap.add_argument("--table-only", action="store_true", help="summarise the runs in --out, train nothing")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: deterministic)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per run (1: deterministic)")
+    ap.add_argument("--jobs", type=int, default=1, help="runs trained at once, each in its own process")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="overrides for every run")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     overrides = dict(parse_override(item) for item in args.set)
-    rows = []
-    for seed in args.seeds:  # seed-major: an interrupted study has every rule at the early seeds
-        for rule in args.rules:
-            run_dir = args.out / f"{rule}-s{seed}"
-            if not args.table_only:
-                run_one(rule, seed, run_dir, overrides)
-                print(f"finished {run_dir}", flush=True)
-            if (run_dir / "meta.json").exists():
-                rows.append(run_row(run_dir))
-        wall = next((r["wall_seconds"] for r in rows if r["rule"] == "grpo" and r["seed"] == seed), None)
-        done = (args.out / f"control-s{seed}.json").exists()
-        if not args.no_control and wall and (not args.table_only or done):
-            rows.append({"rule": "control", **run_control(seed, wall, args.out, overrides)})
+    if not args.table_only:
+        train_all(args.rules, args.seeds, args.out, overrides, args.jobs, args.threads, not args.no_control)
+    rows = [run_row(args.out / f"{rule}-s{seed}") for seed in args.seeds for rule in args.rules
+            if (args.out / f"{rule}-s{seed}" / "meta.json").exists()]
+    rows += [{"rule": "control", **json.loads(p.read_text())} for seed in args.seeds
+             if (p := args.out / f"control-s{seed}.json").exists()]
     if not rows:
         raise SystemExit(f"no runs under {args.out}")
     df = pd.DataFrame(rows)
