@@ -110,6 +110,23 @@ def test_lab_add_model_resolves_offline():
     assert acc["0"][0] > 0.5 and 0 < sum(a for a, _ in acc.values()) / 5 < 0.9
 
 
+def test_lab_add_sits_on_the_sloppy_teachers_plateau():
+    # The organism's design (scripts/make_lab_model.py): fitted to a teacher that keeps each carry with
+    # probability 1 - 0.6, the model writes a carry with probability ~0.4, so greedy decoding drops carries
+    # while sampling gets one-carry problems right ~40 % of the time: RL has signal and room.
+    from tokengrad.train.rollout import evaluate, generate_completions, sampling_kwargs
+
+    model, tok = load_model("lab-add")
+    task = get_task("lab_add", digits=4)
+    one_carry = [p for p in task.eval_problems(40, seed=3) if p.difficulty == "1"]
+    greedy = evaluate(model, tok, task, one_carry, 6, 1, 100)["1"][0]
+    torch.manual_seed(0)
+    comps = generate_completions(model, tok, [render_prompt(tok, p) for p in one_carry], 10, 6,
+                                 sampling_kwargs(1.0, 1.0), task)
+    sampled = np.mean([task.is_correct(p, t) for p, t in zip(np.repeat(one_carry, 10), comps.texts)])
+    assert greedy < 0.25 and 0.25 < sampled < 0.55, (greedy, sampled)
+
+
 def test_few_trainer_steps_on_lab_add(tmp_path):
     run_dir = tokengrad.train("configs/lab_add_grpo.toml", steps=2, eval_every=2, eval_per_difficulty=2,
                               bucket_every=1, run_dir=str(tmp_path / "run"), progress=False)
