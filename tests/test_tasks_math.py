@@ -154,6 +154,17 @@ def test_arithmetic_problems():
         assert task.reward(p, f"</think> <answer>{p.answer + 1}</answer>") == 0.1
 
 
+def test_arithmetic_answer_only_prompt_and_reward():
+    task = get_task("arithmetic", digits=2, ops="+", think=False)
+    p = task.train_problems(1, seed=0)[0]
+    assert p.response_prefix == "<answer>" and "<think>" not in p.prompt and "only the final answer" in p.prompt
+    assert [p.meta["expression"] for p in task.train_problems(5, seed=0)] == [
+        q.meta["expression"] for q in get_task("arithmetic", digits=2, ops="+").train_problems(5, seed=0)]
+    assert task.reward(p, f" {p.answer} </answer>") == 1.0       # the prefix opened the tag
+    assert task.reward(p, f"{p.answer + 1}</answer>") == 0.1
+    assert task.reward(p, f" {p.answer}") == 0.0                  # never closed: no answer
+
+
 def test_arithmetic_small_space_eval_repeats_held_out_problems():
     task = get_task("arithmetic", digits=1, ops="+")
     space = [f"arithmetic|{a} + {b}" for a in range(10) for b in range(10)]  # all 100 one-digit sums
@@ -176,6 +187,7 @@ def test_arithmetic_small_space_eval_repeats_held_out_problems():
         (dict(ops="/"), "ops"),
         (dict(ops="++"), "ops"),
         (dict(ops=["+"]), "ops"),
+        (dict(think="no"), "think"),
     ],
 )
 def test_arithmetic_bad_params(params, message):
