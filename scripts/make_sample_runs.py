@@ -1,15 +1,16 @@
-"""Create the shipped sample runs: the CPU lab model trained with GRPO, TR-GRPO and AR+Lopti.
+"""Create the shipped sample runs: the CPU lab model and SmolLM2-135M, each under GRPO, TR-GRPO and AR+Lopti.
 
-    python scripts/make_sample_runs.py                          # sample_runs/{grpo,tr_grpo,ar_lopti}
-    python scripts/make_sample_runs.py --rules grpo --steps 5   # a quick look at one rule
-    tokengrad dashboard sample_runs                             # then look at them
+    python scripts/make_sample_runs.py                              # all six runs into sample_runs/
+    python scripts/make_sample_runs.py --only lab_grpo --steps 5    # a quick look at one run
+    tokengrad dashboard sample_runs                                 # then look at them
 
-Every run uses configs/lab_add_<rule>.toml (the lab model `lab-add` on compact 4-digit addition; the
-configs differ only in the weighting rule and its parameters) with the same seed, so the three runs share
-the training prompts, the held-out set and the sampling stream of step 0 (later steps diverge only because
-the policies do). The rule parameters are the papers' published ones where they exist: TR-GRPO (arXiv
-2511.00066) with the rule's documented defaults, AR + Lopti (arXiv 2505.12929) with alpha 0.3, eta 0.5,
-its authors' best Knights-and-Knaves setting. These are also the study's seed-0 runs (scripts/study.py).
+`lab_<rule>`: configs/lab_add_<rule>.toml (the lab model `lab-add` on compact 4-digit addition; the configs
+differ only in the weighting rule and its parameters). `smollm_<rule>`: configs/smollm_sample.toml
+(SmolLM2-135M-Instruct on 1-2 digit arithmetic, refilling dynamic sampling) with the rule set on the
+command line. Within each family every run uses the same seed, so the runs share the training prompts, the
+held-out set and the sampling stream of step 0 (later steps diverge only because the policies do). The rule
+parameters are the papers' published ones: TR-GRPO (arXiv 2511.00066) with the rule's documented defaults,
+AR + Lopti (arXiv 2505.12929) with alpha 0.3, eta 0.5, its authors' best Knights-and-Knaves setting.
 
 Repeatable on CPU: torch runs on one thread (a rerun reproduces the same completions, and on a shared
 machine one thread is also the fastest). No checkpoint is written: the run format is what ships.
@@ -32,22 +33,25 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout
 import tokengrad  # noqa: E402
 from tokengrad.train.checkpoint import checkpoint_path  # noqa: E402
 
-RULES = ("grpo", "tr_grpo", "ar_lopti")   # each trains configs/lab_add_<rule>.toml
+RULE_PARAMS = {"grpo": {}, "tr_grpo": {}, "ar_lopti": {"alpha": 0.3, "eta": 0.5}}
+# run name -> (config, overrides): the lab configs carry their rule, the SmolLM2 config gets it here
+RUNS = {f"lab_{r}": (f"lab_add_{r}.toml", {}) for r in RULE_PARAMS} | {
+    f"smollm_{r}": ("smollm_sample.toml", {"weighting": r, "weighting_params": p})
+    for r, p in RULE_PARAMS.items()
+}
 SIZE_LIMIT_MB = 30.0  # the committed sample_runs/ folder, all runs together
 
 
-def config_path(rule: str) -> Path:
-    return ROOT / "configs" / f"lab_add_{rule}.toml"
-
-
-def make_run(rule: str, out: Path, overrides: dict) -> tuple[Path, float]:
-    """Train one rule into out/<rule> (replacing an old run there); returns (run_dir, seconds)."""
-    if rule not in RULES:
-        raise ValueError(f"unknown rule {rule!r}; known: {sorted(RULES)}")
-    run_dir = out / rule
+def make_run(name: str, out: Path, overrides: dict) -> tuple[Path, float]:
+    """Train run `name` into out/<name> (replacing an old run there); returns (run_dir, seconds)."""
+    if name not in RUNS:
+        raise ValueError(f"unknown sample run {name!r}; known: {sorted(RUNS)}")
+    config, fixed = RUNS[name]
+    run_dir = out / name
     shutil.rmtree(run_dir, ignore_errors=True)
     t0 = time.perf_counter()
-    tokengrad.train(str(config_path(rule)), run_dir=str(run_dir), run_name=rule, **overrides)
+    tokengrad.train(str(ROOT / "configs" / config), run_dir=str(run_dir), run_name=name,
+                    **(fixed | overrides))
     shutil.rmtree(checkpoint_path(run_dir), ignore_errors=True)
     return run_dir, time.perf_counter() - t0
 
@@ -59,7 +63,7 @@ def folder_mb(path: Path) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "sample_runs", help="folder of the runs")
-    ap.add_argument("--rules", nargs="+", default=list(RULES), choices=sorted(RULES))
+    ap.add_argument("--only", nargs="+", default=list(RUNS), choices=sorted(RUNS), help="runs to (re)make")
     ap.add_argument("--steps", type=int, default=None, help="override the config's steps (quick looks)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: deterministic and fastest "
                                                            "on a shared machine)")
@@ -67,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     overrides = {"progress": False} | ({"steps": args.steps} if args.steps else {})
     args.out.mkdir(parents=True, exist_ok=True)
-    for rule in args.rules:
-        run_dir, seconds = make_run(rule, args.out, overrides)
+    for name in args.only:
+        run_dir, seconds = make_run(name, args.out, overrides)
         print(f"{run_dir}: {seconds / 60:.1f} min, {folder_mb(run_dir):.1f} MB", flush=True)
     total = folder_mb(args.out)
     print(f"{args.out}: {total:.1f} MB in all (limit {SIZE_LIMIT_MB:.0f} MB)")

@@ -39,8 +39,9 @@ RESPONSE_PREFIX = "Ok let me think about it.\n<think>"
 PROMPT = ("Give me the answer of the following equation: {a} {op} {b} = ? Show your work in <think> </think> "
           "tags. And return the final answer as an integer in <answer> </answer> tags, for example "
           "<answer> 17 </answer>.")
+# No worked example here: a 135M model copies an example's number as its answer.
 PROMPT_DIRECT = ("Give me the answer of the following equation: {a} {op} {b} = ? Return only the final "
-                 "answer as an integer in <answer> </answer> tags, for example <answer> 17 </answer>.")
+                 "answer as an integer in <answer> </answer> tags.")
 PREFIX_DIRECT = "<answer>"
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 MAX_DIGITS = 12
