@@ -287,20 +287,27 @@ def report(df: pd.DataFrame) -> str:
 
 
 def figures(out: Path, fig_dir: Path, rules: list[str]) -> list[Path]:
-    """Entropy trajectory per rule (mean over seeds), drawn and written by tokengrad's figure/export code."""
+    """Per rule, pooled over seeds: entropy and sampled accuracy (mean over seeds) and held-out accuracy by
+    difficulty over steps, drawn and written by tokengrad's figure/export code."""
     from tokengrad.figures import make_metric_figure
+    from tokengrad.figures.evals import make_accuracy_over_steps_figure
     from tokengrad.figures.export import FigureSpec, write_static
 
-    frames = {}
+    frames, evals = {}, {}
     for rule in rules:
-        runs = [load_run(p).steps for p in sorted(out.glob(f"{rule}-s*")) if (p / "meta.json").exists()]
+        runs = [load_run(p) for p in sorted(out.glob(f"{rule}-s*")) if (p / "meta.json").exists()]
         if runs:
             cols = ["entropy_mean", "accuracy", "reward_mean"]
-            frames[rule] = pd.concat(runs).groupby("step", as_index=False)[cols].mean().assign(rank=0)
+            steps = pd.concat([r.steps for r in runs])
+            frames[rule] = steps.groupby("step", as_index=False)[cols].mean().assign(rank=0)
+            evals[rule] = pd.concat([r.evals for r in runs], ignore_index=True)
     specs = [FigureSpec("study_entropy", make_metric_figure(frames, "entropy_mean", smoothing=0.8,
                                                             title="token entropy, mean over seeds")),
              FigureSpec("study_sampled_accuracy", make_metric_figure(
-                 frames, "accuracy", smoothing=0.8, title="sampled exact match, mean over seeds"))]
+                 frames, "accuracy", smoothing=0.8, title="sampled exact match, mean over seeds")),
+             FigureSpec("study_heldout_by_carries", make_accuracy_over_steps_figure(
+                 evals, by_difficulty=True, title="held-out greedy exact match by carries, seeds pooled"),
+                        width="page", height_in=3.0)]
     fig_dir.mkdir(parents=True, exist_ok=True)
     return write_static(specs, fig_dir)
 
