@@ -2,6 +2,7 @@
 
     python scripts/make_sample_runs.py                              # all six runs into sample_runs/
     python scripts/make_sample_runs.py --only lab_grpo --steps 5    # a quick look at one run
+    python scripts/make_sample_runs.py --from-study runs/study      # lab runs = the study's seed-0 runs
     tokengrad dashboard sample_runs                                 # then look at them
 
 `lab_<rule>`: configs/lab_add_<rule>.toml (the lab model `lab-add` on compact 4-digit addition; the configs
@@ -19,6 +20,7 @@ machine one thread is also the fastest). No checkpoint is written: the run forma
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 import time
@@ -56,6 +58,24 @@ def make_run(name: str, out: Path, overrides: dict) -> tuple[Path, float]:
     return run_dir, time.perf_counter() - t0
 
 
+def copy_study_run(name: str, study: Path, out: Path) -> Path:
+    """out/<name> as a copy of the study's seed-0 run of the same config (scripts/study.py trains
+    configs/lab_add_<rule>.toml with seed 0 exactly as make_run does), relabelled with the sample name."""
+    config, fixed = RUNS[name]
+    rule = config.removeprefix("lab_add_").removesuffix(".toml")
+    src = study / f"{rule}-s0"
+    meta = json.loads((src / "meta.json").read_text()) if (src / "meta.json").exists() else {}
+    if not (config.startswith("lab_add_") and meta.get("finished") and meta["config"]["seed"] == 0):
+        raise SystemExit(f"{src} is not a finished seed-0 study run of {config}")
+    run_dir = out / name
+    shutil.rmtree(run_dir, ignore_errors=True)
+    shutil.copytree(src, run_dir, ignore=shutil.ignore_patterns("study.json", "checkpoint"))
+    meta["run_name"] = meta["config"]["run_name"] = name
+    meta["config"]["run_dir"] = str(run_dir.relative_to(ROOT) if run_dir.is_relative_to(ROOT) else run_dir)
+    (run_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return run_dir
+
+
 def folder_mb(path: Path) -> float:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 2**20
 
@@ -64,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "sample_runs", help="folder of the runs")
     ap.add_argument("--only", nargs="+", default=list(RUNS), choices=sorted(RUNS), help="runs to (re)make")
+    ap.add_argument("--from-study", type=Path, default=None, help="copy the lab runs from this finished "
+                    "study folder (its seed-0 runs are the same configs and seed) instead of training them")
     ap.add_argument("--steps", type=int, default=None, help="override the config's steps (quick looks)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: deterministic and fastest "
                                                            "on a shared machine)")
@@ -72,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {"progress": False} | ({"steps": args.steps} if args.steps else {})
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.only:
+        if args.from_study and name.startswith("lab_"):
+            print(f"{copy_study_run(name, args.from_study, args.out)}: copied from {args.from_study}")
+            continue
         run_dir, seconds = make_run(name, args.out, overrides)
         print(f"{run_dir}: {seconds / 60:.1f} min, {folder_mb(run_dir):.1f} MB", flush=True)
     total = folder_mb(args.out)
