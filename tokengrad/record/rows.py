@@ -185,6 +185,21 @@ def _nanmean(x: np.ndarray) -> float:
     return float(x.mean()) if x.size else math.nan
 
 
+def sample_rows(cols: dict, *, step: int, rank: int) -> list[dict]:
+    """One samples-table row per completion from columns that are list-like of one length (sample_id's) or
+    a single string (the same for every row) or None."""
+    n = len(cols["sample_id"])
+    for k, v in cols.items():
+        if v is not None and not isinstance(v, str) and len(v) != n:
+            raise ValueError(f"samples(): {k} has {len(v)} entries, sample_ids has {n}")
+    one = lambda v, i: v if isinstance(v, str) or v is None else _item(v[i])  # noqa: E731
+    return [dict({k: one(v, i) for k, v in cols.items()}, step=step, rank=rank) for i in range(n)]
+
+
+def _item(v):
+    return v.item() if hasattr(v, "item") else v
+
+
 def scalar_table(table: str, rows: list[dict]) -> pa.Table | None:
     """Rows of a small table: fixed schema columns (missing -> null) plus any extra scalar columns."""
     if not rows:

@@ -11,18 +11,19 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pyarrow as pa
 import torch
 
 from tokengrad import schema
 from tokengrad.record import bucket_analysis as bk
+from tokengrad.record.bucket_rows import BucketState, bucket_rows
 from tokengrad.record.budget import budgeted, capture_pass
 from tokengrad.record.checks import RESERVED, check_ids, check_scalars, check_track_inputs
 from tokengrad.record.distributed import global_grad_norms, grads_are_sharded
 from tokengrad.record.gradnorms import grad_norms, trainable_params
-from tokengrad.record.rows import CapturedBatch, scalar_table, step_derived, tokens_table
+from tokengrad.record.rows import CapturedBatch, sample_rows, scalar_table, step_derived, tokens_table
 from tokengrad.record.stats import TokenStats, token_stats
 from tokengrad.record.step_attribution import StepAttribution, bucket_share_rows
 from tokengrad.record.writer import Rows
@@ -54,12 +55,6 @@ class _Pass:
     recompute: object = None                # () -> [N, T] log pi again, for attribution steps
 
 
-@dataclass
-class _BucketState:
-    grads: list                             # per bucket: per-parameter grads
-    n_tokens: list[int] = field(default_factory=list)
-
-
 class StepRecorder:
     def __init__(self, recorder, step: int, bucket_step: bool, attribute_step: bool = False):
         self.rec = recorder
@@ -73,7 +68,7 @@ class StepRecorder:
         self._samples: list[dict] = []
         self._layer_rows: list[dict] = []
         self._bucket_rows: list[dict] = []
-        self._bucket_state: dict[int, _BucketState] = {}
+        self._bucket_state: dict[int, BucketState] = {}
         self._update_norms: dict[int, float] = {}
         self._t0 = time.perf_counter()
         self._t_record = 0.0
@@ -223,18 +218,18 @@ class StepRecorder:
                 grads = bk.bucket_gradients(p.logprobs, p.coef, p.in_loss, idx, nb, params)
             finally:
                 self._in_bucket_backward = False
-            state = self._bucket_state.setdefault(p.update_id, _BucketState([None] * nb, [0] * nb))
+            state = self._bucket_state.setdefault(p.update_id, BucketState([None] * nb, [0] * nb))
             bk.accumulate(state.grads, grads)
             for b in range(nb):
                 state.n_tokens[b] += int(((idx == b) & p.in_loss).sum())
         self._t_record += time.perf_counter() - t
 
-    def take_open_buckets(self, update_id: int) -> _BucketState | None:
+    def take_open_buckets(self, update_id: int) -> BucketState | None:
         """Hand over the bucket gradients of an update that has no optimizer step yet, for an update that
         spans steps (TRL accumulating over generation batches); `continue_buckets` on the next step."""
         return self._bucket_state.pop(update_id, None)
 
-    def continue_buckets(self, analyze: bool, state: _BucketState | None, update_id: int = 0) -> None:
+    def continue_buckets(self, analyze: bool, state: BucketState | None, update_id: int = 0) -> None:
         """Carry on an update begun in the previous step: its bucket analysis goes on (with the gradients
         `take_open_buckets` took) or stays off, whatever this step's own schedule says."""
         self.is_bucket_step = analyze and self.rec.model is not None
@@ -283,36 +278,8 @@ class StepRecorder:
         return total
 
     def _finish_buckets(self, update_id: int, total: list[torch.Tensor]) -> None:
-        state = self._bucket_state.pop(update_id)
-        _all_reduce_mean(state, total)
-        res = bk.bucket_shares(state.grads, total)
-        edges, n_all = self.rec.bucket_edges, max(sum(state.n_tokens), 1)
-        for b, (lo, hi) in enumerate(zip(edges, edges[1:])):
-            self._bucket_rows.append(
-                dict(
-                    step=self.step,
-                    rank=self.rec.rank,
-                    update_id=update_id,
-                    bucket=schema.bucket_label(lo, hi),
-                    lo=lo,
-                    hi=hi,
-                    n_tokens=state.n_tokens[b],
-                    token_share=state.n_tokens[b] / n_all,
-                    grad_norm=res["grad_norm"][b],
-                    update_share=res["update_share"][b],
-                    cos_to_total=res["cos_to_total"][b],
-                )
-            )
-        self._bucket_rows.append(
-            dict(
-                step=self.step,
-                rank=self.rec.rank,
-                update_id=update_id,
-                bucket=schema.RESIDUAL_BUCKET,
-                grad_norm=res["residual_grad_norm"],
-                update_share=res["residual_share"],
-            )
-        )
+        self._bucket_rows += bucket_rows(self._bucket_state.pop(update_id), total, self.rec.bucket_edges,
+                                         step=self.step, rank=self.rec.rank, update_id=update_id)
 
     def record_prob_change(self, new_logprobs: torch.Tensor, sample_ids: torch.Tensor | None = None) -> None:
         """After the step's updates: mean change of probability and correct ratio per pi_old bucket (AR-Lopti,
@@ -372,27 +339,12 @@ class StepRecorder:
         **extra,
     ) -> None:
         """One row per completion into the samples table; list-like arguments of equal length."""
-        n = len(sample_ids)
         if RESERVED & set(extra):
             raise ValueError(f"samples(): {sorted(RESERVED & set(extra))} are set by the recorder; rename")
-        cols = dict(
-            sample_id=sample_ids,
-            group_id=group_ids,
-            prompt=prompts,
-            completion=completions,
-            reward=rewards,
-            advantage=advantages,
-            length=lengths,
-            task=task,
-            difficulty=difficulty,
-            **extra,
-        )
-        for k, v in cols.items():
-            if v is not None and not isinstance(v, str) and len(v) != n:
-                raise ValueError(f"samples(): {k} has {len(v)} entries, sample_ids has {n}")
-        for i in range(n):
-            row = {k: (v if isinstance(v, str) or v is None else _py(v[i])) for k, v in cols.items()}
-            self._samples.append(dict(row, step=self.step, rank=self.rec.rank))
+        cols = dict(sample_id=sample_ids, group_id=group_ids, prompt=prompts, completion=completions,
+                    reward=rewards, advantage=advantages, length=lengths, task=task, difficulty=difficulty,
+                    **extra)
+        self._samples += sample_rows(cols, step=self.step, rank=self.rec.rank)
 
     # ---- end of step -------------------------------------------------------------------------------
     def finish(self) -> dict:
@@ -447,23 +399,3 @@ def _ids(ids: torch.Tensor | None, n: int, dev) -> torch.Tensor:
     return torch.arange(n, device=dev) if ids is None else torch.as_tensor(ids, device=dev).long()
 
 
-def _py(v):
-    return v.item() if hasattr(v, "item") else v
-
-
-def _all_reduce_mean(state: _BucketState, like: list[torch.Tensor]) -> None:
-    """Match DDP's gradient averaging so bucket gradients compare with the global gradient; token counts
-    are summed. Every rank takes part for every bucket (an empty one with zeros) so the collectives match."""
-    dist = torch.distributed
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return
-    ws = dist.get_world_size()
-    for b, g in enumerate(state.grads):
-        if g is None:
-            g = state.grads[b] = [torch.zeros_like(t) for t in like]
-        for t in g:
-            dist.all_reduce(t)
-            t.div_(ws)
-    counts = torch.tensor(state.n_tokens, dtype=torch.long, device=like[0].device if like else "cpu")
-    dist.all_reduce(counts)
-    state.n_tokens = counts.tolist()
