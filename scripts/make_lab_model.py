@@ -111,8 +111,8 @@ def build(phases: list[tuple[int, float]], batch: int, drop: float, seed: int, r
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--phases", default=PHASES, help="SFT phases steps:peak_lr,... (each cosine-annealed "
-                                                     "to lr 0 after a warm-up; a later phase is a warm restart)")
+    ap.add_argument("--phases", default=PHASES, help="SFT phases steps:peak_lr,... (each cosine-annealed to "
+                    "lr 0 after a warm-up; a later phase is a warm restart)")
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--drop", type=float, default=0.6, help="the teacher's carry-forgetting probability")
     ap.add_argument("--seed", type=int, default=0)

@@ -157,7 +157,8 @@ def test_arithmetic_problems():
 def test_arithmetic_answer_only_prompt_and_reward():
     task = get_task("arithmetic", digits=2, ops="+", think=False)
     p = task.train_problems(1, seed=0)[0]
-    assert p.response_prefix == "<answer>" and "<think>" not in p.prompt and "only the final answer" in p.prompt
+    assert p.response_prefix == "<answer>" and "<think>" not in p.prompt
+    assert "only the final answer" in p.prompt
     assert [p.meta["expression"] for p in task.train_problems(5, seed=0)] == [
         q.meta["expression"] for q in get_task("arithmetic", digits=2, ops="+").train_problems(5, seed=0)]
     assert task.reward(p, f" {p.answer} </answer>") == 1.0       # the prefix opened the tag
