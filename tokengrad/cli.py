@@ -3,8 +3,8 @@
     tokengrad train configs/tiny_charset.toml steps=20 weighting=tr_grpo
     tokengrad dashboard sample_runs --port 8501
     tokengrad export sample_runs/* --out figures --format pdf
-    tokengrad inspect sample_runs/grpo            # summary of a run;  --schema prints the run format
-    tokengrad publish sample_runs/grpo --tensorboard tb   # aggregates to TensorBoard (--wandb PROJECT)
+    tokengrad inspect sample_runs/lab_grpo        # summary of a run;  --schema prints the run format
+    tokengrad publish sample_runs/lab_grpo --tensorboard tb   # aggregates to TensorBoard (--wandb PROJECT)
 
 Each subcommand's own options: `tokengrad SUBCOMMAND --help`.
 
