@@ -14,6 +14,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+# The data layer (run format, queries) reads Parquet only: no torch, plotting, dashboard or training code.
+DATA_LAYER_FORBIDDEN = ["torch", "plotly", "streamlit", "tokengrad.record", "tokengrad.train",
+                        "tokengrad.figures"]
 # module imported -> module prefixes that must not be loaded afterwards
 FORBIDDEN = {
     "tokengrad.record": [
@@ -33,38 +36,10 @@ FORBIDDEN = {
         "streamlit",
     ],
     "tokengrad.figures.export": ["torch", "tokengrad.record", "tokengrad.train", "streamlit"],
-    "tokengrad.runs": [
-        "torch",
-        "plotly",
-        "streamlit",
-        "tokengrad.record",
-        "tokengrad.train",
-        "tokengrad.figures",
-    ],
-    "tokengrad.queries": [
-        "torch",
-        "plotly",
-        "streamlit",
-        "tokengrad.record",
-        "tokengrad.train",
-        "tokengrad.figures",
-    ],
-    "tokengrad.gradient_shares": [
-        "torch",
-        "plotly",
-        "streamlit",
-        "tokengrad.record",
-        "tokengrad.train",
-        "tokengrad.figures",
-    ],
-    "tokengrad.share_queries": [
-        "torch",
-        "plotly",
-        "streamlit",
-        "tokengrad.record",
-        "tokengrad.train",
-        "tokengrad.figures",
-    ],
+    "tokengrad.runs": DATA_LAYER_FORBIDDEN,
+    "tokengrad.queries": DATA_LAYER_FORBIDDEN,
+    "tokengrad.gradient_shares": DATA_LAYER_FORBIDDEN,
+    "tokengrad.share_queries": DATA_LAYER_FORBIDDEN,
     "tokengrad.schema": ["torch", "plotly", "streamlit", "pandas", "tokengrad.runs"],
     "tokengrad.registry": ["torch", "plotly", "pandas", "pyarrow"],
     "tokengrad": ["torch", "plotly", "streamlit", "tokengrad.record", "tokengrad.train", "tokengrad.figures"],
