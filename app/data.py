@@ -6,7 +6,7 @@ a rewritten meta.json changes the signature, so the next script run misses the c
 data; a finished run keeps its signature and is served from the cache. Views call the uncached façade
 functions below (`meta`, `table`, `query`, ...), which compute the signature and call the cached loaders.
 
-Token-level data are never loaded whole: `query` runs one of tokengrad.queries' DuckDB aggregations.
+Token-level data are never loaded whole: `query` runs one of tokengrad.read.queries' DuckDB aggregations.
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from tokengrad import gradient_shares, queries, schema, share_queries
-from tokengrad.runs import list_runs, load_run
+from tokengrad import schema
+from tokengrad.read import gradient_shares, queries, share_queries
+from tokengrad.read.runs import list_runs, load_run
 
 Signature = tuple[tuple[str, int, int], ...]
 SMALL_TABLES = ("steps", "layers", "buckets", "samples", "evals")
-# The token-table aggregations the pages run (tokengrad.queries, all computed inside DuckDB).
+# The token-table aggregations the pages run (tokengrad.read.queries, all computed inside DuckDB).
 QUERIES = {f.__name__: f for f in (
     queries.token_frequencies, queries.grad_norm_by_prob, queries.top_tokens,
     queries.top_samples, queries.sample_tokens, queries.token_steps, queries.token_totals,
@@ -117,7 +118,7 @@ def warnings_for(run_dir: str) -> tuple[str, ...]:
 
 
 def query(run_dir: str, name: str, **kwargs) -> Any:
-    """Run the DuckDB aggregation `tokengrad.queries.<name>` on the run's tables (cached)."""
+    """Run the DuckDB aggregation `tokengrad.read.queries.<name>` on the run's tables (cached)."""
     if name not in QUERIES:
         raise ValueError(f"unknown query {name!r}; known: {sorted(QUERIES)}")
     items = tuple(sorted((k, _hashable(v)) for k, v in kwargs.items()))

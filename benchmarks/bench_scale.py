@@ -143,7 +143,8 @@ def timed(fn) -> tuple[float, object]:
 
 
 def part_run(args) -> None:
-    from tokengrad import load_run, share_queries
+    from tokengrad import load_run
+    from tokengrad.read import share_queries
     from tokengrad.figures.overview import make_grad_norm_figure, make_overview_figure
     from tokengrad.figures.summary import summarize_run
 

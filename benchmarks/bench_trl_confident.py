@@ -5,7 +5,7 @@
 
 TRL's loss pass runs its fused head (forward with log-probs, entropy and log sum p^2, then backward) over the
 micro-batch's completion tokens. The recording takes the logits of the tokens with p > 1/2 again from the
-LM-head input (tokengrad/integrations/trl_fused.py). Printed: both times on SmolLM2-135M's head
+LM-head input (tokengrad/integrations/trl/fused.py). Printed: both times on SmolLM2-135M's head
 (D = 576, V = 49,152) for 512 tokens, with every token confident (the worst case) and with 80 % of them,
 and the ratio of the extra work to TRL's head.
 """
@@ -27,7 +27,7 @@ for path in (ROOT, ROOT / "benchmarks"):  # run as a script from a checkout
 
 from measure import line  # noqa: E402
 
-from tokengrad.integrations.trl_fused import Captured, _confident_stats  # noqa: E402
+from tokengrad.integrations.trl.fused import Captured, _confident_stats  # noqa: E402
 
 M, D, V = 512, 576, 49_152  # tokens of a micro-batch, SmolLM2-135M hidden size and vocabulary
 

@@ -21,9 +21,9 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from tokengrad import Recorder
+from tokengrad.objective.advantages import compute_advantages
+from tokengrad.objective.loss import policy_loss
 from tokengrad.train import distributed as dist
-from tokengrad.train.advantages import compute_advantages
-from tokengrad.train.loss import policy_loss
 from tokengrad.train.models import make_tiny_model, make_tiny_tokenizer
 
 PROMPT_LEN, COMPLETION_LEN = 6, 10

@@ -291,7 +291,8 @@ def figures(out: Path, fig_dir: Path, rules: list[str]) -> list[Path]:
     difficulty over steps, drawn and written by tokengrad's figure/export code."""
     from tokengrad.figures import make_metric_figure
     from tokengrad.figures.evals import make_accuracy_over_steps_figure
-    from tokengrad.figures.export import FigureSpec, write_static
+    from tokengrad.figures.export import write_static
+    from tokengrad.figures.figureset import FigureSpec
 
     frames, evals = {}, {}
     for rule in rules:

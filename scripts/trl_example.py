@@ -47,7 +47,7 @@ def main(run_dir: str, weighting: str | None = None, loss_type: str = "dapo", st
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run-dir", required=True)
-    ap.add_argument("--weighting", default=None, help="a rule of tokengrad.train.weighting, e.g. tr_grpo")
+    ap.add_argument("--weighting", default=None, help="a rule of tokengrad.objective.weighting, e.g. tr_grpo")
     ap.add_argument("--loss-type", default="dapo", help="TRL's loss_type: grpo, dapo, dr_grpo, bnpo, ...")
     ap.add_argument("--steps", type=int, default=4)
     a = ap.parse_args()

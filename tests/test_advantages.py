@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tokengrad.train.advantages import ADVANTAGE_SCALES, compute_advantages, keep_groups
+from tokengrad.objective.advantages import ADVANTAGE_SCALES, compute_advantages, keep_groups
 
 
 def _t(rows):

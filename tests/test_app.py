@@ -21,7 +21,9 @@ import pytest
 from streamlit.testing.v1 import AppTest
 from synthetic_runs import write_synthetic_run
 
-from tokengrad import dashboard, schema
+from tokengrad import schema
+from tokengrad.cli import dashboard
+from tokengrad.read import served_root
 
 REPO = Path(__file__).resolve().parents[1]
 APP = REPO / "app" / "streamlit_app.py"
@@ -62,7 +64,7 @@ def broken_root(tmp_path_factory) -> Path:
 
 
 def _app(root: Path, monkeypatch, page: str | None = None) -> AppTest:
-    monkeypatch.setenv(dashboard.ENV_ROOT, str(root))
+    monkeypatch.setenv(served_root.ENV_ROOT, str(root))
     at = AppTest.from_file(str(APP), default_timeout=60).run()
     if page:
         at.switch_page(page).run()
@@ -239,7 +241,7 @@ def test_dead_steps_are_counted_and_explained(dead_root, monkeypatch):
 
 
 def test_picked_runs_and_settings_come_from_the_url(good_root, monkeypatch):
-    monkeypatch.setenv(dashboard.ENV_ROOT, str(good_root))
+    monkeypatch.setenv(served_root.ENV_ROOT, str(good_root))
     at = AppTest.from_file(str(APP), default_timeout=60)
     at.query_params["runs"] = "tr_grpo"
     at.query_params["smooth"] = "0.8"
@@ -264,7 +266,7 @@ def test_new_run_folders_are_listed_and_picked(tmp_path, monkeypatch):
 @pytest.mark.filterwarnings("ignore:skipped corrupt file:RuntimeWarning")
 @pytest.mark.parametrize("page", PAGES)
 def test_broken_runs_warn_and_the_page_still_works(broken_root, monkeypatch, page):
-    monkeypatch.setenv(dashboard.ENV_ROOT, str(broken_root))
+    monkeypatch.setenv(served_root.ENV_ROOT, str(broken_root))
     at = AppTest.from_file(str(APP), default_timeout=60).run()
     at.multiselect(key="tg_pick").set_value(["badmeta", "corrupt", "partial"]).run()
     at.switch_page(page).run()
@@ -276,7 +278,7 @@ def test_broken_runs_warn_and_the_page_still_works(broken_root, monkeypatch, pag
 
 
 def test_missing_tables_say_how_to_record_them(broken_root, monkeypatch):
-    monkeypatch.setenv(dashboard.ENV_ROOT, str(broken_root))
+    monkeypatch.setenv(served_root.ENV_ROOT, str(broken_root))
     at = AppTest.from_file(str(APP), default_timeout=60).run()
     at.multiselect(key="tg_pick").set_value(["partial"]).run()
     info = {p: " ".join(i.value for i in at.switch_page(p).run().info) for p in PAGES}
@@ -348,8 +350,8 @@ def test_app_never_imports_torch(good_root):
     """Every page rendered in a fresh interpreter; torch must not be loaded, not even transitively."""
     code = textwrap.dedent(f"""
         import os, sys
-        os.environ[{dashboard.ENV_ROOT!r}] = {str(good_root)!r}
-        import app.data, app.views.common, app.views.sidebar, tokengrad.dashboard
+        os.environ[{served_root.ENV_ROOT!r}] = {str(good_root)!r}
+        import app.data, app.views.common, app.views.sidebar, tokengrad.cli.dashboard
         from streamlit.testing.v1 import AppTest
         at = AppTest.from_file({str(APP)!r}, default_timeout=60).run()
         for page in {list(PAGES)!r}:
@@ -383,12 +385,12 @@ def test_dashboard_command_binds_localhost_and_passes_the_root(tmp_path, monkeyp
 
 
 def test_dashboard_root_resolution(tmp_path, monkeypatch):
-    monkeypatch.delenv(dashboard.ENV_ROOT, raising=False)
+    monkeypatch.delenv(served_root.ENV_ROOT, raising=False)
     monkeypatch.chdir(tmp_path)
     assert dashboard.resolve_root(None) == (REPO / "sample_runs").resolve()  # no ./sample_runs here
     (tmp_path / "sample_runs").mkdir()
     assert dashboard.resolve_root(None) == (tmp_path / "sample_runs").resolve()
-    monkeypatch.setenv(dashboard.ENV_ROOT, str(tmp_path / "env_runs"))
+    monkeypatch.setenv(served_root.ENV_ROOT, str(tmp_path / "env_runs"))
     assert dashboard.resolve_root(None) == (tmp_path / "env_runs").resolve()
     assert dashboard.resolve_root("explicit") == (tmp_path / "explicit").resolve()
 

@@ -217,7 +217,7 @@ def test_run_chips_wear_the_run_colours(server, browser):
 def test_export_of_the_scenario_runs_writes_no_nan_label(server, tmp_path, capsys):
     """`tokengrad export` of the shipped, the all-dead and the Lopti runs: SVG text never reads NaN, and
     every figure left out is named with a reason."""
-    from tokengrad.figures.export import cli_export
+    from tokengrad.cli.export import cli_export
 
     runs = [str(server.root / n) for n in [*SHIPPED, "dead", "lopti"]]
     out = tmp_path / "figs"

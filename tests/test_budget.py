@@ -10,7 +10,8 @@ import pytest
 import torch
 from conftest import TINY_V, forward_logprobs, make_model
 
-from tokengrad import Recorder, load_run, queries, schema, share_queries
+from tokengrad import Recorder, load_run, schema
+from tokengrad.read import queries, share_queries
 
 N, L = 8, 13  # sequences, ids per sequence (T = 12 scored tokens)
 

@@ -10,7 +10,9 @@ import pytest
 from streamlit.testing.v1 import AppTest
 from synthetic_runs import write_synthetic_run
 
-from tokengrad import dashboard, list_runs
+from tokengrad import list_runs
+from tokengrad.cli import dashboard
+from tokengrad.read import served_root
 
 REPO = Path(__file__).resolve().parents[1]
 APP = REPO / "app" / "streamlit_app.py"
@@ -29,14 +31,14 @@ def served(tmp_path) -> tuple[Path, Path]:
 
 def test_confine_accepts_the_root_and_below_only(served):
     root, outside = served
-    assert dashboard.confine(root / "inside", root) == (root / "inside").resolve()
+    assert served_root.confine(root / "inside", root) == (root / "inside").resolve()
     with pytest.raises(ValueError, match="outside the served folder.*--allow-any-folder"):
-        dashboard.confine(outside, root)
+        served_root.confine(outside, root)
     with pytest.raises(ValueError, match="outside the served folder"):
-        dashboard.confine(root / "link_out", root)  # a symlink is judged by where it leads
+        served_root.confine(root / "link_out", root)  # a symlink is judged by where it leads
     with pytest.raises(ValueError, match="outside the served folder"):
-        dashboard.confine(root / ".." / "private", root)
-    assert dashboard.confine(outside, root, allow_any=True) == outside.resolve()
+        served_root.confine(root / ".." / "private", root)
+    assert served_root.confine(outside, root, allow_any=True) == outside.resolve()
 
 
 def test_runs_behind_symlinks_leaving_the_root_are_skipped(served):
@@ -55,7 +57,7 @@ def test_the_flag_reaches_the_app_only_when_given():
 
 
 def _app(root: Path, monkeypatch, *argv: str) -> AppTest:
-    monkeypatch.setenv(dashboard.ENV_ROOT, str(root))
+    monkeypatch.setenv(served_root.ENV_ROOT, str(root))
     monkeypatch.setattr(sys, "argv", ["streamlit_app.py", *argv])
     at = AppTest.from_file(str(APP), default_timeout=60).run()
     assert not at.exception, [e.value for e in at.exception]

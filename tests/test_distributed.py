@@ -30,8 +30,8 @@ def test_loss_weights_turn_per_rank_means_into_the_global_mean(monkeypatch):
     """Two simulated ranks with unequal rows and tokens (as after dynamic sampling): each rank's micro-batch
     losses, weighted by micro_batch_share x rank_scale and averaged over ranks as DDP averages gradients,
     have the gradient of the loss over the whole batch, for every aggregation."""
+    from tokengrad.objective.loss import micro_batch_share, normaliser, policy_loss
     from tokengrad.train import distributed as dist
-    from tokengrad.train.loss import micro_batch_share, normaliser, policy_loss
 
     g = torch.Generator().manual_seed(0)
     N, T = 5, 6

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from tokengrad.train.loss import AGGREGATIONS, k3_kl, phase_masks, policy_loss
-from tokengrad.train.weighting import TokenBatch, TokenWeights, get_weighting
+from tokengrad.objective.loss import AGGREGATIONS, k3_kl, phase_masks, policy_loss
+from tokengrad.objective.weighting import TokenBatch, TokenWeights, get_weighting
 
 F64 = torch.float64
 

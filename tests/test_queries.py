@@ -1,4 +1,4 @@
-"""DuckDB aggregations over a run's tokens (tokengrad.queries) on a hand-built run and a recorded one."""
+"""DuckDB aggregations over a run's tokens (tokengrad.read.queries) on a hand-built run and a recorded one."""
 
 import json
 
@@ -8,8 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from tokengrad import load_run, schema
-from tokengrad.gradient_shares import gradient_by_bucket, step_gradients
-from tokengrad.queries import (
+from tokengrad.read.gradient_shares import gradient_by_bucket, step_gradients
+from tokengrad.read.queries import (
     bin_edges,
     grad_norm_by_prob,
     prob_histogram,

@@ -46,7 +46,7 @@ def test_api_page_carries_the_current_schema():
 def test_readme_weighting_example_registers_a_working_rule():
     import torch
 
-    from tokengrad.train.weighting import WEIGHTINGS, TokenBatch
+    from tokengrad.objective.weighting import WEIGHTINGS, TokenBatch
     block = next(
         b for b in re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S) if "sqrt_p" in b
     )

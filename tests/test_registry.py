@@ -38,11 +38,11 @@ def test_duplicate_refused_and_unknown_listed():
 
 
 @pytest.mark.parametrize("module, name, kind", [
-    ("tokengrad.train.weighting", "WEIGHTINGS", "weighting rule"),
+    ("tokengrad.objective.weighting", "WEIGHTINGS", "weighting rule"),
     ("tokengrad.train.tasks", "TASKS", "task"),
     ("tokengrad.train.models", "MODELS", "model"),
-    ("tokengrad.train.loss", "AGGREGATIONS", "aggregation"),
-    ("tokengrad.train.advantages", "ADVANTAGE_SCALES", "advantage scale"),
+    ("tokengrad.objective.loss", "AGGREGATIONS", "aggregation"),
+    ("tokengrad.objective.advantages", "ADVANTAGE_SCALES", "advantage scale"),
 ])
 def test_every_extension_point_is_a_registry(module, name, kind):
     import importlib
@@ -56,6 +56,6 @@ def test_every_extension_point_is_a_registry(module, name, kind):
 
 
 def test_an_aggregation_needs_its_normaliser():
-    from tokengrad.train.loss import register_aggregation
+    from tokengrad.objective.loss import register_aggregation
     with pytest.raises(TypeError, match="normaliser"):
         register_aggregation("half_mean")

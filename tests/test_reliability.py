@@ -14,7 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from tokengrad import Recorder, faults, load_run, runfiles, schema
+from tokengrad import Recorder, faults, load_run, schema
+from tokengrad.read import layout
 from tokengrad.record.rows import scalar_table
 
 N, T = 2, 5  # two sequences of five tokens per step; the second one masks its last two
@@ -88,7 +89,7 @@ def test_small_files_left_by_a_cut_compaction_are_removed_on_reopen(tmp_path, mo
     rec._writer._thread.join(10)
     assert not rec._writer._thread.is_alive()
     monkeypatch.delenv(faults.ENV)
-    found = runfiles.entries(run_dir / "tokens" / "rank000")
+    found = layout.entries(run_dir / "tokens" / "rank000")
     widest = max(found, key=lambda e: e[1] - e[0])
     assert widest[0] == 0 and len(found) >= 2  # the merge and the small files it did not remove
     assert all(widest[0] <= a and b <= widest[1] for a, b, _ in found)
@@ -112,10 +113,10 @@ def _merge_away(parts) -> None:
 def _compact_after_listing(monkeypatch, times: int, where: str = "read"):
     """`times` times, the tokens files a reader listed are merged away: after the listing was checked and
     before DuckDB or pyarrow opens them (where="read"), or while they are being checked ("check")."""
-    from tokengrad.runs import Run
+    from tokengrad.read.runs import Run
 
     left = {"n": times}
-    real = Run.parts if where == "read" else runfiles.table_parts
+    real = Run.parts if where == "read" else layout.table_parts
 
     def hooked(*args):
         parts = real(*args)
@@ -124,7 +125,7 @@ def _compact_after_listing(monkeypatch, times: int, where: str = "read"):
             _merge_away(parts)
         return parts
 
-    monkeypatch.setattr(*((Run, "parts") if where == "read" else (runfiles, "table_parts")), hooked)
+    monkeypatch.setattr(*((Run, "parts") if where == "read" else (layout, "table_parts")), hooked)
 
 
 @pytest.mark.parametrize("where", ["read", "check"])
@@ -143,7 +144,7 @@ def test_reads_retry_with_a_fresh_listing_when_compaction_removes_files(tmp_path
 
 
 def test_reads_give_up_after_a_bounded_number_of_listings(tmp_path, monkeypatch):
-    from tokengrad.runs import READ_ATTEMPTS
+    from tokengrad.read.runs import READ_ATTEMPTS
 
     run_dir = record(tmp_path / "r", range(2))
     _compact_after_listing(monkeypatch, READ_ATTEMPTS + 5)

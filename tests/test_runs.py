@@ -18,7 +18,7 @@ import torch
 from conftest import forward_logprobs
 
 from tokengrad import Recorder, list_runs, load_run, schema
-from tokengrad.runs import SchemaVersionError
+from tokengrad.read.runs import SchemaVersionError
 
 
 def _record(run_dir, model, n_steps=3, **kw):

@@ -142,7 +142,7 @@ def test_same_seed_same_first_prompts(runs):
 
 
 def test_every_export_figure_has_data(runs):
-    from tokengrad.figures.export import build_figure_set
+    from tokengrad.figures.figureset import build_figure_set
 
     specs, notes = build_figure_set(runs, max_words=30)
     # The only figures a run may lack: the bucket analysis, when each of its analysed steps had no gradient

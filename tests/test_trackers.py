@@ -10,7 +10,7 @@ from conftest import forward_logprobs
 
 from tokengrad import Recorder, load_run
 from tokengrad.cli import main
-from tokengrad.integrations.tracker_scalars import Scalar, table_scalars
+from tokengrad.integrations.trackers.scalars import Scalar, table_scalars
 
 tb_reader = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 

@@ -11,7 +11,8 @@ import torch
 from letters_task import LettersTask
 
 from tokengrad import load_run, schema
-from tokengrad.train.loss import micro_batch_share
+from tokengrad.objective.loss import micro_batch_share
+from tokengrad.objective.weighting import WEIGHTINGS
 from tokengrad.train.models import load_model
 from tokengrad.train.rollout import (
     gather_logprobs,
@@ -22,8 +23,8 @@ from tokengrad.train.rollout import (
     sampling_kwargs,
 )
 from tokengrad.train.tasks import Problem
-from tokengrad.train.trainer import cli_train, train
-from tokengrad.train.weighting import WEIGHTINGS
+from tokengrad.cli.train import cli_train
+from tokengrad.train.trainer import train
 
 TIMING = ["time_step", "time_record", "time_generate", "time_score", "time_update"]
 

@@ -10,10 +10,10 @@ import torch
 from letters_task import LettersTask
 
 from tokengrad import load_run, schema
-from tokengrad.train.loss import ROUNDING, policy_loss
+from tokengrad.objective.loss import ROUNDING, policy_loss
+from tokengrad.objective.weighting import WEIGHTINGS, TokenWeights
 from tokengrad.train.tasks import TASKS, register_task
 from tokengrad.train.trainer import train
-from tokengrad.train.weighting import WEIGHTINGS, TokenWeights
 
 
 def tiny(tmp_path, name="run", **overrides) -> dict:
@@ -289,7 +289,7 @@ def test_closing_line_counts_steps_without_gradient(tmp_path, capsys):
 
 
 def test_tr_grpo_ratio_placement_warns_when_the_weight_exceeds_the_clip(tmp_path):
-    from tokengrad.train.weighting import check_rule
+    from tokengrad.objective.weighting import check_rule
 
     assert check_rule("tr_grpo", {}, eps_low=0.2, eps_high=0.2) == []  # placement "loss"
     msgs = check_rule("tr_grpo", {"placement": "ratio"}, eps_low=0.2, eps_high=0.2)

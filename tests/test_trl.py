@@ -218,7 +218,7 @@ def test_grad_norms_samples_and_metrics_match_trl(tmp_path):
 
 
 def tr_grpo_reference(lp):
-    """TR-GRPO default weights from the formula, independently of tokengrad.train.weighting:
+    """TR-GRPO default weights from the formula, independently of tokengrad.objective.weighting:
     w = clip(2 (sigmoid(9 p) - 0.25), 1, 1.4); e.g. p = 0.2: 2 (0.858 - 0.25) = 1.216."""
     return (2.0 * (torch.sigmoid(9.0 * lp.exp()) - 0.25)).clamp(1.0, 1.4)
 

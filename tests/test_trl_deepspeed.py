@@ -14,7 +14,7 @@ import socket
 import pytest
 import torch
 
-from tokengrad.integrations import trl_deepspeed as tds
+from tokengrad.integrations.trl import deepspeed as tds
 from tokengrad.record.gradnorms import grad_norms, trainable_params
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed prints its accelerator guess to stdout otherwise

@@ -18,7 +18,7 @@ from verl.workers.utils import losses  # noqa: E402
 
 from tokengrad import load_run  # noqa: E402
 from tokengrad.integrations import verl as tg_verl  # noqa: E402
-from tokengrad.train.weighting import TokenBatch, get_weighting  # noqa: E402
+from tokengrad.objective.weighting import TokenBatch, get_weighting  # noqa: E402
 
 pytestmark = pytest.mark.verl
 AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",

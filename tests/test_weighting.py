@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-import tokengrad.train.weighting as weighting
-from tokengrad.train.loss import policy_loss
-from tokengrad.train.weighting import (
+import tokengrad.objective.weighting as weighting
+from tokengrad.objective.loss import policy_loss
+from tokengrad.objective.weighting import (
     TokenBatch,
     TokenWeights,
     get_weighting,

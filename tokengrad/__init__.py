@@ -7,19 +7,20 @@ Public API, loaded lazily (the dashboard and the read side never import torch):
     load_run, list_runs, SCHEMA_VERSION     # reading (pandas / DuckDB)
     train(config, **overrides)              # the built-in trainer (the tokengrad.train package is callable)
 
-Layers, bottom up: schema.py and registry.py; record/ (torch) and the read side (runs.py, queries.py);
-train/ and integrations/ on record/; figures/ on the read side; cli.py, dashboard.py and app/ on top.
+Layers, bottom up: the ground (schema, registry, faults, _version); read/ (pandas, DuckDB), objective/ and
+record/ (torch); train/ and integrations/ on those; figures/ on read/; cli/ and app/ on top. The import
+rules are one table, tests/import_rules.py, checked by tests/test_layers.py.
 """
 
-__version__ = "0.1.0"
+from tokengrad._version import __version__ as __version__
 
 # Every public name loads on first use, so that `import tokengrad.record` (torch) never loads the read side
-# (pandas, DuckDB) and `import tokengrad.runs` never loads torch.
+# (pandas, DuckDB) and `import tokengrad.read.runs` never loads torch.
 _LAZY = {
-    "SCHEMA_VERSION": "schema", "load_run": "runs", "list_runs": "runs",
+    "SCHEMA_VERSION": "schema", "load_run": "read.runs", "list_runs": "read.runs",
     "token_stats": "record", "TokenStats": "record", "Recorder": "record", "StepRecorder": "record",
     "logprobs_with_stats": "record", "attach": "integrations.trl",
-    "register_weighting": "train.weighting", "get_weighting": "train.weighting",
+    "register_weighting": "objective.weighting", "get_weighting": "objective.weighting",
 }
 
 __all__ = ["train", *_LAZY]

@@ -309,5 +309,5 @@ EVAL = _names("evals")
 PBIN = _names("prob_bins")
 VOCAB_COL = _names("vocab")
 
-# Columns of the binned/aggregated frames that tokengrad.queries returns (not stored in the run format).
+# Columns of the binned/aggregated frames that tokengrad.read.queries returns (not stored in the run format).
 BIN = SimpleNamespace(lo="lo", hi="hi", count="count")

@@ -24,9 +24,9 @@ from tokengrad.figures.probability import (
     make_prob_histogram_figure,
     scope_note,
 )
-from tokengrad.queries import ABS_COEF
+from tokengrad.read.queries import ABS_COEF
+from tokengrad.read.share_queries import PARTITIONS
 from tokengrad.schema import BIN, BUCKET, DECILE_BUCKET_EDGES, DEFAULT_BUCKET_EDGES, TOK
-from tokengrad.share_queries import PARTITIONS
 
 NO_BUCKETS = (
     "Record it with `Recorder(..., bucket_every=N)` or train with `bucket_every=N` "

@@ -17,8 +17,8 @@ import streamlit as st
 
 from app import data
 from app.views import urlstate
-from tokengrad.dashboard import ALLOW_ANY_FLAG, confine, resolve_root
 from tokengrad.figures.style import run_colors
+from tokengrad.read.served_root import ALLOW_ANY_FLAG, confine, resolve_root
 
 ROOT_KEY = "tg_root"
 RUNS_KEY = "tg_runs"

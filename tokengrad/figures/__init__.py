@@ -1,7 +1,7 @@
 """Pure plotly figure builders shared by the dashboard (app/) and `tokengrad export`. No streamlit, no torch.
 
 Every builder takes run-format tables (pandas DataFrames, keyed by run name where several runs overlay)
-or the aggregates of tokengrad.queries, and returns a plotly Figure (or an HTML string / DataFrame).
+or the aggregates of tokengrad.read.queries, and returns a plotly Figure (or an HTML string / DataFrame).
 Modules: liveness (steps without a gradient), smoothing, curves (per-step metrics), gradnorms, buckets
 (bucket analysis), probability (gradient against token probability), evals, tokens, wordclouds, summary,
 tables (a figure's data as a table), style, export.

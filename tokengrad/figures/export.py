@@ -15,16 +15,14 @@ to install one and writes interactive HTML instead.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import plotly.graph_objects as go
 
-from tokengrad.figures.figureset import FigureSpec, build_figure_set, unique_names
+from tokengrad.figures.figureset import FigureSpec
 from tokengrad.figures.style import PNG_DPI, PNG_SCALE, paper_style
 
 STATIC_FORMATS = ("png", "svg", "pdf")
@@ -134,97 +132,3 @@ def write_html(specs: Sequence[FigureSpec], out_dir: Path) -> list[Path]:
         fig.write_html(path, include_plotlyjs="directory")
         paths.append(path)
     return paths
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tokengrad export", description=__doc__.split("\n\n")[0])
-    p.add_argument("runs", nargs="+", help="run directories")
-    p.add_argument("--out", required=True, help="output directory (created)")
-    p.add_argument(
-        "--format",
-        nargs="+",
-        default=["png"],
-        choices=STATIC_FORMATS,
-        help="image format(s) (default png, 300 dpi); several, e.g. --format pdf png, share one browser",
-    )
-    p.add_argument("--smoothing", type=float, default=0.6, help="debiased-EMA weight in [0, 1) (default 0.6)")
-    p.add_argument(
-        "--low",
-        type=float,
-        nargs=2,
-        default=(0.0, 0.25),
-        metavar=("LO", "HI"),
-        help="probability range of the low-probability word cloud (default 0 0.25)",
-    )
-    p.add_argument(
-        "--high",
-        type=float,
-        nargs=2,
-        default=(0.75, 1.0),
-        metavar=("LO", "HI"),
-        help="probability range of the high-probability word cloud (default 0.75 1)",
-    )
-    p.add_argument(
-        "--steps",
-        type=int,
-        nargs=2,
-        default=None,
-        metavar=("FIRST", "LAST"),
-        help="steps (inclusive) for the token-level figures (default all)",
-    )
-    p.add_argument("--words", type=int, default=150, help="words per cloud (default 150)")
-    return p
-
-
-def cli_export(argv: list[str]) -> int:
-    """Entry point of `tokengrad export`. Returns 0 on success, 1 when only HTML could be written (no
-    browser for static export), 2 on bad arguments or unreadable runs."""
-    try:
-        args = _parser().parse_args(argv)
-    except SystemExit as exit_:
-        return int(exit_.code or 0)
-    from tokengrad.runs import load_run
-
-    try:
-        runs = unique_names([load_run(p) for p in args.runs])
-        specs, notes = build_figure_set(
-            runs,
-            smoothing=args.smoothing,
-            low=tuple(args.low),
-            high=tuple(args.high),
-            step_range=tuple(args.steps) if args.steps else None,
-            max_words=args.words,
-        )
-    except (OSError, ValueError) as err:
-        print(f"tokengrad export: error: {err}", file=sys.stderr)
-        return 2
-    for note in notes:
-        print(f"skipped {note}", file=sys.stderr)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    code = 0
-    try:
-        paths = write_static(specs, out, args.format)
-    except (RuntimeError, OSError) as err:  # no browser, or it failed to start/render: fall back to HTML
-        reason = (
-            str(err)
-            if isinstance(err, BrowserNotFoundError)
-            else f"{type(err).__name__}: {err}\n{INSTALL_HINT}"
-        )
-        print(
-            f"tokengrad export: cannot write {'/'.join(args.format).upper()}: {reason}\n"
-            "Writing HTML instead.",
-            file=sys.stderr,
-        )
-        paths, code = write_html(specs, out), 1
-    for path in paths:
-        print(path)
-    return code
-
-
-def main() -> None:  # pragma: no cover - `python -m tokengrad.figures.export`
-    sys.exit(cli_export(sys.argv[1:]))
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

@@ -111,8 +111,8 @@ def _run_specs(name: str, run, smoothing: float, low, high, step_range, max_word
         make_layer_grad_norm_figure,
     )
     from tokengrad.figures.wordclouds import make_high_low_wordcloud_figure
-    from tokengrad.gradient_shares import gradient_by_bucket
-    from tokengrad.queries import grad_norm_by_prob, token_frequencies
+    from tokengrad.read.gradient_shares import gradient_by_bucket
+    from tokengrad.read.queries import grad_norm_by_prob, token_frequencies
 
     slug = _slug(name)
     words = dict(step_range=step_range, limit=4 * max_words)

@@ -1,7 +1,7 @@
 """Gradient against token probability, from the token table: the AR-Lopti view of which tokens make the
 update (arXiv 2505.12929, Fig. 1 and Prop. 4.2), available on every run that recorded tokens.
 
-    shares = gradient_by_bucket(run, step_range=(0, 100))     # tokengrad.gradient_shares, live steps
+    shares = gradient_by_bucket(run, step_range=(0, 100))     # tokengrad.read.gradient_shares, live steps
     make_gradient_share_figure(shares)                        # share of tokens vs share of the gradient
     make_grad_vs_prob_figure(grad_norm_by_prob(run))          # with the (1 - p), sqrt2 (1 - p) references
 
@@ -35,7 +35,7 @@ def scope_note(n_live: int, n_steps: int, step_range: tuple[int, int] | None = N
 def make_gradient_share_figure(shares: pd.DataFrame, *, title: str | None = None) -> go.Figure:
     """Each probability bucket's share of the loss tokens next to its share of the per-token gradient
     (Σ logit_grad_norm, and Σ update_share where recorded), over the steps `shares` was computed on
-    (tokengrad.gradient_shares.gradient_by_bucket). Bars are labelled with their percentage; hover adds
+    (tokengrad.read.gradient_shares.gradient_by_bucket). Bars are labelled with their percentage; hover adds
     counts."""
     n_steps, n_live = shares.attrs.get("n_steps"), shares.attrs.get("n_live")
     if n_steps and not n_live:
@@ -64,7 +64,7 @@ def make_gradient_share_figure(shares: pd.DataFrame, *, title: str | None = None
 def make_prob_histogram_figure(
     hist: pd.DataFrame, *, normalize: bool = True, title: str | None = None
 ) -> go.Figure:
-    """Histogram of token probabilities from bins [lo, hi, count] (tokengrad.queries.prob_histogram)."""
+    """Histogram of token probabilities from bins [lo, hi, count] (tokengrad.read.queries.prob_histogram)."""
     if hist.empty or hist[BIN.count].sum() == 0:
         return empty_figure("no tokens in the selection", title)
     y = hist[BIN.count] / hist[BIN.count].sum() if normalize else hist[BIN.count]
@@ -112,7 +112,7 @@ def make_grad_vs_prob_figure(
 
     For value=logit_grad_unit the curves bound every token exactly (scale 1). For logit_grad_norm =
     |coef| * unit pass ref_scale = the mean |coef|, which makes the curves a guide, not a bound.
-    `binned` has columns lo, hi, count and the token-column means (tokengrad.queries.grad_norm_by_prob).
+    `binned` has columns lo, hi, count and the token-column means (tokengrad.read.queries.grad_norm_by_prob).
     """
     if value not in binned.columns:
         raise ValueError(f"binned frame has no column {value!r}; columns: {sorted(binned.columns)}")

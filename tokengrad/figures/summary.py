@@ -2,7 +2,7 @@
 
     make_summary_table([load_run(p) for p in paths])
 
-A run is anything with `.name`, `.meta`, `.steps`, `.layers`, `.evals` (tokengrad.runs.Run).
+A run is anything with `.name`, `.meta`, `.steps`, `.layers`, `.evals` (tokengrad.read.runs.Run).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Token inspector: one completion with each token coloured by a recorded per-token value.
 
-    df = sample_tokens(run, step=40, sample_id=3)          # tokengrad.queries
+    df = sample_tokens(run, step=40, sample_id=3)          # tokengrad.read.queries
     html = token_html(df, color_by="logit_grad_norm")        # st.html(html) /
                                                              # st.markdown(html, unsafe_allow_html=True)
     fig = make_token_figure(df, color_by="prob")             # the same as a plotly heatmap

@@ -11,7 +11,7 @@ At cluster scale a step holds tens of millions of tokens (512 prompts x 16 sampl
 A step that fits the budget keeps every row ("all"). Before sampling, on the device where the tensors are,
 everything the dashboard aggregates is computed over all tokens: the steps table's token statistics,
 a per-step probability-bin histogram (`prob_bins`) and a per-step vocabulary table of the top tokens by
-count and by summed |update_share| (`vocab`). Loss tokens of every pass count, as in tokengrad.queries.
+count and by summed |update_share| (`vocab`). Loss tokens of every pass count, as in tokengrad.read.queries.
 """
 
 from __future__ import annotations

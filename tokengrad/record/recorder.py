@@ -30,7 +30,9 @@ from pathlib import Path
 
 import torch
 
-from tokengrad import __version__, runfiles, schema
+from tokengrad import schema
+from tokengrad._version import __version__
+from tokengrad.read import layout
 from tokengrad.record.attribution import ATTRIBUTION_METHODS
 from tokengrad.record.bucket_analysis import validate_edges
 from tokengrad.record.budget import Budget
@@ -356,7 +358,7 @@ class Recorder:
     def _last_recorded_step(self) -> int | None:
         """The highest step this rank has in the steps table already (a re-opened run continues after it)."""
         folder = self.run_dir / schema.rank_dir("steps", self.rank)
-        ranges = [runfiles.step_range(p) for _, _, p in runfiles.entries(folder)]
+        ranges = [layout.step_range(p) for _, _, p in layout.entries(folder)]
         return max((r[1] for r in ranges if r), default=None)
 
     def _write_meta(self, finished: bool) -> bool:

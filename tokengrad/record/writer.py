@@ -5,7 +5,7 @@ builds one, so that row building also happens off the training thread). The writ
 table of the bundle as one file named by a per-rank commit sequence number, atomically (temp file, then
 os.replace), so a process killed at any moment leaves only whole files. Every `compact_every` commits the
 small files of a table are merged into one file covering their sequence range; the reader drops files whose
-range is contained in another, so compaction needs no lock (tokengrad.runfiles resolves the ranges, and a
+range is contained in another, so compaction needs no lock (tokengrad.read.layout resolves the ranges, and a
 writer opening a rank folder again first removes what a kill left over there).
 
 A failure while writing (unwritable directory, disk full) never stops training by default: the rows are
@@ -28,8 +28,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tokengrad import runfiles, schema
+from tokengrad import schema
 from tokengrad.faults import fault_point
+from tokengrad.read import layout
 
 
 class Rows(NamedTuple):
@@ -190,7 +191,7 @@ class RunWriter:
         """Write `data` to `path` through a temporary file and a rename, with page checksums (a reader then
         detects a corrupt page behind a valid footer)."""
         fault_point("write")
-        tmp = runfiles.tmp_path(path)
+        tmp = layout.tmp_path(path)
         # dictionary-encode only the non-float columns: floats do not repeat, and encoding them costs ~2.5x
         dict_cols = [f.name for f in data.schema if not pa.types.is_floating(f.type)]
         try:
@@ -272,12 +273,12 @@ class RunWriter:
 
     def _repair(self) -> list[str]:
         """What a kill left in this rank's folders (temporary files, small files already merged, legacy
-        overlapping merges) is cleaned up before anything new is written; see tokengrad.runfiles."""
+        overlapping merges) is cleaned up before anything new is written; see tokengrad.read.layout."""
         done = []
         for table in schema.TABLES:
             folder = self.run_dir / schema.rank_dir(table, self.rank)
             try:
-                done += [f"{table}/{line}" for line in runfiles.repair(folder, self._write_atomic)]
+                done += [f"{table}/{line}" for line in layout.repair(folder, self._write_atomic)]
             except OSError as err:  # e.g. a read-only disk: the reader resolves the same files anyway
                 warnings.warn(f"tokengrad writer: could not tidy {folder}: {err}", RuntimeWarning,
                               stacklevel=2)
@@ -287,11 +288,11 @@ class RunWriter:
         """Continue after the highest sequence number already on disk for this rank (resumed runs)."""
         last = -1
         for table in schema.TABLES:
-            for _, end, _ in runfiles.entries(self.run_dir / schema.rank_dir(table, self.rank)):
+            for _, end, _ in layout.entries(self.run_dir / schema.rank_dir(table, self.rank)):
                 last = max(last, end)
         return last + 1
 
     def _existing_small(self, table: str) -> list[tuple[int, int, Path]]:
         """A resumed run's uncompacted commits (after _repair, none of them is inside a merged file)."""
-        found = runfiles.entries(self.run_dir / schema.rank_dir(table, self.rank))
+        found = layout.entries(self.run_dir / schema.rank_dir(table, self.rank))
         return [e for e in found if e[0] == e[1]]

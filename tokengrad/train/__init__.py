@@ -7,7 +7,7 @@
 The package itself is callable: `tokengrad.train(...)` has been the public entry point since the first
 release, and keeping it while `tokengrad.train` is also this package needs a module whose class defines
 `__call__` (a module's `__class__` may be reassigned, Python >= 3.5). Submodules load on first use, so
-`import tokengrad.train.weighting` does not pull in transformers.
+`import tokengrad.objective.weighting` does not pull in transformers.
 """
 
 import importlib

@@ -22,7 +22,7 @@ from typing import Callable, NamedTuple
 import torch
 from torch import Tensor
 
-from tokengrad.train.weighting import TokenBatch, TokenWeights
+from tokengrad.objective.weighting import TokenBatch, TokenWeights
 
 
 class Batch(NamedTuple):

@@ -59,17 +59,17 @@ def _tasks() -> Mapping:
 
 
 def _weightings() -> Mapping:
-    from tokengrad.train.weighting import WEIGHTINGS
+    from tokengrad.objective.weighting import WEIGHTINGS
     return WEIGHTINGS
 
 
 def _aggregations() -> Mapping:
-    from tokengrad.train.loss import AGGREGATIONS
+    from tokengrad.objective.loss import AGGREGATIONS
     return AGGREGATIONS
 
 
 def _scales() -> Mapping:
-    from tokengrad.train.advantages import ADVANTAGE_SCALES
+    from tokengrad.objective.advantages import ADVANTAGE_SCALES
     return ADVANTAGE_SCALES
 
 
@@ -313,7 +313,7 @@ def _coerce(key: str, value: Any) -> Any:
 
 
 def _check_weighting_params(cfg: TrainConfig) -> None:
-    from tokengrad.train.weighting import validate_params
+    from tokengrad.objective.weighting import validate_params
 
     try:
         validate_params(cfg.weighting, cfg.weighting_params)

@@ -20,8 +20,8 @@ from typing import Callable, NamedTuple
 import torch
 from torch import Tensor
 
+from tokengrad.objective.advantages import compute_advantages, keep_groups
 from tokengrad.train import distributed as dist
-from tokengrad.train.advantages import compute_advantages, keep_groups
 from tokengrad.train.rollout import Completions, Rollout, make_rollout
 
 # round k -> (this rank's completions, its problems, (rewards [b, G], correct [b, G]))

@@ -24,7 +24,6 @@ Logged scalars are global; rank 0 writes evals and checkpoints.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import math
@@ -39,13 +38,14 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from tokengrad.objective.advantages import keep_groups
+from tokengrad.objective.loss import micro_batch_share, normaliser, phase_masks, policy_loss
+from tokengrad.objective.weighting import TokenBatch, check_rule, get_weighting, rule_meta, rule_params
 from tokengrad.record.recorder import Recorder
 from tokengrad.train import batch as tb
 from tokengrad.train import distributed as dist
-from tokengrad.train.advantages import keep_groups
 from tokengrad.train.checkpoint import checkpoint_after_step, checkpoint_path, resolve_run_dir, resume_state
-from tokengrad.train.config import TrainConfig, describe_config, load_config, make_config
-from tokengrad.train.loss import micro_batch_share, normaliser, phase_masks, policy_loss
+from tokengrad.train.config import TrainConfig, load_config, make_config
 from tokengrad.train.models import load_model
 from tokengrad.train.policy import (
     directional_logprobs,
@@ -63,7 +63,6 @@ from tokengrad.train.rollout import (
 )
 from tokengrad.train.sampling import Gathered, gather_rollout, rollout_stats, sample_rows
 from tokengrad.train.tasks import get_task
-from tokengrad.train.weighting import TokenBatch, check_rule, get_weighting, rule_meta, rule_params
 
 
 class Trainer:
@@ -387,25 +386,3 @@ def train(
     else:
         cfg = load_config(config_or_path, overrides)
     return Trainer(cfg).setup().train()
-
-
-def cli_train(argv: list[str]) -> int:
-    """`tokengrad train CONFIG [key=value ...] [--run-dir DIR] [--resume]`."""
-    parser = argparse.ArgumentParser(
-        prog="tokengrad train",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Train with GRPO and a token-weighting rule; records a tokengrad run.",
-        epilog="config keys (set in the file or as key=value):\n" + describe_config(),
-    )
-    parser.add_argument("config", help="TOML or YAML config file")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="override config keys")
-    parser.add_argument("--run-dir", help="run directory (same as run_dir=...)")
-    parser.add_argument("--resume", action="store_true", help="continue the run in the run directory")
-    args = parser.parse_intermixed_args(argv)
-    extra = [f"run_dir={args.run_dir}"] * bool(args.run_dir) + ["resume=true"] * args.resume
-    cfg = load_config(args.config, [*args.overrides, *extra])  # a ValueError ends in the CLI's error line
-    trainer = Trainer(cfg).setup()
-    run_dir = trainer.train()
-    if dist.is_main():
-        print(run_dir)
-    return 0

@@ -6,7 +6,7 @@
     run.sql("SELECT step, sum(logit_grad_norm) FROM tokens GROUP BY step")
 
 Files are listed per rank and resolved by their sequence ranges (a compacted file supersedes the small
-files it covers, see tokengrad.runfiles), so reading while a run is being written or compacted is
+files it covers, see tokengrad.read.layout), so reading while a run is being written or compacted is
 consistent. A file compacted away between listing and reading makes the read start again from a fresh
 listing (at most READ_ATTEMPTS times). A corrupt or truncated file, one with a corrupt page behind a valid
 footer, and one whose column types clash with the run's other files are skipped with a warning naming it.
@@ -25,7 +25,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tokengrad import runfiles, schema
+from tokengrad import schema
+from tokengrad.read import layout
 
 READ_ATTEMPTS = 5  # listings tried while compaction keeps replacing files under a reader
 # DuckDB errors of a query's own mistakes; any other DuckDB error may come from a vanished or damaged file
@@ -107,12 +108,12 @@ class Run:
         return _count(self.meta.get("rows_dropped"))
 
     # ---- files ----------------------------------------------------------------------------------
-    def parts(self, table: str) -> list[runfiles.Part]:
-        """The table's files to read, all ranks, resolved (see tokengrad.runfiles); unusable ones skipped
+    def parts(self, table: str) -> list[layout.Part]:
+        """The table's files to read, all ranks, resolved (see tokengrad.read.layout); unusable ones skipped
         with a warning."""
         schema.column_names(table)  # validates the table name
         for _ in range(READ_ATTEMPTS):
-            listed = runfiles.table_parts(self.path, table)
+            listed = layout.table_parts(self.path, table)
             usable = [self._usable(table, p.path) for p in listed]
             if None not in usable:  # none vanished while checked (else a merge replaced it: list again)
                 out = [p for p, ok in zip(listed, usable) if ok]
@@ -229,7 +230,7 @@ class Run:
             except Exception as err:  # noqa: BLE001 - a damaged page: skip the file, say which
                 self._mark_bad(part.path, err)
                 continue
-            frames.append(data.filter(runfiles.keep_mask(data, part.exclude)) if part.exclude else data)
+            frames.append(data.filter(layout.keep_mask(data, part.exclude)) if part.exclude else data)
         return frames
 
     steps = cached_property(lambda self: self.table("steps"))
@@ -304,7 +305,7 @@ def _sql_path(p: Path) -> str:
     return "'" + str(p).replace("'", "''") + "'"
 
 
-def _union(parts: list[runfiles.Part]) -> str:
+def _union(parts: list[layout.Part]) -> str:
     """One SELECT over the parts: whole files in one read_parquet, a partially overlapping one without the
     steps another file holds."""
     whole = [p for p in parts if not p.exclude]

@@ -51,7 +51,7 @@ class Scalar(NamedTuple):
 
 
 def run_scalars(run) -> list[Scalar]:
-    """Every tracker scalar of a run (`tokengrad.runs.Run`), ordered by step then tag."""
+    """Every tracker scalar of a run (`tokengrad.read.runs.Run`), ordered by step then tag."""
     tables = {name: run.table(name) for name in ("steps", "layers", "buckets", "evals")}
     return table_scalars(tables, dead=dead_steps_sql(run))
 

@@ -11,10 +11,10 @@ Nothing of TRL's loss is re-implemented (copies drift: TRL PR #6856). Per token,
 `_get_per_token_logps_and_entropies` returns inside `compute_loss`, and coef = dL/dlog pi is read by an
 autograd hook on it, exact for every `loss_type`, clip, KL, mask and aggregation; entropy and sum_j p_j^2
 come from TRL's fused LM head (temperature-scaled, like the log-probs); old/ref log-probs, advantages and
-masks from the inputs of `compute_loss`; `clipped` is TRL's own clip test on them (trl_loss.py). Grad
+masks from the inputs of `compute_loss`; `clipped` is TRL's own clip test on them (loss.py). Grad
 norms are read when the trainer calls `accelerator.clip_grad_norm_` (before clipping); rewards and
 completions where TRL scores them; TRL's logged metrics go to the steps table, as the mean over the step's
-updates (trl_logs.py). One tokengrad step is one TRL generation batch, holding
+updates (logs.py). One tokengrad step is one TRL generation batch, holding
 `steps_per_generation * num_iterations / gradient_accumulation_steps` optimizer updates (`update_id`); an
 update that accumulates over several generation batches is recorded (norms, buckets) in the step where
 the optimizer steps, its bucket gradients summed over all of its micro-batches.
@@ -24,23 +24,23 @@ the gradient of TRL's loss with each token's term (policy term, plus beta * KL w
 attach warns) multiplied by the detached w_t before TRL's aggregation (exact for
 importance_sampling_level="token"; the entropy bonus is not scaled). Parameters that must match the loss
 (Clip-Cov's clip epsilons) are taken from the trainer. Rules that need a weight inside the clip, an added
-penalty or extra update phases are refused (trl_weighting.py). docs/api.md has the details.
+penalty or extra update phases are refused (weighting.py). docs/api.md has the details.
 
-Modules: this one (attach and its checks), trl_recording (the hooks), trl_fused (the fused LM head's
-statistics), trl_loss (TRL's clip definitions), trl_logs (step scalars), trl_weighting (rules).
+Modules: this one (attach and its checks), recording (the hooks), fused (the fused LM head's
+statistics), loss (TRL's clip definitions), logs (step scalars), weighting (the trainer's clip parameters for a rule; the rule as a gradient scale is
+tokengrad.objective.gradient_scale).
 """
 
 from __future__ import annotations
 
-from tokengrad.integrations.trl_deepspeed import check_deepspeed, deepspeed_setup
-from tokengrad.integrations.trl_recording import SAMPLE_KEY, TRLRecording
-from tokengrad.integrations.trl_weighting import (
+from tokengrad.integrations.trl.deepspeed import check_deepspeed, deepspeed_setup
+from tokengrad.integrations.trl.recording import SAMPLE_KEY, TRLRecording
+from tokengrad.integrations.trl.weighting import trainer_params, warn_if_kl_scaled
+from tokengrad.objective.gradient_scale import (
     NOT_A_GRADIENT_SCALE,
     resolve_weighting,
     supported_weightings,
-    trainer_params,
     unsupported_fields,
-    warn_if_kl_scaled,
     weighting_meta,
 )
 from tokengrad.record.recorder import Recorder
@@ -59,7 +59,7 @@ def attach(trainer, run_dir, *, weighting: str | None = None, weighting_params: 
     """Record `trainer` (a `trl.GRPOTrainer`, before `train()`) into `run_dir`; returns the recording.
 
     Args:
-        weighting, weighting_params: a rule of `tokengrad.train.weighting` applied as a per-token gradient
+        weighting, weighting_params: a rule of `tokengrad.objective.weighting` applied as a per-token gradient
             scale (see the module docs for what that equals); None records plain TRL.
         bucket_every: probability-bucket gradient analysis every N steps (0 = off; one extra backward per
             bucket on those steps).

@@ -15,7 +15,7 @@ are not the policy's choices and never count. The per-step forensics (top_tokens
 sample_tokens) read update 0 by default. `update_id` and `loss_only` are parameters everywhere.
 
 A run is anything with `sql(query, params) -> DataFrame` over views named after the tables
-(tokengrad.runs.Run).
+(tokengrad.read.runs.Run).
 """
 
 from __future__ import annotations

@@ -18,36 +18,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-ENV_ROOT = "TOKENGRAD_RUNS_ROOT"  # read by the app when it is started without --root
+from tokengrad.read.served_root import ALLOW_ANY_FLAG, PACKAGE_PARENT, resolve_root
+
 DEFAULT_PORT = 8501
 DEFAULT_HOST = "127.0.0.1"
-ALLOW_ANY_FLAG = "--allow-any-folder"
-PACKAGE_PARENT = Path(__file__).resolve().parents[1]  # holds the `tokengrad` and `app` packages
-
-
-def default_root() -> Path:
-    """./sample_runs when it exists, else the sample_runs folder next to the installed package."""
-    local = Path.cwd() / "sample_runs"
-    return local if local.is_dir() else PACKAGE_PARENT / "sample_runs"
-
-
-def resolve_root(root: str | os.PathLike | None) -> Path:
-    """The runs root to serve: `root` if given, else $TOKENGRAD_RUNS_ROOT, else default_root()."""
-    if root:
-        return Path(root).expanduser().resolve()
-    env = os.environ.get(ENV_ROOT)
-    return Path(env).expanduser().resolve() if env else default_root().resolve()
-
-
-def confine(folder: str | os.PathLike, root: str | os.PathLike, allow_any: bool = False) -> Path:
-    """`folder` resolved (symlinks followed), if it lies inside the served `root` or `allow_any`; otherwise a
-    ValueError that says how to allow it."""
-    path = Path(folder).expanduser().resolve()
-    real_root = Path(root).expanduser().resolve()
-    if allow_any or path.is_relative_to(real_root):
-        return path
-    raise ValueError(f"{path} is outside the served folder {real_root}; start the dashboard on a folder that "
-                     f"holds it, or with {ALLOW_ANY_FLAG} to browse any folder")
 
 
 def app_path() -> Path:

@@ -13,11 +13,11 @@ import warnings
 import torch
 from transformers import TrainerCallback
 
-from tokengrad.integrations.trl_deepspeed import DeepSpeedNorms, deepspeed_setup
-from tokengrad.integrations.trl_fused import FusedCapture, fused_token_stats
-from tokengrad.integrations.trl_logs import SUMMARY_KEYS, StepLogs, column
-from tokengrad.integrations.trl_loss import ClipSettings, clipped_tokens
-from tokengrad.integrations.trl_weighting import token_weights
+from tokengrad.integrations.trl.deepspeed import DeepSpeedNorms, deepspeed_setup
+from tokengrad.integrations.trl.fused import FusedCapture, fused_token_stats
+from tokengrad.integrations.trl.logs import SUMMARY_KEYS, StepLogs, column
+from tokengrad.integrations.trl.loss import ClipSettings, clipped_tokens
+from tokengrad.objective.gradient_scale import token_weights
 from tokengrad.record.recorder import Recorder
 from tokengrad.record.stats import TokenStats
 

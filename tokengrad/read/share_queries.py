@@ -1,5 +1,5 @@
 """Queries over per-token update shares (attribution steps) and the exact aggregate tables of budgeted runs
-(prob_bins, vocab), in DuckDB like tokengrad.queries, whose selection helpers they share.
+(prob_bins, vocab), in DuckDB like tokengrad.read.queries, whose selection helpers they share.
 
     share_by_partition(run, by="entropy_quantile", bins=5)   # -> [lo, hi, count, token_share, update_share]
     prob_bin_histogram(run)                                   # the exact per-bin sums of a budgeted run
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from tokengrad.queries import ADV_SIGN_SQL, _base, _Where, bin_edges
+from tokengrad.read.queries import ADV_SIGN_SQL, _base, _Where, bin_edges
 from tokengrad.schema import BIN, TOK
 
 

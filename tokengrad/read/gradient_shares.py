@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from tokengrad.queries import _GRAD, _base, _binned, bin_edges
+from tokengrad.read.queries import _GRAD, _base, _binned, bin_edges
 from tokengrad.schema import BIN, PBIN, TOK
 
 UPDATE_SHARE = "update_share"  # per-token <g_t, g>/|g|^2, where the run recorded attribution

@@ -6,7 +6,7 @@ A verl user installs the extra and sets one config entry:
     actor_rollout_ref.actor.policy_loss.loss_mode=tokengrad_tr_grpo    # TR-GRPO weighting, recorded
 
 verl imports the `verl.plugins` entry point group in every process (verl/__init__.py); tokengrad's entry
-(tokengrad.integrations.verl_plugin) registers these names with `register_policy_loss` in
+(tokengrad.integrations.verl.plugin) registers these names with `register_policy_loss` in
 verl/trainer/ppo/core_algos.py. verl's loss entry, `ppo_loss` in verl/workers/utils/losses.py, calls the
 registered function with the padded `log_prob` [B, T] the actor's gradient flows through; tokengrad tracks
 that tensor, so an autograd hook reads the exact coef = dL/dlog pi_t of verl's actor loss (policy term
@@ -30,8 +30,8 @@ import threading
 
 import torch
 
+from tokengrad.objective.weighting import TokenBatch
 from tokengrad.record.recorder import Recorder
-from tokengrad.train.weighting import TokenBatch
 
 TESTED_VERL = ("0.9", "0.10")  # [lowest, first untested) minor versions; keep in step with the `verl` extra
 RUN_DIR_ENV = "TOKENGRAD_RUN_DIR"
@@ -60,7 +60,7 @@ def register_losses() -> list[str]:
     import verl
     from verl.trainer.ppo import core_algos
 
-    from tokengrad.integrations.trl_weighting import supported_weightings
+    from tokengrad.objective.gradient_scale import supported_weightings
 
     if not check_verl_version(verl.__version__):
         raise RuntimeError(
@@ -105,7 +105,7 @@ def _wrap_loss_entry() -> None:
 
 def make_policy_loss(rule: str | None):
     """A verl PolicyLossFn: verl's vanilla PPO loss on the tracked (and, with a rule, rescaled) log_prob."""
-    from tokengrad.integrations.trl_weighting import resolve_weighting
+    from tokengrad.objective.gradient_scale import resolve_weighting
 
     resolved = resolve_weighting(rule, None)
 
@@ -144,7 +144,7 @@ class VerlRecording:
     def __init__(self, run_dir: str | os.PathLike, rule: str | None):
         import verl
 
-        from tokengrad.integrations.trl_weighting import weighting_meta
+        from tokengrad.objective.gradient_scale import weighting_meta
 
         meta = weighting_meta(rule, None)
         budget = os.environ.get(BUDGET_ENV)

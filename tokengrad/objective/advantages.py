@@ -1,6 +1,6 @@
 """Group-relative advantages and the DAPO dynamic-sampling group filter.
 
-    from tokengrad.train.advantages import compute_advantages, keep_groups
+    from tokengrad.objective.advantages import compute_advantages, keep_groups
     adv = compute_advantages(rewards)               # rewards [B, G] -> [B, G]
     keep = keep_groups(rewards)                     # [B] bool, False for groups with one reward value
 

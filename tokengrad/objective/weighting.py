@@ -2,9 +2,9 @@
 
 Every rule is a pure function ``rule(batch: TokenBatch, **params) -> TokenWeights`` registered by name
 in ``WEIGHTINGS``. A rule never sees the model or the trainer, only the batch's detached per-token
-tensors; ``tokengrad.train.loss.policy_loss`` applies what it returns.
+tensors; ``tokengrad.objective.loss.policy_loss`` applies what it returns.
 
-    from tokengrad.train.weighting import TokenBatch, get_weighting
+    from tokengrad.objective.weighting import TokenBatch, get_weighting
     batch = TokenBatch(logprobs, old_logprobs, advantages, mask)       # [N, T] each
     weights = get_weighting("tr_grpo")(batch, alpha=2.0)                # TokenWeights
 

@@ -1,12 +1,12 @@
 """The GRPO policy loss: PPO-clip surrogate, token weights, k3 KL, and a named aggregation.
 
-    from tokengrad.train.loss import policy_loss, phase_masks
+    from tokengrad.objective.loss import policy_loss, phase_masks
     weights = get_weighting("lopti")(TokenBatch(logprobs, old, adv, mask))
     for phase in phase_masks(weights, mask):                      # one update per phase
         out = policy_loss(logprobs, old, adv, phase, weights, norm_mask=mask, aggregation="dapo")
         out.loss.backward()
 
-Three separate steps, each loggable per token: the weighting rule (``tokengrad.train.weighting``), the
+Three separate steps, each loggable per token: the weighting rule (``tokengrad.objective.weighting``), the
 surrogate (``policy_loss``) and the aggregation (``AGGREGATIONS``: name -> fn(per_token_loss [N, T],
 mask [N, T], max_len) -> scalar).
 """
@@ -18,8 +18,8 @@ from typing import Callable, NamedTuple
 import torch
 from torch import Tensor
 
+from tokengrad.objective.weighting import TokenWeights, broadcast_tokens, check_finite, check_token_tensors
 from tokengrad.registry import Registry
-from tokengrad.train.weighting import TokenWeights, broadcast_tokens, check_finite, check_token_tensors
 
 Aggregation = Callable[
     [Tensor, Tensor, "int | None"], Tensor

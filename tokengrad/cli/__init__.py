@@ -23,19 +23,19 @@ import sys
 # subcommand -> (module, function taking argv and returning an exit code, one-line help)
 SUBCOMMANDS = {
     "train": (
-        "tokengrad.train.trainer",
+        "tokengrad.cli.train",
         "cli_train",
         "run the built-in GRPO / TR-GRPO trainer from a config file",
     ),
     "dashboard": (
-        "tokengrad.dashboard",
+        "tokengrad.cli.dashboard",
         "cli_dashboard",
         "serve the Streamlit dashboard on a folder of runs",
     ),
-    "export": ("tokengrad.figures.export", "cli_export", "write the paper figure set of runs as PNG/SVG/PDF"),
-    "inspect": ("tokengrad.cli", "cli_inspect", "print a run's summary, or the run-format schema"),
+    "export": ("tokengrad.cli.export", "cli_export", "write the paper figure set of runs as PNG/SVG/PDF"),
+    "inspect": ("tokengrad.cli.inspect", "cli_inspect", "print a run's summary, or the run-format schema"),
     "publish": (
-        "tokengrad.integrations.trackers",
+        "tokengrad.cli.publish",
         "cli_publish",
         "write a run's aggregates to TensorBoard / W&B",
     ),
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     if argv[0] == "--version":
-        from tokengrad import __version__
+        from tokengrad._version import __version__
 
         print(__version__)
         return 0
@@ -81,51 +81,3 @@ def _one_line(err: BaseException) -> str:
     if isinstance(err, OSError) and err.filename and str(err.filename) not in text:
         text = f"{text}: {err.filename}"
     return " ".join(text.split()) or type(err).__name__
-
-
-def cli_inspect(argv: list[str]) -> int:
-    from tokengrad import schema
-    from tokengrad.runs import load_run
-
-    p = argparse.ArgumentParser(prog="tokengrad inspect", description="Summarise a run directory.")
-    p.add_argument("run", nargs="?", help="run directory")
-    p.add_argument("--schema", action="store_true", help="print the run-format schema (markdown) and exit")
-    args = p.parse_args(argv)
-    if args.schema or not args.run:
-        print(schema.describe())
-        return 0
-    run = load_run(args.run)
-    print(summarize(run))
-    return 0
-
-
-def summarize(run) -> str:
-    """A plain-text summary of a run (also used in tests)."""
-    m = run.meta
-    steps = run.steps
-    lines = [
-        f"run        {run.name}  ({run.path})",
-        (
-            f"schema     v{m.get('schema_version')}  tokengrad {m.get('tokengrad_version')}  "
-            f"created {m.get('created')}"
-        ),
-        f"model      {m.get('model')}  tokenizer {m.get('tokenizer')}  world_size {m.get('world_size')}",
-        f"weighting  {m.get('weighting', {}).get('name')} {m.get('weighting', {}).get('params', {})}",
-        f"finished   {m.get('finished')}  rows dropped {run.rows_dropped}",
-    ]
-    if len(steps):
-        last = steps.iloc[-1]
-        lines.append(
-            f"steps      {steps['step'].nunique()} (last {int(last['step'])})  "
-            f"grad_norm mean {steps['grad_norm'].mean():.4g}  reward_mean last {last['reward_mean']:.4g}"
-        )
-    n_tok = run.sql("SELECT count(*) AS n FROM tokens")["n"].iloc[0]
-    lines.append(f"tokens     {n_tok} rows in {len(run.files('tokens'))} files")
-    for table in ("layers", "buckets", "samples", "evals"):
-        lines.append(f"{table:<10} {len(run.table(table))} rows")
-    lines += [f"warning    {w}" for w in run.warnings]
-    return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,92 @@
+"""The import rules of the layered layout, in one table. Read statically by tests/test_layers.py (every
+import statement of every module, nested ones included) and checked again in fresh interpreters.
+
+Layers, bottom up:
+  ground        tokengrad.schema, registry, faults, _version: the run-format contract and its helpers
+  read          tokengrad.read: run directories as pandas / DuckDB (never torch)
+  objective     tokengrad.objective: the GRPO objective as pure tensor math
+  record        tokengrad.record: recording (torch); writes files through read.layout, the one module that
+                knows the file layout
+  train         tokengrad.train: the built-in trainer
+  integrations  tokengrad.integrations: other trainers (TRL, verl) and trackers; never the built-in trainer
+  figures       tokengrad.figures: pure Plotly builders (never torch)
+  cli, app      the entry points: the `tokengrad` command and the Streamlit app
+"""
+
+from __future__ import annotations
+
+GROUND = ["tokengrad.schema", "tokengrad.registry", "tokengrad.faults", "tokengrad._version"]
+READ = ["tokengrad.read"]
+OBJECTIVE = ["tokengrad.objective"]
+RECORD = ["tokengrad.record"]
+LAYOUT = ["tokengrad.read.layout"]  # the file layout: written by record/, resolved by read/
+TRAIN = ["tokengrad.train"]
+INTEGRATIONS = ["tokengrad.integrations"]
+FIGURES = ["tokengrad.figures"]
+FACE = "tokengrad"  # the package face: lazy names only, imported by nothing inside the package
+
+# module prefix -> tokengrad modules it may import (by prefix). The longest matching prefix wins.
+ALLOWED = {
+    "tokengrad.schema": [],
+    "tokengrad.registry": [],
+    "tokengrad.faults": [],
+    "tokengrad._version": [],
+    "tokengrad.read": GROUND + READ,
+    "tokengrad.objective": GROUND + OBJECTIVE,
+    "tokengrad.record": GROUND + LAYOUT + RECORD,
+    "tokengrad.train": GROUND + OBJECTIVE + RECORD + TRAIN,
+    "tokengrad.integrations": GROUND + OBJECTIVE + RECORD + INTEGRATIONS + READ,
+    "tokengrad.figures": GROUND + READ + FIGURES,
+    "tokengrad.cli": GROUND + READ + FIGURES + TRAIN + INTEGRATIONS + ["tokengrad.cli"],
+    "app": GROUND + READ + FIGURES + ["app"],
+}
+
+# module prefix -> third-party packages it must never import (statically, anywhere in the module)
+THIRD_PARTY_FORBIDDEN = {
+    "tokengrad.schema": ["torch", "pandas", "plotly", "streamlit"],
+    "tokengrad.registry": ["torch", "pandas", "pyarrow", "plotly"],
+    "tokengrad.read": ["torch", "plotly", "streamlit", "transformers", "trl"],
+    "tokengrad.objective": ["transformers", "plotly", "streamlit", "trl", "pandas", "duckdb"],
+    "tokengrad.record": ["plotly", "streamlit", "trl"],
+    "tokengrad.train": ["plotly", "streamlit", "trl"],
+    "tokengrad.figures": ["torch", "streamlit", "transformers", "trl"],
+    "app": ["torch", "transformers", "trl"],
+}
+
+# Fresh-interpreter check: module imported -> module prefixes that must not be loaded afterwards (what the
+# static table cannot see: lazy imports through importlib, and what third-party packages pull in).
+DATA_LAYER_FORBIDDEN = ["torch", "plotly", "streamlit", "tokengrad.record", "tokengrad.train", "tokengrad.figures"]
+LOADED_FORBIDDEN = {
+    "tokengrad": ["torch", "plotly", "streamlit", "tokengrad.record", "tokengrad.train", "tokengrad.figures"],
+    "tokengrad.schema": ["torch", "plotly", "streamlit", "pandas", "tokengrad.read"],
+    "tokengrad.registry": ["torch", "plotly", "pandas", "pyarrow"],
+    "tokengrad.read": DATA_LAYER_FORBIDDEN,
+    "tokengrad.read.runs": DATA_LAYER_FORBIDDEN,
+    "tokengrad.read.queries": DATA_LAYER_FORBIDDEN,
+    "tokengrad.read.gradient_shares": DATA_LAYER_FORBIDDEN,
+    "tokengrad.read.share_queries": DATA_LAYER_FORBIDDEN,
+    "tokengrad.read.layout": DATA_LAYER_FORBIDDEN + ["pandas", "duckdb"],
+    "tokengrad.record": ["tokengrad.train", "tokengrad.figures", "tokengrad.integrations", "plotly", "streamlit",
+                         "trl", "app", "pandas", "duckdb"],
+    "tokengrad.objective.weighting": ["transformers", "plotly", "streamlit", "tokengrad.figures", "trl",
+                                      "tokengrad.record"],
+    "tokengrad.figures": ["torch", "tokengrad.record", "tokengrad.train", "tokengrad.integrations", "streamlit"],
+    "tokengrad.figures.export": ["torch", "tokengrad.record", "tokengrad.train", "streamlit"],
+    "tokengrad.train": ["tokengrad.figures", "plotly", "streamlit", "app", "trl"],
+    "tokengrad.train.trainer": ["tokengrad.figures", "plotly", "streamlit", "app", "trl"],
+    "tokengrad.integrations.trl": ["tokengrad.train", "tokengrad.figures", "plotly", "streamlit", "app"],
+    "tokengrad.cli": ["torch", "plotly", "streamlit", "tokengrad.record", "tokengrad.train"],
+}
+
+
+def rule_for(module: str, table: dict) -> list[str] | None:
+    """The entry of the longest prefix of `module` in `table` (None if no prefix matches)."""
+    best = None
+    for prefix in table:
+        if matches(module, prefix) and (best is None or len(prefix) > len(best)):
+            best = prefix
+    return None if best is None else table[best]
+
+
+def matches(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")

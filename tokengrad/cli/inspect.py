@@ -1,0 +1,49 @@
+"""`tokengrad inspect RUN` (a run's summary) and `tokengrad inspect --schema` (the run format)."""
+
+from __future__ import annotations
+
+import argparse
+
+from tokengrad import schema
+from tokengrad.read.runs import load_run
+
+
+def cli_inspect(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="tokengrad inspect", description="Summarise a run directory.")
+    p.add_argument("run", nargs="?", help="run directory")
+    p.add_argument("--schema", action="store_true", help="print the run-format schema (markdown) and exit")
+    args = p.parse_args(argv)
+    if args.schema or not args.run:
+        print(schema.describe())
+        return 0
+    run = load_run(args.run)
+    print(summarize(run))
+    return 0
+
+
+def summarize(run) -> str:
+    """A plain-text summary of a run (also used in tests)."""
+    m = run.meta
+    steps = run.steps
+    lines = [
+        f"run        {run.name}  ({run.path})",
+        (
+            f"schema     v{m.get('schema_version')}  tokengrad {m.get('tokengrad_version')}  "
+            f"created {m.get('created')}"
+        ),
+        f"model      {m.get('model')}  tokenizer {m.get('tokenizer')}  world_size {m.get('world_size')}",
+        f"weighting  {m.get('weighting', {}).get('name')} {m.get('weighting', {}).get('params', {})}",
+        f"finished   {m.get('finished')}  rows dropped {run.rows_dropped}",
+    ]
+    if len(steps):
+        last = steps.iloc[-1]
+        lines.append(
+            f"steps      {steps['step'].nunique()} (last {int(last['step'])})  "
+            f"grad_norm mean {steps['grad_norm'].mean():.4g}  reward_mean last {last['reward_mean']:.4g}"
+        )
+    n_tok = run.sql("SELECT count(*) AS n FROM tokens")["n"].iloc[0]
+    lines.append(f"tokens     {n_tok} rows in {len(run.files('tokens'))} files")
+    for table in ("layers", "buckets", "samples", "evals"):
+        lines.append(f"{table:<10} {len(run.table(table))} rows")
+    lines += [f"warning    {w}" for w in run.warnings]
+    return "\n".join(lines)
