@@ -24,12 +24,22 @@ from tokengrad.read.runs import list_runs, load_run
 Signature = tuple[tuple[str, int, int], ...]
 SMALL_TABLES = ("steps", "layers", "buckets", "samples", "evals")
 # The token-table aggregations the pages run (tokengrad.read.queries, all computed inside DuckDB).
-QUERIES = {f.__name__: f for f in (
-    queries.token_frequencies, queries.grad_norm_by_prob, queries.top_tokens,
-    queries.top_samples, queries.sample_tokens, queries.token_steps, queries.token_totals,
-    share_queries.share_by_partition, share_queries.attributed_steps,
-    gradient_shares.gradient_by_bucket, gradient_shares.step_gradients,
-)}
+QUERIES = {
+    f.__name__: f
+    for f in (
+        queries.token_frequencies,
+        queries.grad_norm_by_prob,
+        queries.top_tokens,
+        queries.top_samples,
+        queries.sample_tokens,
+        queries.token_steps,
+        queries.token_totals,
+        share_queries.share_by_partition,
+        share_queries.attributed_steps,
+        gradient_shares.gradient_by_bucket,
+        gradient_shares.step_gradients,
+    )
+}
 _CACHE_ENTRIES = 256
 
 
@@ -132,4 +142,3 @@ def _hashable(value: Any) -> Any:
 def live_signature(run_dirs: list[str]) -> tuple[Signature, ...]:
     """Signatures of several runs at once: what the live-refresh watcher compares between polls."""
     return tuple(signature(d) for d in run_dirs)
-

@@ -1,7 +1,7 @@
 """Dashboard entrypoint: the shared sidebar and the page router, nothing else.
 
-    tokengrad dashboard runs/                                   # preferred
-    streamlit run app/streamlit_app.py -- --root runs/          # the same, by hand
+tokengrad dashboard runs/                                   # preferred
+streamlit run app/streamlit_app.py -- --root runs/          # the same, by hand
 """
 
 from __future__ import annotations

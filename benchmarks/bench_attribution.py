@@ -47,16 +47,23 @@ from tokengrad.record.attribution import directional_logprobs  # noqa: E402
 
 def make_model(vocab: int, hidden: int, layers: int):
     from transformers import LlamaConfig, LlamaForCausalLM
+
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
-                      num_hidden_layers=layers, num_attention_heads=max(hidden // 64, 1),
-                      num_key_value_heads=max(hidden // 64, 1), max_position_embeddings=1024,
-                      tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=max(hidden // 64, 1),
+        num_key_value_heads=max(hidden // 64, 1),
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+    )
     return LlamaForCausalLM(cfg).float().eval()
 
 
 def logprobs(model, ids):
-    logits = model(ids).logits[:, :-1].float()                                    # [N, T, V]
+    logits = model(ids).logits[:, :-1].float()  # [N, T, V]
     return logits.gather(2, ids[:, 1:, None]).squeeze(-1) - logits.logsumexp(-1)  # [N, T]
 
 
@@ -119,9 +126,14 @@ def setup(args) -> dict:
         bk.bucket_shares(store, [p.grad for p in params])
         return CLOCK() - t
 
-    return {"fwd": fwd, "train": train_pass, "buckets": buckets, "n_par": sum(p.numel() for p in params),
-            "jvp": lambda: directional_logprobs(model, recompute, grads, "jvp"),
-            "central_difference": lambda: directional_logprobs(model, recompute, grads, "central_difference")}
+    return {
+        "fwd": fwd,
+        "train": train_pass,
+        "buckets": buckets,
+        "n_par": sum(p.numel() for p in params),
+        "jvp": lambda: directional_logprobs(model, recompute, grads, "jvp"),
+        "central_difference": lambda: directional_logprobs(model, recompute, grads, "central_difference"),
+    }
 
 
 def child_mb(cli: list[str], op: str) -> float:
@@ -160,17 +172,23 @@ def main(argv=None) -> None:
     par_mb = ops["n_par"] * 4 / 2**20
     cli = [a for a in (argv if argv is not None else sys.argv[1:]) if a not in ("--quick", "--wall")]
     mem = {name: child_mb(cli, name) for name in ("fwd", "jvp", "central_difference", "train", "buckets")}
-    print(f"attribution cost: Llama {args.layers} x {args.hidden}, V = {args.vocab}, "
-          f"{ops['n_par'] / 1e6:.1f} M parameters ({par_mb:.0f} MB), batch {args.batch} x {args.seq}; "
-          f"medians of {reps}; "
-          f"{torch.get_num_threads()} threads, {'wall' if args.wall else 'CPU'} seconds")
+    print(
+        f"attribution cost: Llama {args.layers} x {args.hidden}, V = {args.vocab}, "
+        f"{ops['n_par'] / 1e6:.1f} M parameters ({par_mb:.0f} MB), batch {args.batch} x {args.seq}; "
+        f"medians of {reps}; "
+        f"{torch.get_num_threads()} threads, {'wall' if args.wall else 'CPU'} seconds"
+    )
     f = t["fwd"]
     line("what", "measured", "target")
     line("plain forward (the unit)", f"{f * 1e3:.0f} ms")
     line("forward + backward of the training pass", f"{t['train'] / f:.2f} forwards")
     line("jvp along g (exact)", f"{t['jvp'] / f:.2f} forwards", "<= 2", verdict(t["jvp"] / f, 2.0))
-    line("central difference along g", f"{t['central_difference'] / f:.2f} forwards", "<= 2",
-         verdict(t["central_difference"] / f, 2.0))
+    line(
+        "central difference along g",
+        f"{t['central_difference'] / f:.2f} forwards",
+        "<= 2",
+        verdict(t["central_difference"] / f, 2.0),
+    )
     line("attribution step, jvp: along g + along delta", f"{2 * t['jvp'] / f:.2f} forwards")
     line("bucket passes today (K = 4)", f"{t['buckets'] / f:.2f} forwards")
     line("jvp / bucket passes", f"{t['jvp'] / t['buckets']:.2f}")

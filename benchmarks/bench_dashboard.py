@@ -33,6 +33,8 @@ from synthetic_runs import write_synthetic_run  # noqa: E402
 from tokengrad import schema  # noqa: E402
 
 TARGETS_S = {"overview_cold": 2.0, "wordcloud_query": 1.0}
+
+
 # ---- benchmark ---------------------------------------------------------------------------------------
 def _timed(label: str, fn, results: dict) -> object:
     """Wall seconds into results[label], CPU seconds of all threads into results[label + " cpu"]."""

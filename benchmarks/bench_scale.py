@@ -49,7 +49,7 @@ def step_child(spec: dict) -> dict:
 
     torch.manual_seed(0)
     n, t, v = spec["n"], spec["t"], 64
-    prob = torch.rand(n, t).clamp_min(1e-4)                                      # [N, T]
+    prob = torch.rand(n, t).clamp_min(1e-4)  # [N, T]
     lp = prob.log().requires_grad_()
     sum_p2 = prob**2 + (1 - prob) ** 2 / (v - 1)
     stats = TokenStats(lp.detach(), prob, -(prob * prob.log()) * 3, sum_p2, (1 - 2 * prob + sum_p2).sqrt())
@@ -70,22 +70,28 @@ def step_child(spec: dict) -> dict:
         t_write = time.perf_counter() - t1
     peak = (status_kb("VmHWM") - before) / 1024
     size = sum(f.stat().st_size for f in run.rglob("*.parquet"))
-    rows = sum(json.loads(p.read_text())["rows_written"].get("tokens", 0)
-               for p in (run / "ranks").glob("*.json"))
+    rows = sum(
+        json.loads(p.read_text())["rows_written"].get("tokens", 0) for p in (run / "ranks").glob("*.json")
+    )
     return {"train_s": t_train, "write_s": t_write, "peak_mb": peak, "rows": rows, "mb": size / 2**20}
 
 
 def part_step(args) -> None:
     n_rows = args.seqs * args.seq_len
-    print(f"A. one step of {args.seqs} x {args.seq_len} = {n_rows / 1e6:.1f} M token rows, V = 64 "
-          f"(fresh process per mode)")
+    print(
+        f"A. one step of {args.seqs} x {args.seq_len} = {n_rows / 1e6:.1f} M token rows, V = 64 "
+        f"(fresh process per mode)"
+    )
     line("mode", "recorder s | writer s", "rows | MB | peak MB")
     with tempfile.TemporaryDirectory() as d:
         for budget in (None, args.budget):
             r = run_child(__file__, {"n": args.seqs, "t": args.seq_len, "budget": budget, "dir": d})
             name = "all rows" if budget is None else f"token_budget={budget}"
-            line(name, f"{r['train_s']:.2f} | {r['write_s']:.2f}",
-                 f"{r['rows']} | {r['mb']:.0f} | {r['peak_mb']:.0f}")
+            line(
+                name,
+                f"{r['train_s']:.2f} | {r['write_s']:.2f}",
+                f"{r['rows']} | {r['mb']:.0f} | {r['peak_mb']:.0f}",
+            )
 
 
 # ---- B: a 100 M token-row run stored as a budget stores it --------------------------------------------
@@ -107,8 +113,11 @@ def write_scaled_run(run: Path, n_steps: int, tokens_per_step: int, budget: int,
     for first in range(0, n_steps, per_file):
         last = min(first + per_file, n_steps) - 1
         chunk = _tokens_chunk(rng, np.arange(first, last + 1), n_samples, n_tok, vocab)
-        chunk = chunk.set_column(chunk.schema.get_field_index("selected_by"), "selected_by",
-                                 pa.array(["sequence"] * chunk.num_rows))
+        chunk = chunk.set_column(
+            chunk.schema.get_field_index("selected_by"),
+            "selected_by",
+            pa.array(["sequence"] * chunk.num_rows),
+        )
         _write(run, "tokens", chunk, first, last)
     steps_tbl = _steps_table(rng, n_steps, tokens_per_step)
     _write(run, "steps", steps_tbl, 0, n_steps - 1)
@@ -116,24 +125,52 @@ def write_scaled_run(run: Path, n_steps: int, tokens_per_step: int, budget: int,
     edges = np.linspace(0, 1, 21)
     k = 20 * 3
     share = np.tile(np.linspace(0.05, 0.0, 20).repeat(3) / 1.5, n_steps)
-    _write(run, "prob_bins", _table("prob_bins", {
-        "step": np.repeat(np.arange(n_steps), k), "rank": np.zeros(n_steps * k),
-        "update_id": np.zeros(n_steps * k),
-        "lo": np.tile(edges[:-1].repeat(3), n_steps), "hi": np.tile(edges[1:].repeat(3), n_steps),
-        "adv_sign": np.tile([-1, 0, 1], 20 * n_steps),
-        "n_tokens": np.full(n_steps * k, tokens_per_step // k), "sum_prob": np.full(n_steps * k, 1.0),
-        "sum_update_share": share}), 0, n_steps - 1)
+    _write(
+        run,
+        "prob_bins",
+        _table(
+            "prob_bins",
+            {
+                "step": np.repeat(np.arange(n_steps), k),
+                "rank": np.zeros(n_steps * k),
+                "update_id": np.zeros(n_steps * k),
+                "lo": np.tile(edges[:-1].repeat(3), n_steps),
+                "hi": np.tile(edges[1:].repeat(3), n_steps),
+                "adv_sign": np.tile([-1, 0, 1], 20 * n_steps),
+                "n_tokens": np.full(n_steps * k, tokens_per_step // k),
+                "sum_prob": np.full(n_steps * k, 1.0),
+                "sum_update_share": share,
+            },
+        ),
+        0,
+        n_steps - 1,
+    )
     kv = n_vocab * 3 * 4  # top tokens x advantage signs x probability buckets
     b_edges = np.asarray(schema.DEFAULT_BUCKET_EDGES)
     tid = np.tile(np.repeat(np.arange(n_vocab), 12), n_steps)
     counts = rng.integers(1, tokens_per_step // n_vocab, n_steps * kv)
-    _write(run, "vocab", _table("vocab", {
-        "step": np.repeat(np.arange(n_steps), kv), "rank": np.zeros(n_steps * kv), "token_id": tid,
-        "token": pa.array([vocab[i] for i in tid]),
-        "adv_sign": np.tile(np.repeat([-1, 0, 1], 4), n_vocab * n_steps),
-        "lo": np.tile(b_edges[:-1], 3 * n_vocab * n_steps), "hi": np.tile(b_edges[1:], 3 * n_vocab * n_steps),
-        "n_tokens": counts, "sum_prob": counts * 0.5, "sum_update_share": rng.normal(0, 1e-4, n_steps * kv),
-        "sum_logit_grad_norm": counts * 0.01}), 0, n_steps - 1)
+    _write(
+        run,
+        "vocab",
+        _table(
+            "vocab",
+            {
+                "step": np.repeat(np.arange(n_steps), kv),
+                "rank": np.zeros(n_steps * kv),
+                "token_id": tid,
+                "token": pa.array([vocab[i] for i in tid]),
+                "adv_sign": np.tile(np.repeat([-1, 0, 1], 4), n_vocab * n_steps),
+                "lo": np.tile(b_edges[:-1], 3 * n_vocab * n_steps),
+                "hi": np.tile(b_edges[1:], 3 * n_vocab * n_steps),
+                "n_tokens": counts,
+                "sum_prob": counts * 0.5,
+                "sum_update_share": rng.normal(0, 1e-4, n_steps * kv),
+                "sum_logit_grad_norm": counts * 0.01,
+            },
+        ),
+        0,
+        n_steps - 1,
+    )
 
 
 def timed(fn) -> tuple[float, object]:
@@ -155,9 +192,11 @@ def part_run(args) -> None:
     t_write, _ = timed(lambda: write_scaled_run(run_dir, args.steps, args.tokens_per_step, args.budget))
     stored = args.steps * args.budget
     size = sum(f.stat().st_size for f in run_dir.rglob("*.parquet")) / 2**20
-    print(f"\nB. synthetic run: {args.steps} steps x {args.tokens_per_step:,} tokens = {total / 1e6:.0f} M "
-          f"token rows, stored as aggregates + {args.budget:,} rows per step = {stored / 1e6:.1f} M rows, "
-          f"{size:.0f} MB (written in {t_write:.0f} s)")
+    print(
+        f"\nB. synthetic run: {args.steps} steps x {args.tokens_per_step:,} tokens = {total / 1e6:.0f} M "
+        f"token rows, stored as aggregates + {args.budget:,} rows per step = {stored / 1e6:.1f} M rows, "
+        f"{size:.0f} MB (written in {t_write:.0f} s)"
+    )
 
     def overview():
         run = load_run(run_dir)
@@ -168,8 +207,10 @@ def part_run(args) -> None:
 
     def wordcloud():
         run = load_run(run_dir)
-        return (share_queries.vocab_frequencies(run, 0.75, 1.0, limit=480),
-                share_queries.vocab_frequencies(run, 0.0, 0.25, value="update_share", limit=480))
+        return (
+            share_queries.vocab_frequencies(run, 0.75, 1.0, limit=480),
+            share_queries.vocab_frequencies(run, 0.0, 0.25, value="update_share", limit=480),
+        )
 
     t_over, _ = timed(overview)
     t_wc, got = timed(wordcloud)

@@ -39,7 +39,14 @@ def trl_head(hidden, head, ids):
 
     h = hidden.detach().requires_grad_(True)
     lp, ent, _, _, _ = ChunkedLogProbFunction.apply(
-        h, head.weight, head.bias, ids, 1.0, _CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0,
+        h,
+        head.weight,
+        head.bias,
+        ids,
+        1.0,
+        _CHUNKED_LOGPROB_CHUNK_SIZE,
+        None,
+        1.0,
         ("log_probs", "entropy", "log_sum_sq_probs"),
     )
     lp.sum().backward()

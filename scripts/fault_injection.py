@@ -58,8 +58,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--kills", type=int, default=10, help="SIGKILLs to inflict (default 10)")
     p.add_argument("--seed", type=int, default=0, help="seed of the kill schedule (default 0)")
     p.add_argument("--steps", type=int, default=12, help="steps of the finished run (default 12)")
-    p.add_argument("--slow-writer", type=float, default=0.0, metavar="S",
-                   help="seconds every commit waits, as on a slow disk (default 0)")
+    p.add_argument(
+        "--slow-writer",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="seconds every commit waits, as on a slow disk (default 0)",
+    )
     p.add_argument("--keep", metavar="DIR", help="keep the run in DIR (default: a temporary folder)")
     return p.parse_args(argv)
 
@@ -120,8 +125,15 @@ class Attempts:
         self.step_time = 3.0  # seconds per step, refined from what the attempts show
 
     def command(self, steps: int) -> list[str]:
-        cmd = [sys.executable, "-m", "tokengrad.cli", "train", str(self.config), f"run_dir={self.run_dir}",
-               f"steps={steps}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tokengrad.cli",
+            "train",
+            str(self.config),
+            f"run_dir={self.run_dir}",
+            f"steps={steps}",
+        ]
         return cmd + ["--resume"] * (self.run_dir / "meta.json").exists()
 
     def env(self, spec: str | None) -> dict:
@@ -139,8 +151,13 @@ class Attempts:
         spec = None
         if mode == "point":
             spec = f"{self.rng.choice(POINTS)}:kill@{self.rng.randint(1, 3)}"
-        proc = subprocess.Popen(self.command(steps), env=self.env(spec), stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            self.command(steps),
+            env=self.env(spec),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         if mode == "timer":
             self.kill_later(proc)
         err = proc.communicate()[1]
@@ -175,8 +192,10 @@ def main(argv=None) -> int:
     config.write_text(CONFIG)
     attempts = Attempts(args, run_dir, config)
     kills = violations = checked = n = 0
-    print(f"fault injection: {args.kills} kills, seed {args.seed}, {args.steps} steps, run in {run_dir}",
-          flush=True)
+    print(
+        f"fault injection: {args.kills} kills, seed {args.seed}, {args.steps} steps, run in {run_dir}",
+        flush=True,
+    )
     while kills < args.kills:
         n += 1
         ckpt = checkpoint_step(run_dir)
@@ -193,9 +212,12 @@ def main(argv=None) -> int:
         checked += got
         violations += len(problems)
         outcome = "killed" if rc else "ended"
-        print(f"[{kills}/{args.kills}] attempt {n}: steps {first}..{steps - 1}, {what}: {outcome}; "
-              f"checkpoint at {ckpt_after}; {got} steps checked"
-              + "".join(f"\n    VIOLATION {p}" for p in problems), flush=True)
+        print(
+            f"[{kills}/{args.kills}] attempt {n}: steps {first}..{steps - 1}, {what}: {outcome}; "
+            f"checkpoint at {ckpt_after}; {got} steps checked"
+            + "".join(f"\n    VIOLATION {p}" for p in problems),
+            flush=True,
+        )
     rc, _ = attempts.run(args.steps, "none")
     got, problems = check(run_dir, args.steps - 1)
     checked += got

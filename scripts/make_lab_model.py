@@ -45,13 +45,14 @@ from tokengrad.train.sft import SFTConfig, supervised_train  # noqa: E402
 from tokengrad.train.tasks import get_task  # noqa: E402
 
 EVAL_PER_CARRY = 100
-PHASES = "1600:2e-3"   # the shipped model: one cosine cycle, annealed to lr 0 on the teacher's plateau
+PHASES = "1600:2e-3"  # the shipped model: one cosine cycle, annealed to lr 0 on the teacher's plateau
 
 
 def sampled_accuracy(model, tok, task, problems) -> float:
     """Share of temperature-1 samples (one per problem) that are exactly right: the RL signal."""
-    comps = generate_completions(model, tok, [render_prompt(tok, p) for p in problems], 1, 8,
-                                 sampling_kwargs(1.0, 1.0), task)
+    comps = generate_completions(
+        model, tok, [render_prompt(tok, p) for p in problems], 1, 8, sampling_kwargs(1.0, 1.0), task
+    )
     return float(np.mean([task.is_correct(p, t) for p, t in zip(problems, comps.texts)]))
 
 
@@ -66,8 +67,16 @@ def parse_phases(text: str) -> list[tuple[int, float]]:
     return phases
 
 
-def build(phases: list[tuple[int, float]], batch: int, drop: float, seed: int, resume: Path | None = None,
-          resume_phases: int = 0, progress: bool = True, model_config: dict | None = None):
+def build(
+    phases: list[tuple[int, float]],
+    batch: int,
+    drop: float,
+    seed: int,
+    resume: Path | None = None,
+    resume_phases: int = 0,
+    progress: bool = True,
+    model_config: dict | None = None,
+):
     """(model, tokenizer, history) after the SFT phases; each phase is a fresh AdamW with warm-up and a
     cosine decay to 0 (a warm restart), reading the next `steps * batch` problems of one seeded stream.
 
@@ -85,58 +94,96 @@ def build(phases: list[tuple[int, float]], batch: int, drop: float, seed: int, r
     teacher_rng = np.random.default_rng([seed, 2])
     targets = [task.teacher(p, drop, teacher_rng) for p in problems]
     prompts = [render_prompt(tok, p) for p in problems]
-    held_out = task.eval_problems(EVAL_PER_CARRY, seed=10_000)   # a fixed set, apart from every RL seed's
+    held_out = task.eval_problems(EVAL_PER_CARRY, seed=10_000)  # a fixed set, apart from every RL seed's
 
     def evaluate_now(step: int) -> dict:
         with torch.no_grad():
             greedy = evaluate(model, tok, task, held_out, 8, 1, 256)
             n = sum(k for _, k in greedy.values())
-            out = {"greedy": sum(a * k for a, k in greedy.values()) / n,
-                   "sampled": sampled_accuracy(model, tok, task, held_out)}
+            out = {
+                "greedy": sum(a * k for a, k in greedy.values()) / n,
+                "sampled": sampled_accuracy(model, tok, task, held_out),
+            }
         return out | {f"greedy_c{d}": a for d, (a, _) in greedy.items()}
 
     history, first = [], 0
     for i, (steps, lr) in enumerate(phases):
         offset = first * batch
         if i >= resume_phases:
-            examples = lambda step, o=offset: list(zip(prompts[o + step * batch : o + (step + 1) * batch],  # noqa: E731
-                                                       targets[o + step * batch : o + (step + 1) * batch]))
-            cfg = SFTConfig(steps=steps, lr=lr, warmup_steps=min(100, steps // 10),
-                            eval_every=max(1, steps // 10), progress=progress)
-            history += [h | {"phase": i, "step": first + h["step"]}
-                        for h in supervised_train(model, tok, examples, cfg, evaluate=evaluate_now)]
+            examples = (
+                lambda step, o=offset: list(
+                    zip(
+                        prompts[o + step * batch : o + (step + 1) * batch],  # noqa: E731
+                        targets[o + step * batch : o + (step + 1) * batch],
+                    )
+                )
+            )
+            cfg = SFTConfig(
+                steps=steps,
+                lr=lr,
+                warmup_steps=min(100, steps // 10),
+                eval_every=max(1, steps // 10),
+                progress=progress,
+            )
+            history += [
+                h | {"phase": i, "step": first + h["step"]}
+                for h in supervised_train(model, tok, examples, cfg, evaluate=evaluate_now)
+            ]
         first += steps
     return model, tok, history
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--phases", default=PHASES, help="SFT phases steps:peak_lr,... (each cosine-annealed to "
-                    "lr 0 after a warm-up; a later phase is a warm restart)")
+    ap.add_argument(
+        "--phases",
+        default=PHASES,
+        help="SFT phases steps:peak_lr,... (each cosine-annealed to "
+        "lr 0 after a warm-up; a later phase is a warm restart)",
+    )
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--drop", type=float, default=0.6, help="the teacher's carry-forgetting probability")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: reproducible)")
     ap.add_argument("--out", type=Path, default=lab_dir("lab-add"))
-    ap.add_argument("--resume", type=Path, default=None, help="a model saved after the first "
-                    "--resume-phases phases of the same command (those phases are skipped)")
+    ap.add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        help="a model saved after the first "
+        "--resume-phases phases of the same command (those phases are skipped)",
+    )
     ap.add_argument("--resume-phases", type=int, default=0)
-    ap.add_argument("--model-config", type=json.loads, default=None,
-                    help='LlamaConfig overrides as JSON, e.g. \'{"hidden_size": 192}\'')
+    ap.add_argument(
+        "--model-config",
+        type=json.loads,
+        default=None,
+        help="LlamaConfig overrides as JSON, e.g. '{\"hidden_size\": 192}'",
+    )
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     phases = parse_phases(args.phases)
-    model, tok, history = build(phases, args.batch, args.drop, args.seed, args.resume, args.resume_phases,
-                                 model_config=args.model_config)
+    model, tok, history = build(
+        phases,
+        args.batch,
+        args.drop,
+        args.seed,
+        args.resume,
+        args.resume_phases,
+        model_config=args.model_config,
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(args.out, safe_serialization=True)
     tok.save_pretrained(args.out)
     settings = {k: getattr(args, k) for k in ("phases", "batch", "drop", "seed")}
-    (args.out / "sft_history.json").write_text(json.dumps({"settings": settings, "history": history},
-                                                          indent=1) + "\n")
+    (args.out / "sft_history.json").write_text(
+        json.dumps({"settings": settings, "history": history}, indent=1) + "\n"
+    )
     size = sum(p.stat().st_size for p in args.out.iterdir()) / 2**20
-    print(f"{args.out}: {size:.1f} MB; held-out greedy accuracy {history[-1]['greedy']:.3f}, "
-          f"sampled {history[-1]['sampled']:.3f}")
+    print(
+        f"{args.out}: {size:.1f} MB; held-out greedy accuracy {history[-1]['greedy']:.3f}, "
+        f"sampled {history[-1]['sampled']:.3f}"
+    )
     return 0
 
 

@@ -52,8 +52,9 @@ def make_run(name: str, out: Path, overrides: dict) -> tuple[Path, float]:
     run_dir = out / name
     shutil.rmtree(run_dir, ignore_errors=True)
     t0 = time.perf_counter()
-    tokengrad.train(str(ROOT / "configs" / config), run_dir=str(run_dir), run_name=name,
-                    **(fixed | overrides))
+    tokengrad.train(
+        str(ROOT / "configs" / config), run_dir=str(run_dir), run_name=name, **(fixed | overrides)
+    )
     shutil.rmtree(checkpoint_path(run_dir), ignore_errors=True)
     return run_dir, time.perf_counter() - t0
 
@@ -84,11 +85,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "sample_runs", help="folder of the runs")
     ap.add_argument("--only", nargs="+", default=list(RUNS), choices=sorted(RUNS), help="runs to (re)make")
-    ap.add_argument("--from-study", type=Path, default=None, help="copy the lab runs from this finished "
-                    "study folder (its seed-0 runs are the same configs and seed) instead of training them")
+    ap.add_argument(
+        "--from-study",
+        type=Path,
+        default=None,
+        help="copy the lab runs from this finished "
+        "study folder (its seed-0 runs are the same configs and seed) instead of training them",
+    )
     ap.add_argument("--steps", type=int, default=None, help="override the config's steps (quick looks)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: deterministic and fastest "
-                                                           "on a shared machine)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (1: deterministic and fastest on a shared machine)",
+    )
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     overrides = {"progress": False} | ({"steps": args.steps} if args.steps else {})

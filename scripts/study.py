@@ -73,8 +73,13 @@ def run_one(rule: str, seed: int, run_dir: Path, overrides: dict) -> Path:
         return run_dir
     shutil.rmtree(run_dir, ignore_errors=True)
     t0 = time.perf_counter()
-    tokengrad.train(str(config_path(rule)), seed=seed, run_dir=str(run_dir), run_name=f"{rule}-s{seed}",
-                    **({"progress": False, "checkpoint": False} | overrides))
+    tokengrad.train(
+        str(config_path(rule)),
+        seed=seed,
+        run_dir=str(run_dir),
+        run_name=f"{rule}-s{seed}",
+        **({"progress": False, "checkpoint": False} | overrides),
+    )
     (run_dir / "study.json").write_text(json.dumps({"wall_seconds": time.perf_counter() - t0}) + "\n")
     return run_dir
 
@@ -91,8 +96,9 @@ def _unit(kind: str, rule: str, seed: int, out: Path, overrides: dict, threads: 
     return f"finished {out}/control-s{seed}.json"
 
 
-def train_all(rules: list[str], seeds: list[int], out: Path, overrides: dict, jobs: int, threads: int,
-              control: bool) -> None:
+def train_all(
+    rules: list[str], seeds: list[int], out: Path, overrides: dict, jobs: int, threads: int, control: bool
+) -> None:
     """Every (rule, seed) run, seed-major (an interrupted study has every rule at the early seeds), then the
     controls, on `jobs` worker processes. Finished runs and controls are reused."""
     from concurrent.futures import ProcessPoolExecutor
@@ -143,11 +149,18 @@ def run_control(seed: int, seconds: float, out: Path, overrides: dict) -> dict:
         return {"accuracy": accuracy(res), **{f"acc_d{d}": a for d, (a, _) in res.items()}}
 
     start = held_out(-1)
-    sft = SFTConfig(steps=10**6, lr=cfg.lr, min_lr=cfg.lr, warmup_steps=0, max_seconds=seconds,
-                    progress=False)
+    sft = SFTConfig(
+        steps=10**6, lr=cfg.lr, min_lr=cfg.lr, warmup_steps=0, max_seconds=seconds, progress=False
+    )
     end = supervised_train(model, tok, examples, sft, evaluate=held_out)[-1]
-    row = {"seed": seed, "seconds": seconds, "sft_steps": end["step"] + 1, "acc_start": start["accuracy"],
-           "acc_final": end["accuracy"], "acc_gain": end["accuracy"] - start["accuracy"]}
+    row = {
+        "seed": seed,
+        "seconds": seconds,
+        "sft_steps": end["step"] + 1,
+        "acc_start": start["accuracy"],
+        "acc_final": end["accuracy"],
+        "acc_gain": end["accuracy"] - start["accuracy"],
+    }
     path.write_text(json.dumps(row) + "\n")
     return row
 
@@ -162,7 +175,7 @@ def eval_metrics(ev: pd.DataFrame) -> dict:
             out[f"{tag}_d{d}"] = float(a)
     out["acc_gain"] = out["acc_final"] - out["acc_start"]
     after = ev[ev["step"] >= 0].groupby("step").apply(lambda e: (e["accuracy"] * e["n"]).sum() / e["n"].sum())
-    out["acc_mean"] = float(after.mean())   # mean over the evaluations after updates: speed of learning
+    out["acc_mean"] = float(after.mean())  # mean over the evaluations after updates: speed of learning
     for key in [k for k in out if k.startswith("final_d")]:
         d = key.removeprefix("final_d")
         out[f"acc_d{d}"] = out.pop(key)
@@ -195,8 +208,9 @@ def bucket_metrics(buckets: pd.DataFrame, layers: pd.DataFrame, live_steps: set)
 def run_row(run_dir: Path) -> dict:
     """One run's metrics (module docstring)."""
     run = load_run(run_dir)
-    steps = run.steps.groupby("step").agg(grad_norm=("grad_norm", "max"), entropy=("entropy_mean", "mean"),
-                                          sampled=("accuracy", "mean"))
+    steps = run.steps.groupby("step").agg(
+        grad_norm=("grad_norm", "max"), entropy=("entropy_mean", "mean"), sampled=("accuracy", "mean")
+    )
     live = steps[steps["grad_norm"] > 0]
     tenth = max(1, len(steps) // 10)
     gn = live["grad_norm"].to_numpy(dtype=float)
@@ -244,9 +258,18 @@ def summary_tables(df: pd.DataFrame, metrics: list[str], seed: int = 0) -> tuple
         est.append({"rule": rule, "seeds": len(g), **cells})
         if rule != "grpo" and len(base):
             paired = g.index.intersection(base.index)
-            diff.append({"rule": f"{rule} − grpo", "pairs": len(paired), **{
-                m: fmt(bootstrap_ci((g.loc[paired, m] - base.loc[paired, m]).to_numpy(float), rng))
-                if m in g and m in base else "n/a" for m in metrics}})
+            diff.append(
+                {
+                    "rule": f"{rule} − grpo",
+                    "pairs": len(paired),
+                    **{
+                        m: fmt(bootstrap_ci((g.loc[paired, m] - base.loc[paired, m]).to_numpy(float), rng))
+                        if m in g and m in base
+                        else "n/a"
+                        for m in metrics
+                    },
+                }
+            )
     return pd.DataFrame(est), pd.DataFrame(diff)
 
 
@@ -260,22 +283,34 @@ def markdown(df: pd.DataFrame) -> str:
 
 SECTIONS = {
     "Held-out accuracy (greedy exact match, step -1 → last step)": [
-        "acc_start", "acc_mean", "acc_final", "acc_gain", "live_share", "wall_seconds"],
+        "acc_start",
+        "acc_mean",
+        "acc_final",
+        "acc_gain",
+        "live_share",
+        "wall_seconds",
+    ],
     "Accuracy gain by difficulty (carries)": "gain_d",
     "Final accuracy by difficulty (carries)": "acc_d",
     "AR-Lopti premise: p < 0.25 tokens, live bucket steps": ["low_tokens", "low_update"],
     "Correct ratio by probability bucket, live bucket steps": "cr_",
     "TR-GRPO: gradient-norm stability, live steps": ["grad_cv", "spikes"],
-    "Entropy and sampled accuracy (first / last 10 % of steps)": ["entropy_start", "entropy_end",
-                                                                  "sampled_start", "sampled_end"],
+    "Entropy and sampled accuracy (first / last 10 % of steps)": [
+        "entropy_start",
+        "entropy_end",
+        "sampled_start",
+        "sampled_end",
+    ],
 }
 
 
 def report(df: pd.DataFrame) -> str:
     """The markdown report: one estimate table and one paired-difference table per claim."""
-    parts = ["# Study results (written by scripts/study.py; read docs/study.md first)",
-             f"Runs: {len(df)} ({', '.join(f'{r}: {n}' for r, n in df['rule'].value_counts().items())}). "
-             "Cells: mean over seeds [percentile bootstrap 95 % interval over seeds]."]
+    parts = [
+        "# Study results (written by scripts/study.py; read docs/study.md first)",
+        f"Runs: {len(df)} ({', '.join(f'{r}: {n}' for r, n in df['rule'].value_counts().items())}). "
+        "Cells: mean over seeds [percentile bootstrap 95 % interval over seeds].",
+    ]
     for title, cols in SECTIONS.items():
         cols = cols if isinstance(cols, list) else sorted(c for c in df if c.startswith(cols))
         cols = [c for c in cols if c in df]
@@ -302,13 +337,26 @@ def figures(out: Path, fig_dir: Path, rules: list[str]) -> list[Path]:
             steps = pd.concat([r.steps for r in runs])
             frames[rule] = steps.groupby("step", as_index=False)[cols].mean().assign(rank=0)
             evals[rule] = pd.concat([r.evals for r in runs], ignore_index=True)
-    specs = [FigureSpec("study_entropy", make_metric_figure(frames, "entropy_mean", smoothing=0.8,
-                                                            title="token entropy, mean over seeds")),
-             FigureSpec("study_sampled_accuracy", make_metric_figure(
-                 frames, "accuracy", smoothing=0.8, title="sampled exact match, mean over seeds")),
-             FigureSpec("study_heldout_by_carries", make_accuracy_over_steps_figure(
-                 evals, by_difficulty=True, title="held-out greedy exact match by carries, seeds pooled"),
-                        width="page", height_in=3.0)]
+    specs = [
+        FigureSpec(
+            "study_entropy",
+            make_metric_figure(frames, "entropy_mean", smoothing=0.8, title="token entropy, mean over seeds"),
+        ),
+        FigureSpec(
+            "study_sampled_accuracy",
+            make_metric_figure(
+                frames, "accuracy", smoothing=0.8, title="sampled exact match, mean over seeds"
+            ),
+        ),
+        FigureSpec(
+            "study_heldout_by_carries",
+            make_accuracy_over_steps_figure(
+                evals, by_difficulty=True, title="held-out greedy exact match by carries, seeds pooled"
+            ),
+            width="page",
+            height_in=3.0,
+        ),
+    ]
     fig_dir.mkdir(parents=True, exist_ok=True)
     return write_static(specs, fig_dir)
 
@@ -330,10 +378,17 @@ def main(argv: list[str] | None = None) -> int:
     overrides = dict(parse_override(item) for item in args.set)
     if not args.table_only:
         train_all(args.rules, args.seeds, args.out, overrides, args.jobs, args.threads, not args.no_control)
-    rows = [run_row(args.out / f"{rule}-s{seed}") for seed in args.seeds for rule in args.rules
-            if (args.out / f"{rule}-s{seed}" / "meta.json").exists()]
-    rows += [{"rule": "control", **json.loads(p.read_text())} for seed in args.seeds
-             if (p := args.out / f"control-s{seed}.json").exists()]
+    rows = [
+        run_row(args.out / f"{rule}-s{seed}")
+        for seed in args.seeds
+        for rule in args.rules
+        if (args.out / f"{rule}-s{seed}" / "meta.json").exists()
+    ]
+    rows += [
+        {"rule": "control", **json.loads(p.read_text())}
+        for seed in args.seeds
+        if (p := args.out / f"control-s{seed}.json").exists()
+    ]
     if not rows:
         raise SystemExit(f"no runs under {args.out}")
     df = pd.DataFrame(rows)

@@ -9,6 +9,7 @@ bash scripts/setup.sh
 . .venv/bin/activate
 mkdir -p artifacts
 ruff check .
+ruff format --check .
 python -m pytest -q -p no:cacheprovider "$@"
 python -m pytest -q -p no:cacheprovider -m "slow or torchrun or browser or subprocess" \
   --ignore=tests/test_trl_deepspeed.py "$@" \

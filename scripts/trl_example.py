@@ -32,15 +32,31 @@ def distinct_characters(completions, **kwargs) -> list[float]:
 def main(run_dir: str, weighting: str | None = None, loss_type: str = "dapo", steps: int = 4) -> None:
     tok = make_tiny_tokenizer()
     args = GRPOConfig(
-        output_dir=f"{run_dir}/trl_output", loss_type=loss_type, max_steps=steps, learning_rate=1e-2,
-        per_device_train_batch_size=4, num_generations=4, max_completion_length=12,
-        logging_steps=1,                # TRL's metrics land on the step they describe
-        report_to="none", save_strategy="no", use_cpu=True, bf16=False, seed=0, disable_tqdm=True)
+        output_dir=f"{run_dir}/trl_output",
+        loss_type=loss_type,
+        max_steps=steps,
+        learning_rate=1e-2,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=12,
+        logging_steps=1,  # TRL's metrics land on the step they describe
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+        disable_tqdm=True,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        trainer = GRPOTrainer(model=make_tiny_model(tok), reward_funcs=[distinct_characters], args=args,
-                              train_dataset=Dataset.from_dict({"prompt": PROMPTS * 8}), processing_class=tok)
-    attach(trainer, run_dir, weighting=weighting)       # the two added lines: import + attach
+        trainer = GRPOTrainer(
+            model=make_tiny_model(tok),
+            reward_funcs=[distinct_characters],
+            args=args,
+            train_dataset=Dataset.from_dict({"prompt": PROMPTS * 8}),
+            processing_class=tok,
+        )
+    attach(trainer, run_dir, weighting=weighting)  # the two added lines: import + attach
     trainer.train()
 
 

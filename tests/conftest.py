@@ -16,10 +16,18 @@ TINY_V = 64
 
 def make_model(vocab_size: int = TINY_V, seed: int = 0, hidden: int = 32, layers: int = 2):
     from transformers import LlamaConfig, LlamaForCausalLM
+
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
-                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=128, tie_word_embeddings=True)
+    cfg = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+    )
     return LlamaForCausalLM(cfg).float()
 
 
@@ -31,8 +39,8 @@ def tiny_model():
 def forward_logprobs(model, ids: torch.Tensor):
     """logits [N, T, V], per-token log-probs [N, T] (with grad) and final hidden [N, T, D] of ids[:, 1:]."""
     out = model(ids, output_hidden_states=True)
-    logits = out.logits[:, :-1]                                              # [N, T, V]
-    tgt = ids[:, 1:]                                                         # [N, T]
+    logits = out.logits[:, :-1]  # [N, T, V]
+    tgt = ids[:, 1:]  # [N, T]
     lp = torch.log_softmax(logits.float(), -1).gather(2, tgt.unsqueeze(-1)).squeeze(-1)  # [N, T]
     return logits, lp, out.hidden_states[-1][:, :-1], tgt
 
@@ -40,8 +48,8 @@ def forward_logprobs(model, ids: torch.Tensor):
 @pytest.fixture
 def batch():
     g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, TINY_V, (4, 9), generator=g)                     # N=4 sequences, T=8 scored tokens
+    ids = torch.randint(0, TINY_V, (4, 9), generator=g)  # N=4 sequences, T=8 scored tokens
     mask = torch.ones(4, 8)
-    mask[1, 5:] = 0                                                          # a shorter completion
-    adv = torch.tensor([1.0, -0.5, 0.25, -1.5])                              # [N]
+    mask[1, 5:] = 0  # a shorter completion
+    adv = torch.tensor([1.0, -0.5, 0.25, -1.5])  # [N]
     return ids, mask, adv

@@ -55,7 +55,14 @@ THIRD_PARTY_FORBIDDEN = {
 
 # Fresh-interpreter check: module imported -> module prefixes that must not be loaded afterwards (what the
 # static table cannot see: lazy imports through importlib, and what third-party packages pull in).
-DATA_LAYER_FORBIDDEN = ["torch", "plotly", "streamlit", "tokengrad.record", "tokengrad.train", "tokengrad.figures"]
+DATA_LAYER_FORBIDDEN = [
+    "torch",
+    "plotly",
+    "streamlit",
+    "tokengrad.record",
+    "tokengrad.train",
+    "tokengrad.figures",
+]
 LOADED_FORBIDDEN = {
     "tokengrad": ["torch", "plotly", "streamlit", "tokengrad.record", "tokengrad.train", "tokengrad.figures"],
     "tokengrad.schema": ["torch", "plotly", "streamlit", "pandas", "tokengrad.read"],
@@ -66,11 +73,32 @@ LOADED_FORBIDDEN = {
     "tokengrad.read.gradient_shares": DATA_LAYER_FORBIDDEN,
     "tokengrad.read.share_queries": DATA_LAYER_FORBIDDEN,
     "tokengrad.read.layout": DATA_LAYER_FORBIDDEN + ["pandas", "duckdb"],
-    "tokengrad.record": ["tokengrad.train", "tokengrad.figures", "tokengrad.integrations", "plotly", "streamlit",
-                         "trl", "app", "pandas", "duckdb"],
-    "tokengrad.objective.weighting": ["transformers", "plotly", "streamlit", "tokengrad.figures", "trl",
-                                      "tokengrad.record"],
-    "tokengrad.figures": ["torch", "tokengrad.record", "tokengrad.train", "tokengrad.integrations", "streamlit"],
+    "tokengrad.record": [
+        "tokengrad.train",
+        "tokengrad.figures",
+        "tokengrad.integrations",
+        "plotly",
+        "streamlit",
+        "trl",
+        "app",
+        "pandas",
+        "duckdb",
+    ],
+    "tokengrad.objective.weighting": [
+        "transformers",
+        "plotly",
+        "streamlit",
+        "tokengrad.figures",
+        "trl",
+        "tokengrad.record",
+    ],
+    "tokengrad.figures": [
+        "torch",
+        "tokengrad.record",
+        "tokengrad.train",
+        "tokengrad.integrations",
+        "streamlit",
+    ],
     "tokengrad.figures.export": ["torch", "tokengrad.record", "tokengrad.train", "streamlit"],
     "tokengrad.train": ["tokengrad.figures", "plotly", "streamlit", "app", "trl"],
     "tokengrad.train.trainer": ["tokengrad.figures", "plotly", "streamlit", "app", "trl"],

@@ -14,14 +14,26 @@ class LettersTask:
 
     name = "letters"
 
-    def __init__(self, constant: bool = False, noisy: bool = False, tool_stop: str | None = None,
-                 reply: str = " <info>ok</info> "):
+    def __init__(
+        self,
+        constant: bool = False,
+        noisy: bool = False,
+        tool_stop: str | None = None,
+        reply: str = " <info>ok</info> ",
+    ):
         self.constant, self.tool_stop, self.reply = constant, tool_stop, reply
         self.noise = random.Random(0) if noisy else None
 
     def train_problems(self, n, seed):
-        return [Problem(prompt=f"Write letters, round {seed}-{i}.", answer="abc", difficulty=str(1 + i % 2),
-                        meta={"round": i}) for i in range(n)]
+        return [
+            Problem(
+                prompt=f"Write letters, round {seed}-{i}.",
+                answer="abc",
+                difficulty=str(1 + i % 2),
+                meta={"round": i},
+            )
+            for i in range(n)
+        ]
 
     def eval_problems(self, n_per_difficulty, seed):
         return self.train_problems(2 * n_per_difficulty, seed + 1000)
@@ -29,7 +41,7 @@ class LettersTask:
     def reward(self, problem, completion):
         if self.constant:
             return 0.5
-        if self.noise is not None:           # differs between equal completions: non-zero advantages
+        if self.noise is not None:  # differs between equal completions: non-zero advantages
             return self.noise.random()
         return sum(c.isascii() and c.islower() for c in completion) / max(len(completion), 1)
 

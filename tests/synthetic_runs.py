@@ -22,8 +22,32 @@ import pyarrow.parquet as pq
 
 from tokengrad import schema
 
-_WORDS = ("the", " the", " of", " and", " is", " a", " to", "\n", " ", " 3", " 5", " knight", " knave",
-          " Alice", " Bob", " so", " therefore", " not", " true", " false", " answer", ".", ",", " if")
+_WORDS = (
+    "the",
+    " the",
+    " of",
+    " and",
+    " is",
+    " a",
+    " to",
+    "\n",
+    " ",
+    " 3",
+    " 5",
+    " knight",
+    " knave",
+    " Alice",
+    " Bob",
+    " so",
+    " therefore",
+    " not",
+    " true",
+    " false",
+    " answer",
+    ".",
+    ",",
+    " if",
+)
 
 
 def _table(name: str, cols: dict[str, np.ndarray | pa.Array]) -> pa.Table:
@@ -48,8 +72,15 @@ def _vocab(size: int) -> list[str]:
 LOPTI_ETA = 0.5  # AR-Lopti's probability threshold: update 0 trains p < eta, update 1 the rest
 
 
-def _tokens_chunk(rng: np.random.Generator, steps: np.ndarray, n_samples: int, n_tok: int,
-                  vocab: list[str], dead: np.ndarray, lopti: bool) -> pa.Table:
+def _tokens_chunk(
+    rng: np.random.Generator,
+    steps: np.ndarray,
+    n_samples: int,
+    n_tok: int,
+    vocab: list[str],
+    dead: np.ndarray,
+    lopti: bool,
+) -> pa.Table:
     """Token rows of several steps: n_samples completions of n_tok tokens per step, vectorised. Steps
     with dead[step] have every advantage 0 (so coef and the gradient norms are 0); with lopti every
     token is recorded in two updates, in the loss of the first when p < LOPTI_ETA, else of the second."""
@@ -67,48 +98,90 @@ def _tokens_chunk(rng: np.random.Generator, steps: np.ndarray, n_samples: int, n
     advantage = np.where(dead[step], 0.0, np.repeat(adv_sample, n_tok)).astype(np.float32)
     weight = (1.0 - prob).astype(np.float32) + 0.5
     coef = (-advantage * weight / n_tok).astype(np.float32)
-    sum_p2 = prob ** 2 + (1 - prob) ** 2 * 0.3
+    sum_p2 = prob**2 + (1 - prob) ** 2 * 0.3
     unit = np.sqrt(np.maximum(1 - 2 * prob + sum_p2, 0)).astype(np.float32)
     logit_gn = np.abs(coef) * unit
     tokens = pa.DictionaryArray.from_arrays(pa.array(token_id), pa.array(vocab)).cast(pa.string())
     old_lp = np.log(prob) + rng.normal(0, 0.01, n).astype(np.float32)
     cols = {
-        "step": step, "rank": np.zeros(n, np.int16), "update_id": np.zeros(n, np.int16),
-        "pass_id": np.zeros(n, np.int16), "sample_id": sample, "group_id": group, "position": position,
-        "token_id": token_id, "token": tokens, "in_loss": np.ones(n, bool), "logprob": np.log(prob),
-        "old_logprob": old_lp, "prob": prob, "entropy": (1 - prob) * 2.0, "sum_p2": sum_p2,
-        "logit_grad_unit": unit, "advantage": advantage, "weight": weight, "coef": coef,
-        "ratio": np.exp(np.log(prob) - old_lp), "clipped": rng.random(n) < 0.02,
-        "logit_grad_norm": logit_gn, "head_grad_norm": logit_gn * 20.0,
+        "step": step,
+        "rank": np.zeros(n, np.int16),
+        "update_id": np.zeros(n, np.int16),
+        "pass_id": np.zeros(n, np.int16),
+        "sample_id": sample,
+        "group_id": group,
+        "position": position,
+        "token_id": token_id,
+        "token": tokens,
+        "in_loss": np.ones(n, bool),
+        "logprob": np.log(prob),
+        "old_logprob": old_lp,
+        "prob": prob,
+        "entropy": (1 - prob) * 2.0,
+        "sum_p2": sum_p2,
+        "logit_grad_unit": unit,
+        "advantage": advantage,
+        "weight": weight,
+        "coef": coef,
+        "ratio": np.exp(np.log(prob) - old_lp),
+        "clipped": rng.random(n) < 0.02,
+        "logit_grad_norm": logit_gn,
+        "head_grad_norm": logit_gn * 20.0,
     }
     if not lopti:
         return _table("tokens", cols)
     phases = []
     for update, in_loss in ((0, prob < LOPTI_ETA), (1, prob >= LOPTI_ETA)):
         zero = np.where(in_loss, 1.0, 0.0).astype(np.float32)  # out of this phase's loss: no gradient
-        phases.append(_table("tokens", {**cols, "update_id": np.full(n, update, np.int16),
-                                        "pass_id": np.full(n, update, np.int16), "in_loss": in_loss,
-                                        "coef": coef * zero, "logit_grad_norm": logit_gn * zero,
-                                        "head_grad_norm": logit_gn * 20.0 * zero}))
+        phases.append(
+            _table(
+                "tokens",
+                {
+                    **cols,
+                    "update_id": np.full(n, update, np.int16),
+                    "pass_id": np.full(n, update, np.int16),
+                    "in_loss": in_loss,
+                    "coef": coef * zero,
+                    "logit_grad_norm": logit_gn * zero,
+                    "head_grad_norm": logit_gn * 20.0 * zero,
+                },
+            )
+        )
     return pa.concat_tables(phases)
 
 
-def _steps_table(rng: np.random.Generator, n_steps: int, tok_per_step: int, dead: np.ndarray,
-                 n_updates: int) -> pa.Table:
+def _steps_table(
+    rng: np.random.Generator, n_steps: int, tok_per_step: int, dead: np.ndarray, n_updates: int
+) -> pa.Table:
     steps = np.arange(n_steps)
     grad = np.exp(rng.normal(0, 0.15, n_steps)) * (1 + 0.5 * np.exp(-steps / 50))
     grad[rng.choice(n_steps, max(1, n_steps // 100), replace=False)] *= 6  # a few spikes to find
     grad[dead] = 0.0
     reward = 0.2 + 0.6 * (1 - np.exp(-steps / (n_steps / 3 + 1))) + rng.normal(0, 0.03, n_steps)
     z = np.zeros(n_steps)
-    return _table("steps", {
-        "step": steps, "rank": z, "loss": rng.normal(0, 0.05, n_steps), "grad_norm": grad,
-        "n_updates": z + n_updates, "reward_mean": reward, "reward_std": np.where(dead, 0.0, 0.3),
-        "entropy_mean": 0.6 * np.exp(-steps / n_steps), "kl": 0.01 * steps / max(n_steps, 1),
-        "clip_frac": np.abs(rng.normal(0.02, 0.005, n_steps)), "weight_mean": z + 0.9,
-        "weight_min": z + 0.5, "weight_max": z + 1.5, "lr": z + 1e-6, "n_tokens": z + tok_per_step,
-        "n_nonfinite": z, "time_step": z + 1.0, "time_record": z + 0.01,
-    })
+    return _table(
+        "steps",
+        {
+            "step": steps,
+            "rank": z,
+            "loss": rng.normal(0, 0.05, n_steps),
+            "grad_norm": grad,
+            "n_updates": z + n_updates,
+            "reward_mean": reward,
+            "reward_std": np.where(dead, 0.0, 0.3),
+            "entropy_mean": 0.6 * np.exp(-steps / n_steps),
+            "kl": 0.01 * steps / max(n_steps, 1),
+            "clip_frac": np.abs(rng.normal(0.02, 0.005, n_steps)),
+            "weight_mean": z + 0.9,
+            "weight_min": z + 0.5,
+            "weight_max": z + 1.5,
+            "lr": z + 1e-6,
+            "n_tokens": z + tok_per_step,
+            "n_nonfinite": z,
+            "time_step": z + 1.0,
+            "time_record": z + 0.01,
+        },
+    )
 
 
 def _layers_table(steps_tbl: pa.Table, n_layers: int) -> pa.Table:
@@ -116,11 +189,16 @@ def _layers_table(steps_tbl: pa.Table, n_layers: int) -> pa.Table:
     names = [schema.TOTAL_LAYER, "model.embed_tokens"] + [f"model.layers.{i}" for i in range(n_layers)]
     share = np.linspace(1.0, 0.3, len(names))
     n = len(total)
-    return _table("layers", {
-        "step": np.repeat(np.arange(n), len(names)), "rank": np.zeros(n * len(names)),
-        "update_id": np.zeros(n * len(names)), "layer": np.tile(names, n),
-        "grad_norm": (total[:, None] * share[None, :]).ravel(),
-    })
+    return _table(
+        "layers",
+        {
+            "step": np.repeat(np.arange(n), len(names)),
+            "rank": np.zeros(n * len(names)),
+            "update_id": np.zeros(n * len(names)),
+            "layer": np.tile(names, n),
+            "grad_norm": (total[:, None] * share[None, :]).ravel(),
+        },
+    )
 
 
 def _buckets_table(rng: np.random.Generator, steps: np.ndarray, dead: np.ndarray, lopti: bool) -> pa.Table:
@@ -129,12 +207,14 @@ def _buckets_table(rng: np.random.Generator, steps: np.ndarray, dead: np.ndarray
     if not lopti:
         return _bucket_rows(rng, steps, dead[steps], 0, np.ones(5, bool))
     low = np.array([True, True, False, False, False])
-    return pa.concat_tables([_bucket_rows(rng, steps, dead[steps], 0, low),
-                             _bucket_rows(rng, steps, dead[steps], 1, ~low)])
+    return pa.concat_tables(
+        [_bucket_rows(rng, steps, dead[steps], 0, low), _bucket_rows(rng, steps, dead[steps], 1, ~low)]
+    )
 
 
-def _bucket_rows(rng: np.random.Generator, steps: np.ndarray, dead: np.ndarray, update: int,
-                 in_phase: np.ndarray) -> pa.Table:
+def _bucket_rows(
+    rng: np.random.Generator, steps: np.ndarray, dead: np.ndarray, update: int, in_phase: np.ndarray
+) -> pa.Table:
     edges = schema.DEFAULT_BUCKET_EDGES
     labels = [schema.bucket_label(lo, hi) for lo, hi in zip(edges[:-1], edges[1:])] + [schema.RESIDUAL_BUCKET]
     k = len(labels)
@@ -207,8 +287,9 @@ def _evals_table(n_steps: int, every: int) -> pa.Table:
     )
 
 
-def write_meta(run: Path, name: str, n_steps: int, bucket_every: int, finished: bool = True,
-               lopti: bool = False) -> None:
+def write_meta(
+    run: Path, name: str, n_steps: int, bucket_every: int, finished: bool = True, lopti: bool = False
+) -> None:
     p = np.linspace(0, 1, 21)
     meta = {
         "schema_version": schema.SCHEMA_VERSION,

@@ -27,11 +27,14 @@ from tokengrad.read import served_root
 
 REPO = Path(__file__).resolve().parents[1]
 APP = REPO / "app" / "streamlit_app.py"
-PAGES = ("views/overview.py", "views/buckets.py", "views/wordclouds.py", "views/inspector.py",
-         "views/evaluation.py")
+PAGES = (
+    "views/overview.py",
+    "views/buckets.py",
+    "views/wordclouds.py",
+    "views/inspector.py",
+    "views/evaluation.py",
+)
 N_STEPS, N_SAMPLES, N_TOK = 10, 4, 16
-
-
 
 
 def _write(run: Path, seed: int, **kw) -> Path:

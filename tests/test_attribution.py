@@ -14,10 +14,18 @@ from tokengrad.record.attribution import ATTRIBUTION_METHODS, directional_logpro
 
 def _model(tied: bool, seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
+
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=TINY_V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                      tie_word_embeddings=tied)
+    cfg = LlamaConfig(
+        vocab_size=TINY_V,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=tied,
+    )
     return LlamaForCausalLM(cfg).float()
 
 
@@ -63,9 +71,16 @@ def _run(tmp_path, tied, method="jvp", n_updates=2, micro=2, lr=1e-3, brute=True
                 for k, rows in enumerate(chunks):
                     x = ids[rows]
                     lp = forward_logprobs(model, x)[1]
-                    st.track(lp, token_ids=x[:, 1:], mask=mask[rows], old_logprobs=old[rows],
-                             advantages=adv[rows], sample_ids=rows, update_id=u,
-                             recompute=lambda x=x: forward_logprobs(model, x)[1])
+                    st.track(
+                        lp,
+                        token_ids=x[:, 1:],
+                        mask=mask[rows],
+                        old_logprobs=old[rows],
+                        advantages=adv[rows],
+                        sample_ids=rows,
+                        update_id=u,
+                        recompute=lambda x=x: forward_logprobs(model, x)[1],
+                    )
                     # the whole batch's token mean, split over micro-batches
                     (_loss(lp, old[rows], adv[rows], mask[rows]) * mask[rows].sum() / mask.sum()).backward()
                     before[k] = lp.detach()
@@ -75,8 +90,10 @@ def _run(tmp_path, tied, method="jvp", n_updates=2, micro=2, lr=1e-3, brute=True
                 assert all(torch.equal(a, b) for a, b in zip(theta, model.parameters())), "theta changed"
                 g_sq = sum(float(x.double().pow(2).sum()) for x in grads)
                 for k, rows in enumerate(chunks) if brute else ():
+
                     def fn(lp, rows=rows):
                         return _loss(lp, old[rows], adv[rows], mask[rows]) * mask[rows].sum() / mask.sum()
+
                     ref[u, k] = (_brute(model, ids[rows], fn, grads) / g_sq, g_sq)
                 opt.step()
                 opt.zero_grad()
@@ -104,7 +121,7 @@ def test_update_share_matches_per_token_backward(tmp_path, tied):
     for (u, k), (share_ref, _) in ref.items():
         pass_id = u * 2 + k
         got = _column(run, "update_share", pass_id, 2)
-        m = mask[k * 2:(k + 1) * 2].bool()
+        m = mask[k * 2 : (k + 1) * 2].bool()
         # the bound is 1e-3 of |g|^2 per token; forward-mode AD is exact to rounding
         assert torch.allclose(got[m], share_ref[m], atol=1e-5, rtol=1e-4), (u, k, got, share_ref)
     for u in range(2):  # the loss is built on log pi alone: the shares of all tokens sum to 1
@@ -117,7 +134,7 @@ def test_update_share_matches_per_token_backward(tmp_path, tied):
 def test_applied_update_predicted_and_measured_change(tmp_path):
     run, _, measured, mask = _run(tmp_path, tied=True, lr=1e-4, brute=False)
     for (u, k), dm in measured.items():
-        m = mask[k * 2:(k + 1) * 2].bool()
+        m = mask[k * 2 : (k + 1) * 2].bool()
         got = _column(run, "dlogprob", u * 2 + k, 2)
         assert torch.allclose(got[m], dm[m], atol=2e-5)
         pred = _column(run, "dlogprob_pred", u * 2 + k, 2)
@@ -132,7 +149,7 @@ def test_central_difference_within_stated_error(tmp_path):
     run, _, _, mask = _run(tmp_path / "cd", tied=True, method="central_difference", n_updates=1, brute=False)
     ref, _, _, _ = _run(tmp_path / "jvp", tied=True, n_updates=1, brute=False)
     for k in range(2):
-        m = mask[k * 2:(k + 1) * 2].bool()
+        m = mask[k * 2 : (k + 1) * 2].bool()
         got, want = _column(run, "update_share", k, 2), _column(ref, "update_share", k, 2)
         assert float((got[m] - want[m]).abs().max()) <= 1e-3  # the bound, fp32
         assert not torch.equal(got[m], want[m])
@@ -151,8 +168,9 @@ def test_bucket_shares_are_token_sums_and_match_exact_passes(tmp_path):
 def test_directional_methods_agree_in_double_precision():
     # Llama's RMSNorm computes in fp32 whatever the model dtype, so a plain float64 network is used here
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Embedding(TINY_V, 16), torch.nn.Linear(16, 16), torch.nn.Tanh(),
-                                torch.nn.Linear(16, TINY_V)).double()
+    model = torch.nn.Sequential(
+        torch.nn.Embedding(TINY_V, 16), torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, TINY_V)
+    ).double()
     ids = torch.randint(0, TINY_V, (2, 7), generator=torch.Generator().manual_seed(2))
     v = {n: torch.randn_like(p) for n, p in model.named_parameters()}
 
@@ -164,9 +182,20 @@ def test_directional_methods_agree_in_double_precision():
     jv = outs["jvp"][1]
     assert torch.allclose(outs["jvp"][0], lp0.float())
     assert torch.allclose(outs["central_difference"][1], jv, rtol=1e-5, atol=1e-6 * float(jv.abs().max()))
-    brute = torch.stack([torch.stack([
-        sum((a * v[n]).sum() for n, a in zip(v, torch.autograd.grad(lp_fn()[i, j], list(model.parameters()))))
-        for j in range(6)]) for i in range(2)])
+    brute = torch.stack(
+        [
+            torch.stack(
+                [
+                    sum(
+                        (a * v[n]).sum()
+                        for n, a in zip(v, torch.autograd.grad(lp_fn()[i, j], list(model.parameters())))
+                    )
+                    for j in range(6)
+                ]
+            )
+            for i in range(2)
+        ]
+    )
     assert torch.allclose(jv.double(), brute, rtol=1e-5)
 
 
@@ -184,8 +213,12 @@ def test_recompute_of_another_batch_warns(tmp_path):
     with Recorder(tmp_path / "run", model=model, attribute_every=1, attribute_applied=False) as rec:
         with rec.step(0) as st:
             lp = forward_logprobs(model, ids)[1]
-            st.track(lp, token_ids=ids[:, 1:], advantages=torch.tensor([1.0, -1.0]),
-                     recompute=lambda: forward_logprobs(model, other)[1])
+            st.track(
+                lp,
+                token_ids=ids[:, 1:],
+                advantages=torch.tensor([1.0, -1.0]),
+                recompute=lambda: forward_logprobs(model, other)[1],
+            )
             (-lp.sum()).backward()
             with pytest.warns(RuntimeWarning, match="differs from the tracked"):
                 st.record_grad_norms()
@@ -196,9 +229,25 @@ def test_trainer_attributes_every_micro_batch_and_update_within_a_budget(tmp_pat
     from letters_task import LettersTask  # noqa: F401  (registers the task)
 
     from tokengrad.train.trainer import train
-    run_dir = train(dict(model="tiny", task="letters", steps=2, prompts_per_step=2, group_size=2,
-                         max_new_tokens=8, lr=1e-2, bf16=False, progress=False, run_dir=str(tmp_path / "run"),
-                         attribute_every=1, token_budget=12, grad_accum=2, num_iterations=2))
+
+    run_dir = train(
+        dict(
+            model="tiny",
+            task="letters",
+            steps=2,
+            prompts_per_step=2,
+            group_size=2,
+            max_new_tokens=8,
+            lr=1e-2,
+            bf16=False,
+            progress=False,
+            run_dir=str(tmp_path / "run"),
+            attribute_every=1,
+            token_budget=12,
+            grad_accum=2,
+            num_iterations=2,
+        )
+    )
     run = load_run(run_dir)
     assert run.meta["attribute_every"] == 1 and run.meta["token_budget"] == 12
     assert (run.steps["n_token_rows"] <= 12).all()

@@ -28,8 +28,13 @@ from synthetic_runs import write_synthetic_run
 CHROMIUM = "/usr/bin/chromium"
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "artifacts" / "dashboard"
-PAGES = {"overview": "", "buckets": "buckets", "wordclouds": "wordclouds", "inspector": "inspector",
-         "evaluation": "evaluation"}
+PAGES = {
+    "overview": "",
+    "buckets": "buckets",
+    "wordclouds": "wordclouds",
+    "inspector": "inspector",
+    "evaluation": "evaluation",
+}
 # Charts each page shows on the synthetic runs (at least): overview 4, buckets 8, clouds 1, inspector 1,
 # eval 2.
 MIN_CHARTS = {"overview": 4, "buckets": 8, "wordclouds": 1, "inspector": 1, "evaluation": 2}
@@ -43,8 +48,10 @@ SCENARIOS = {  # name -> runs picked through the URL
 }
 BAD_TEXT = ("NaN", "Traceback", "could not be drawn")
 # Every text the page shows, including the charts' SVG labels (innerText leaves SVG text out).
-PAGE_TEXT_JS = ("document.body.innerText + ' ' + Array.from(document.querySelectorAll('svg text'))"
-                ".map(t => t.textContent).join(' ')")
+PAGE_TEXT_JS = (
+    "document.body.innerText + ' ' + Array.from(document.querySelectorAll('svg text'))"
+    ".map(t => t.textContent).join(' ')"
+)
 LIVE_STEPS = 6
 # The largest label on the page's first slider's tick bar (the last step of the run on the step-range slider).
 TICK_MAX_JS = (

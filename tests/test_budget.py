@@ -27,14 +27,30 @@ def _record(path, budget=None, attribute=True, seed=0):
     loss_mask = mask.clone()
     loss_mask[0, :2] = 0  # tool-like tokens: recorded, not in the loss
     adv = torch.tensor([1.0, -0.5, 0.0, -1.5, 0.7, 0.2, -0.3, 1.1])
-    with Recorder(path, model=model, attribute_every=1 if attribute else 0, token_budget=budget,
-                  attribute_applied=False) as rec, rec.step(0) as st:
+    with (
+        Recorder(
+            path,
+            model=model,
+            attribute_every=1 if attribute else 0,
+            token_budget=budget,
+            attribute_applied=False,
+        ) as rec,
+        rec.step(0) as st,
+    ):
         for rows in torch.arange(N).chunk(2):
             x = ids[rows]
             logits, lp, hidden, _ = forward_logprobs(model, x)
-            st.track(lp, token_ids=x[:, 1:], mask=mask[rows], loss_mask=loss_mask[rows], advantages=adv[rows],
-                     sample_ids=rows, logits=logits, hidden=hidden,
-                     recompute=lambda x=x: forward_logprobs(model, x)[1])
+            st.track(
+                lp,
+                token_ids=x[:, 1:],
+                mask=mask[rows],
+                loss_mask=loss_mask[rows],
+                advantages=adv[rows],
+                sample_ids=rows,
+                logits=logits,
+                hidden=hidden,
+                recompute=lambda x=x: forward_logprobs(model, x)[1],
+            )
             (-(lp * adv[rows, None] * loss_mask[rows]).sum() / loss_mask.sum()).backward()
         st.record_grad_norms()
     return load_run(path)
@@ -78,7 +94,8 @@ def test_aggregates_are_exact_over_all_tokens(runs):
     assert bins["sum_update_share"].sum() == pytest.approx(tok["update_share"].sum(), abs=1e-5)
     pos = bins[bins["adv_sign"] == 1]
     assert pos["sum_logit_grad_norm"].sum() == pytest.approx(
-        tok.loc[tok["advantage"] > 0, "logit_grad_norm"].sum(), rel=1e-5)
+        tok.loc[tok["advantage"] > 0, "logit_grad_norm"].sum(), rel=1e-5
+    )
     hist = share_queries.prob_bin_histogram(cut)
     assert hist["count"].sum() == len(tok)
     assert hist["update_share"].sum() == pytest.approx(tok["update_share"].sum(), abs=1e-5)
@@ -130,6 +147,7 @@ def test_share_by_partition(runs):
 def test_run_written_at_the_previous_schema_version_loads(tmp_path, runs):
     """A version-1 run: no update_share / dlogprob* / selected_by / n_token_rows, no prob_bins or vocab."""
     import shutil
+
     full, _ = runs
     old = tmp_path / "v1"
     shutil.copytree(full.path, old)

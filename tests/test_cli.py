@@ -54,15 +54,18 @@ def test_inspect_bad_paths(run_cli, tmp_path, case):
     assert str(path) in line
 
 
-@pytest.mark.parametrize("text, suffix, words", [
-    ("steps = [1,", ".toml", "invalid TOML"),
-    ("steps: [1, 2\n  x: {", ".yaml", "invalid YAML"),
-    ("mu = 2\n", ".toml", "'mu' is now 'num_iterations'"),
-    ("weighting = 'nope'\n", ".toml", "unknown name 'nope'"),
-    ("plugins = ['no_such_module_xyz']\n", ".toml", "cannot import plugin module 'no_such_module_xyz'"),
-    ("lr = inf\n", ".toml", "config key 'lr' must be a finite number, got inf"),
-    ("task = 'kk'\ntask_params = { bogus = 1 }\n", ".toml", "task 'kk': bad task_params ['bogus']"),
-])
+@pytest.mark.parametrize(
+    "text, suffix, words",
+    [
+        ("steps = [1,", ".toml", "invalid TOML"),
+        ("steps: [1, 2\n  x: {", ".yaml", "invalid YAML"),
+        ("mu = 2\n", ".toml", "'mu' is now 'num_iterations'"),
+        ("weighting = 'nope'\n", ".toml", "unknown name 'nope'"),
+        ("plugins = ['no_such_module_xyz']\n", ".toml", "cannot import plugin module 'no_such_module_xyz'"),
+        ("lr = inf\n", ".toml", "config key 'lr' must be a finite number, got inf"),
+        ("task = 'kk'\ntask_params = { bogus = 1 }\n", ".toml", "task 'kk': bad task_params ['bogus']"),
+    ],
+)
 def test_train_config_errors(run_cli, tmp_path, text, suffix, words):
     cfg = tmp_path / f"c{suffix}"
     cfg.write_text(text)

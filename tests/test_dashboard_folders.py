@@ -53,7 +53,11 @@ def test_the_flag_reaches_the_app_only_when_given():
     assert dashboard.build_command(Path("runs"), "127.0.0.1", 8501, True)[-1] == dashboard.ALLOW_ANY_FLAG
     assert dashboard.ALLOW_ANY_FLAG not in dashboard.build_command(Path("runs"), "127.0.0.1", 8501)
     assert dashboard.build_command(Path("runs"), "127.0.0.1", 8501)[:9][-4:] == [
-        "--server.address", "127.0.0.1", "--server.port", "8501"]
+        "--server.address",
+        "127.0.0.1",
+        "--server.port",
+        "8501",
+    ]
 
 
 def _app(root: Path, monkeypatch, *argv: str) -> AppTest:

@@ -26,6 +26,7 @@ def test_distributed_helpers_in_one_process(monkeypatch, tiny_model, batch):
     _, only = dist.global_grad_norms(tiny_model, names=lambda b: b.startswith("model.layers"))
     assert sorted(only) == ["model.layers.0", "model.layers.1"]
 
+
 def test_loss_weights_turn_per_rank_means_into_the_global_mean(monkeypatch):
     """Two simulated ranks with unequal rows and tokens (as after dynamic sampling): each rank's micro-batch
     losses, weighted by micro_batch_share x rank_scale and averaged over ranks as DDP averages gradients,
@@ -62,7 +63,6 @@ def test_loss_weights_turn_per_rank_means_into_the_global_mean(monkeypatch):
         # DDP averages the ranks' gradients: each rank's coefficients count 1 / world_size
         torch.testing.assert_close(lp.grad / 2, want, rtol=1e-5, atol=1e-7)
         assert not torch.allclose(naive / 2, want, atol=1e-4), agg  # unweighted per-rank means are off
-
 
 
 def test_prompts_must_split_evenly_over_processes(tmp_path, monkeypatch):

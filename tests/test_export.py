@@ -28,8 +28,14 @@ def runs(tmp_path_factory):
 
 EXPECTED = {"reward", "entropy", "grad_norm", "accuracy_by_difficulty", "weight_curves"} | {
     f"{kind}_{run}"
-    for kind in ("gradient_share", "bucket_shares", "bucket_update_share", "grad_vs_prob", "grad_norm_layers",
-                 "wordcloud")
+    for kind in (
+        "gradient_share",
+        "bucket_shares",
+        "bucket_update_share",
+        "grad_vs_prob",
+        "grad_norm_layers",
+        "wordcloud",
+    )
     for run in ("tr_grpo", "grpo")
 }
 

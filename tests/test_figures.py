@@ -55,11 +55,17 @@ from tokengrad.figures.wordclouds import (
 
 def _steps(values, ranks=1, column="reward_mean"):
     """A steps table: `values` per step; rank r holds value + r - (ranks-1)/2 so the rank mean is `values`."""
-    return pd.DataFrame([{"step": s, "rank": r, column: v + r - (ranks - 1) / 2}
-                         for s, v in enumerate(values) for r in range(ranks)])
+    return pd.DataFrame(
+        [
+            {"step": s, "rank": r, column: v + r - (ranks - 1) / 2}
+            for s, v in enumerate(values)
+            for r in range(ranks)
+        ]
+    )
 
 
 # ---- smoothing and spikes ------------------------------------------------------------------------------
+
 
 def test_debiased_ema_matches_tensorboard_by_hand():
     # w = 0.5: last = .5*0 + .5*1 = .5 -> .5/(1-.5) = 1;  last = .25 + 1 = 1.25 -> 1.25/.75 = 5/3;
@@ -79,7 +85,7 @@ def test_debiased_ema_equals_tensorboard_loop_on_random_series():
     w, last, ref = 0.8, 0.0, []
     for n, v in enumerate(x, start=1):
         last = last * w + (1 - w) * v
-        ref.append(last / (1 - w ** n))
+        ref.append(last / (1 - w**n))
     np.testing.assert_allclose(debiased_ema(x, w), ref, rtol=1e-12)
 
 
@@ -96,6 +102,7 @@ def test_find_spikes_modified_z_score():
 
 
 # ---- colours, style ------------------------------------------------------------------------------------
+
 
 @pytest.mark.subprocess
 def test_run_color_is_stable_across_calls_and_processes():
@@ -451,8 +458,13 @@ def test_runs_shown_together_get_distinct_colours():
 
 
 def _layers(values, layers=(("total", 1.0),)):
-    return pd.DataFrame([{"step": s, "rank": 0, "update_id": 0, "layer": name, "grad_norm": v * k}
-                         for s, v in enumerate(values) for name, k in layers])
+    return pd.DataFrame(
+        [
+            {"step": s, "rank": 0, "update_id": 0, "layer": name, "grad_norm": v * k}
+            for s, v in enumerate(values)
+            for name, k in layers
+        ]
+    )
 
 
 def test_grad_norm_figure_marks_dead_steps_and_smooths_over_live_ones():
@@ -508,8 +520,11 @@ def test_overview_panels_share_zoom_and_have_axis_titles():
 def test_per_layer_chart_highlights_the_top_k_blocks():
     blocks = [("total", 1.0)] + [(f"model.layers.{i}", 1.0 + i) for i in range(30)]
     fig = make_layer_grad_norm_figure(_layers([1.0, 2.0, 0.0], blocks), top_k=3, smoothing=0.0)
-    assert top_layers(_layers([1.0, 2.0], blocks), 3) == ["model.layers.29", "model.layers.28",
-                                                         "model.layers.27"]
+    assert top_layers(_layers([1.0, 2.0], blocks), 3) == [
+        "model.layers.29",
+        "model.layers.28",
+        "model.layers.27",
+    ]
     legend = [t.name for t in fig.data if t.showlegend is not False]
     assert "other blocks" in legend and "model.layers.29" in legend and len(legend) == 5  # + dead ticks
     grey = [t for t in fig.data if t.name == "other blocks"]
@@ -523,8 +538,16 @@ def test_per_layer_chart_highlights_the_top_k_blocks():
 
 
 def test_gradient_share_figure_labels_and_empty_states():
-    shares = pd.DataFrame({"lo": [0.0, 0.5], "hi": [0.5, 1.0], "count": [1, 3], "grad_sum": [3.0, 1.0],
-                           "token_share": [0.25, 0.75], "grad_share": [0.75, 0.25]})
+    shares = pd.DataFrame(
+        {
+            "lo": [0.0, 0.5],
+            "hi": [0.5, 1.0],
+            "count": [1, 3],
+            "grad_sum": [3.0, 1.0],
+            "token_share": [0.25, 0.75],
+            "grad_share": [0.75, 0.25],
+        }
+    )
     fig = make_gradient_share_figure(shares)
     assert [t.name for t in fig.data] == ["share of tokens", "share of Σ logit_grad_norm"]
     assert list(fig.data[0].x) == ["[0.00,0.50)", "[0.50,1.00)"]
@@ -536,10 +559,24 @@ def test_gradient_share_figure_labels_and_empty_states():
 
 
 def _dead_update(step):
-    return [{"step": step, "rank": 0, "update_id": 0, "bucket": b, "lo": lo, "hi": hi, "n_tokens": n,
-             "grad_norm": 0.0, "update_share": np.nan}
-            for b, lo, hi, n in (("[0.00,0.50)", 0.0, 0.5, 5), ("[0.50,1.00)", 0.5, 1.0, 5),
-                                 ("residual", np.nan, np.nan, np.nan))]
+    return [
+        {
+            "step": step,
+            "rank": 0,
+            "update_id": 0,
+            "bucket": b,
+            "lo": lo,
+            "hi": hi,
+            "n_tokens": n,
+            "grad_norm": 0.0,
+            "update_share": np.nan,
+        }
+        for b, lo, hi, n in (
+            ("[0.00,0.50)", 0.0, 0.5, 5),
+            ("[0.50,1.00)", 0.5, 1.0, 5),
+            ("residual", np.nan, np.nan, np.nan),
+        )
+    ]
 
 
 def test_bucket_analysis_uses_only_updates_with_a_gradient():
@@ -584,10 +621,21 @@ def test_accuracy_carries_n_wilson_interval_and_zero_is_not_missing():
     assert hi[0] == pytest.approx(0.4899, abs=1e-4)  # the textbook 0/4 upper bound
     # 50 of 100: centre 0.5, half = z/(1 + z²/100) sqrt(.25/100 + z²/40000) = 0.0962
     assert (lo[1], hi[1]) == (pytest.approx(0.5 - 0.09617, abs=1e-4), pytest.approx(0.5 + 0.09617, abs=1e-4))
-    evals = {"a": pd.DataFrame({"step": [9, 9], "rank": 0, "task": "t", "difficulty": ["1", "2"],
-                                "accuracy": [0.0, 0.5], "n": [4, 100]}),
-             "b": pd.DataFrame({"step": [9], "rank": 0, "task": "t", "difficulty": ["1"],
-                                "accuracy": [0.25], "n": [4]})}
+    evals = {
+        "a": pd.DataFrame(
+            {
+                "step": [9, 9],
+                "rank": 0,
+                "task": "t",
+                "difficulty": ["1", "2"],
+                "accuracy": [0.0, 0.5],
+                "n": [4, 100],
+            }
+        ),
+        "b": pd.DataFrame(
+            {"step": [9], "rank": 0, "task": "t", "difficulty": ["1"], "accuracy": [0.25], "n": [4]}
+        ),
+    }
     fig = make_accuracy_by_difficulty_figure(evals)
     assert list(fig.data[0].text) == ["0%<br>n=4", "50%<br>n=100"]
     assert list(fig.data[1].text) == ["25%<br>n=4", "not evaluated"]

@@ -25,8 +25,20 @@ RUNS = {
     "grpo": dict(weighting="grpo", num_iterations=2, grad_accum=2),
     "tr_grpo": dict(weighting="tr_grpo", aggregation="dapo", beta=0.05),
 }
-BASE = dict(model="tiny", task="letters", steps=2, prompts_per_step=2, group_size=4, max_new_tokens=8,
-            lr=1e-2, seed=3, temperature=1.0, bf16=False, progress=False, checkpoint=False)
+BASE = dict(
+    model="tiny",
+    task="letters",
+    steps=2,
+    prompts_per_step=2,
+    group_size=4,
+    max_new_tokens=8,
+    lr=1e-2,
+    seed=3,
+    temperature=1.0,
+    bf16=False,
+    progress=False,
+    checkpoint=False,
+)
 
 
 def _run(tmp_path, name: str) -> dict[str, list[float]]:

@@ -45,8 +45,9 @@ def assert_each_step_once(run_dir, steps: int) -> None:
     run = load_run(run_dir)
     assert run.steps["step"].tolist() == list(range(steps))
     keys = "step, pass_id, sample_id, position"
-    got = run.sql(f"SELECT count(*) AS n, count(DISTINCT ({keys})) AS d, count(DISTINCT step) AS s "
-                  "FROM tokens")
+    got = run.sql(
+        f"SELECT count(*) AS n, count(DISTINCT ({keys})) AS d, count(DISTINCT step) AS s FROM tokens"
+    )
     assert got["n"][0] == got["d"][0] and got["s"][0] == steps
     assert run.samples.groupby("step").size().tolist() == [4] * steps  # 2 prompts x 2 completions
 

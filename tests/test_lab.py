@@ -21,11 +21,11 @@ from tokengrad.train.tasks.lab_add import column_carries, sloppy_sum, spaced
 
 
 def test_carries_and_sloppy_teacher_by_hand():
-    assert column_carries(1234, 5678) == [True, True, False, False]   # 4+8=12, 3+7+1=11, 2+6+1=9, 1+5=6
+    assert column_carries(1234, 5678) == [True, True, False, False]  # 4+8=12, 3+7+1=11, 2+6+1=9, 1+5=6
     rng = np.random.default_rng(0)
     assert sloppy_sum(1234, 5678, 0.0, rng) == 6912
-    assert sloppy_sum(1234, 5678, 1.0, rng) == 6802                   # 12 -> 2, 10 -> 0, 8, 6
-    assert sloppy_sum(9999, 9999, 1.0, rng) == 8888                   # no carry ever reaches a column
+    assert sloppy_sum(1234, 5678, 1.0, rng) == 6802  # 12 -> 2, 10 -> 0, 8, 6
+    assert sloppy_sum(9999, 9999, 1.0, rng) == 8888  # no carry ever reaches a column
     assert sloppy_sum(9999, 9999, 0.0, rng) == 19998
     # drop 0.5 on 4 carries: every carry is kept with probability 1/2, so the right sum is ~1/16 of draws
     hits = np.mean([sloppy_sum(9999, 9999, 0.5, rng) == 19998 for _ in range(4000)])
@@ -56,7 +56,7 @@ def test_lab_add_exact_match_reward():
     p = next(q for q in task.eval_problems(5, seed=0) if q.meta["a"] + q.meta["b"] >= 10000)
     right = " ".join(str(p.meta["a"] + p.meta["b"]))
     assert task.reward(p, right) == 1.0 and task.is_correct(p, f"  {right} ")
-    assert task.reward(p, right.replace(" ", "")) == 0.0      # digits must be separate words
+    assert task.reward(p, right.replace(" ", "")) == 0.0  # digits must be separate words
     assert task.reward(p, right[2:]) == 0.0 and task.reward(p, "") == 0.0
     rng = np.random.default_rng(1)
     assert task.teacher(p, 0.0, rng) == right
@@ -82,16 +82,29 @@ def test_sft_schedule_and_loss_decreases():
     assert lr_at(cfg, 60) == pytest.approx(1e-4 + 0.45e-3 * (1 + math.cos(math.pi / 2)))
     assert lr_at(cfg, 110) == pytest.approx(1e-4)
     tok = make_word_tokenizer(ADD_WORDS)
-    model = make_lab_model(tok, seed=0, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                           num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32)
+    model = make_lab_model(
+        tok,
+        seed=0,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+    )
     task = get_task("lab_add", digits=2)
     batch = [(render_prompt(tok, p), p.answer) for p in task.train_problems(16, seed=0)]
     ids, attn, P, comp, mask = encode_examples(tok, batch)
-    assert P == 7 and mask.sum(1).tolist() == [len(t.split()) + 1 for _, t in batch]   # digits + EOS
+    assert P == 7 and mask.sum(1).tolist() == [len(t.split()) + 1 for _, t in batch]  # digits + EOS
     before = sft_loss(model, (ids, attn, P, comp, mask)).item()
-    assert before == pytest.approx(math.log(16), rel=0.1)           # near-uniform over 16 tokens
-    history = supervised_train(model, tok, lambda step: batch, SFTConfig(steps=40, lr=3e-3, warmup_steps=0,
-                               progress=False), evaluate=lambda step: {"n": step})
+    assert before == pytest.approx(math.log(16), rel=0.1)  # near-uniform over 16 tokens
+    history = supervised_train(
+        model,
+        tok,
+        lambda step: batch,
+        SFTConfig(steps=40, lr=3e-3, warmup_steps=0, progress=False),
+        evaluate=lambda step: {"n": step},
+    )
     assert [h["step"] for h in history] == [39] and history[0]["n"] == 39
     assert sft_loss(model, (ids, attn, P, comp, mask)).item() < 0.5 * before
 
@@ -106,6 +119,7 @@ def test_lab_add_model_resolves_offline():
     # the warm start gets some problems right and stops with end-of-sequence
     task = get_task("lab_add", digits=4)
     from tokengrad.train.rollout import evaluate
+
     acc = evaluate(model, tok, task, task.eval_problems(20, seed=0), 6, 1, 100)
     assert acc["0"][0] > 0.5 and 0 < sum(a for a, _ in acc.values()) / 5 < 0.9
 
@@ -121,17 +135,25 @@ def test_lab_add_sits_on_the_sloppy_teachers_plateau():
     one_carry = [p for p in task.eval_problems(40, seed=3) if p.difficulty == "1"]
     greedy = evaluate(model, tok, task, one_carry, 6, 1, 100)["1"][0]
     torch.manual_seed(0)
-    comps = generate_completions(model, tok, [render_prompt(tok, p) for p in one_carry], 10, 6,
-                                 sampling_kwargs(1.0, 1.0), task)
+    comps = generate_completions(
+        model, tok, [render_prompt(tok, p) for p in one_carry], 10, 6, sampling_kwargs(1.0, 1.0), task
+    )
     sampled = np.mean([task.is_correct(p, t) for p, t in zip(np.repeat(one_carry, 10), comps.texts)])
     assert greedy < 0.25 and 0.25 < sampled < 0.55, (greedy, sampled)
 
 
 def test_few_trainer_steps_on_lab_add(tmp_path):
-    run_dir = tokengrad.train("configs/lab_add_grpo.toml", steps=2, eval_every=2, eval_per_difficulty=2,
-                              bucket_every=1, run_dir=str(tmp_path / "run"), progress=False)
+    run_dir = tokengrad.train(
+        "configs/lab_add_grpo.toml",
+        steps=2,
+        eval_every=2,
+        eval_per_difficulty=2,
+        bucket_every=1,
+        run_dir=str(tmp_path / "run"),
+        progress=False,
+    )
     run = load_run(run_dir)
-    assert sorted(run.evals["step"].unique().tolist()) == [-1, 1]          # the step -1 baseline
+    assert sorted(run.evals["step"].unique().tolist()) == [-1, 1]  # the step -1 baseline
     assert sorted(run.evals["difficulty"].unique().tolist()) == ["0", "1", "2", "3", "4"]
     assert run.evals["n"].eq(2).all()
     assert len(run.steps) == 2 and set(run.samples["completion"].str.split().str.len()) <= {3, 4, 5, 6}

@@ -64,7 +64,11 @@ SOURCES = sorted(p for d in ("tokengrad", "app") for p in (REPO / d).rglob("*.py
 
 
 def test_every_module_has_a_rule():
-    missing = [module_name(p) for p in SOURCES if module_name(p) != FACE and rule_for(module_name(p), ALLOWED) is None]
+    missing = [
+        module_name(p)
+        for p in SOURCES
+        if module_name(p) != FACE and rule_for(module_name(p), ALLOWED) is None
+    ]
     assert not missing, f"modules without an import rule in tests/import_rules.py: {missing}"
 
 
@@ -77,7 +81,9 @@ def test_the_static_check_can_fail(tmp_path):
     """An upward arrow is seen: nested imports are read, and record/ may not import the trainer or the
     package face; app/ may not import torch."""
     probe = tmp_path / "probe.py"
-    probe.write_text("def f():\n    from tokengrad.train.trainer import Trainer\n    from tokengrad import __version__\n")
+    probe.write_text(
+        "def f():\n    from tokengrad.train.trainer import Trainer\n    from tokengrad import __version__\n"
+    )
     found = [name for _, name in imports_of(probe)]
     assert "tokengrad.train.trainer" in found and "tokengrad.__version__" in found
     allowed = rule_for("tokengrad.record.probe", ALLOWED)

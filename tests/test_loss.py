@@ -67,12 +67,15 @@ def _aggregation_batch():
     return lp, old, adv, mask
 
 
-@pytest.mark.parametrize("aggregation,max_len,expected", [
-    ("grpo", None, -2.25),  # sequence means (-1 - 2) / 2 = -1.5 and -3 / 1 = -3; mean -2.25
-    ("dapo", None, -2.0),  # (-1 - 2 - 3) / 3 tokens
-    ("dr_grpo", None, -1.0),  # -6 / (N * T) = -6 / (2 * 3)
-    ("dr_grpo", 4, -0.75),  # -6 / (2 * 4)
-])
+@pytest.mark.parametrize(
+    "aggregation,max_len,expected",
+    [
+        ("grpo", None, -2.25),  # sequence means (-1 - 2) / 2 = -1.5 and -3 / 1 = -3; mean -2.25
+        ("dapo", None, -2.0),  # (-1 - 2 - 3) / 3 tokens
+        ("dr_grpo", None, -1.0),  # -6 / (N * T) = -6 / (2 * 3)
+        ("dr_grpo", 4, -0.75),  # -6 / (2 * 4)
+    ],
+)
 def test_aggregations_hand_values_and_padding_is_inert(aggregation, max_len, expected):
     lp, old, adv, mask = _aggregation_batch()
     out = policy_loss(lp, old, adv, mask, aggregation=aggregation, max_len=max_len)
@@ -97,8 +100,9 @@ def test_gradient_matches_hand_formula():
     c = (torch.rand(n, t, generator=g) > 0.5).to(F64)
     w = TokenWeights(loss_weight=lw, ratio_weight=rw, advantage_weight=aw, kl_cov_coef=c)
     beta = 0.1
-    out = policy_loss(lp, old, adv, mask, w, eps_low=0.2, eps_high=0.28, beta=beta, ref_logprobs=ref,
-                      aggregation="dapo")
+    out = policy_loss(
+        lp, old, adv, mask, w, eps_low=0.2, eps_high=0.28, beta=beta, ref_logprobs=ref, aggregation="dapo"
+    )
     (grad,) = torch.autograd.grad(out.loss, lp)
     lpd = lp.detach()
     u = (lpd - old).exp() * rw
@@ -115,11 +119,15 @@ def test_ratio_placement_vs_loss_placement():
     # w = 1.4, r = 1, A = +1, eps 0.2: ratio placement u = 1.4 -> -min(1.4, 1.2) = -1.2, clipped, grad 0;
     # loss placement: -1.4 * min(1, 1) = -1.4, grad -1.4 * 1 * 1 = -1.4.
     w = torch.full((1, 1), 1.4, dtype=F64)
-    for adv, ratio_case, loss_case in [(1.0, (-1.2, 0.0), (-1.4, -1.4)),
-                                       # A = -1: ratio placement -min(-1.4, -1.2) = 1.4, grad -(-1)(1.4) = 1.4
-                                       (-1.0, (1.4, 1.4), (1.4, 1.4))]:
-        for weights, (loss, grad) in [(TokenWeights(ratio_weight=w), ratio_case),
-                                      (TokenWeights(loss_weight=w), loss_case)]:
+    for adv, ratio_case, loss_case in [
+        (1.0, (-1.2, 0.0), (-1.4, -1.4)),
+        # A = -1: ratio placement -min(-1.4, -1.2) = 1.4, grad -(-1)(1.4) = 1.4
+        (-1.0, (1.4, 1.4), (1.4, 1.4)),
+    ]:
+        for weights, (loss, grad) in [
+            (TokenWeights(ratio_weight=w), ratio_case),
+            (TokenWeights(loss_weight=w), loss_case),
+        ]:
             lp, old, a, m = _one_token(1.0, adv)
             out = policy_loss(lp, old, a, m, weights)
             (g,) = torch.autograd.grad(out.loss, lp)

@@ -8,8 +8,15 @@ from tokengrad.figures.probability import make_partition_share_figure, partition
 
 
 def _shares(update_share):
-    return pd.DataFrame({"lo": [-1, 0, 1], "hi": [-1, 0, 1], "count": [2, 1, 1],
-                         "token_share": [0.5, 0.25, 0.25], "update_share": update_share})
+    return pd.DataFrame(
+        {
+            "lo": [-1, 0, 1],
+            "hi": [-1, 0, 1],
+            "count": [2, 1, 1],
+            "token_share": [0.5, 0.25, 0.25],
+            "update_share": update_share,
+        }
+    )
 
 
 def test_bars_carry_token_and_update_shares():

@@ -8,8 +8,16 @@ import transformers
 
 from tokengrad.train.policy import logit_transforms, policy_forward, token_logprobs
 
-SMALL = dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-             num_key_value_heads=1, head_dim=8, max_position_embeddings=64)
+SMALL = dict(
+    vocab_size=64,
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=8,
+    max_position_embeddings=64,
+)
 
 # family: (config class, model class, the transform's config key and a value that changes the logits)
 FAMILIES = {

@@ -22,14 +22,16 @@ from tokengrad.read.queries import (
 
 # Step 0, update 0: two completions of four tokens. Token 7 of sample 1 is not in the loss.
 #            sample  pos token    prob  adv   coef  in_loss
-_STEP0 = [(0, 0, "Ġthe", 0.05, 1.0, 0.50, True),
-          (0, 1, "cat", 0.30, 1.0, 0.50, True),
-          (0, 2, "Ġthe", 0.80, 1.0, 0.50, True),
-          (0, 3, "sat", 0.95, 1.0, 0.50, True),
-          (1, 0, "Ġthe", 0.10, -1.0, -0.25, True),
-          (1, 1, "dog", 0.60, -1.0, -0.25, True),
-          (1, 2, "Ġthe", 1.00, -1.0, -0.25, True),
-          (1, 3, "<tool>", 0.20, -1.0, 0.00, False)]
+_STEP0 = [
+    (0, 0, "Ġthe", 0.05, 1.0, 0.50, True),
+    (0, 1, "cat", 0.30, 1.0, 0.50, True),
+    (0, 2, "Ġthe", 0.80, 1.0, 0.50, True),
+    (0, 3, "sat", 0.95, 1.0, 0.50, True),
+    (1, 0, "Ġthe", 0.10, -1.0, -0.25, True),
+    (1, 1, "dog", 0.60, -1.0, -0.25, True),
+    (1, 2, "Ġthe", 1.00, -1.0, -0.25, True),
+    (1, 3, "<tool>", 0.20, -1.0, 0.00, False),
+]
 
 
 def _write(run_dir, table, rows, rank=0, seq=0):
@@ -339,10 +341,27 @@ def test_gradient_by_bucket_prefers_the_exact_prob_bins_of_a_budgeted_run(tmp_pa
     """A budgeted run keeps some token rows only; its prob_bins histogram is exact over all loss tokens."""
     run_dir = make_tiny_run(tmp_path / "tiny")
     #        step  lo    hi    n   Σ logit_grad_norm  Σ update_share
-    spec = [(5, 0.00, 0.25, 4, 2.0, 0.6), (5, 0.25, 0.50, 1, 0.5, 0.1), (5, 0.50, 0.75, 0, 0.0, 0.0),
-            (5, 0.75, 1.00, 5, 0.5, 0.3), (6, 0.00, 0.25, 10, 0.0, None)]  # step 6: no gradient
-    rows = [dict(step=s, rank=0, update_id=0, lo=lo, hi=hi, adv_sign=1, n_tokens=n, sum_logit_grad_norm=g,
-                 sum_update_share=u) for s, lo, hi, n, g, u in spec]
+    spec = [
+        (5, 0.00, 0.25, 4, 2.0, 0.6),
+        (5, 0.25, 0.50, 1, 0.5, 0.1),
+        (5, 0.50, 0.75, 0, 0.0, 0.0),
+        (5, 0.75, 1.00, 5, 0.5, 0.3),
+        (6, 0.00, 0.25, 10, 0.0, None),
+    ]  # step 6: no gradient
+    rows = [
+        dict(
+            step=s,
+            rank=0,
+            update_id=0,
+            lo=lo,
+            hi=hi,
+            adv_sign=1,
+            n_tokens=n,
+            sum_logit_grad_norm=g,
+            sum_update_share=u,
+        )
+        for s, lo, hi, n, g, u in spec
+    ]
     _write(run_dir, "prob_bins", rows)
     run = load_run(run_dir)
     g = gradient_by_bucket(run)

@@ -14,10 +14,10 @@ EPS_LOW, EPS_HIGH, BETA = 0.2, 0.28, 0.05
 
 def ppo_kl_loss(lp, old, ref, adv, mask, weight=None):
     """PPO-clip with asymmetric clipping + beta * k3 KL, GRPO aggregation (sequence mean of token means)."""
-    ratio = (lp - old).exp()                                                 # [N, T]
-    a = adv.unsqueeze(1)                                                     # [N, 1]
+    ratio = (lp - old).exp()  # [N, T]
+    a = adv.unsqueeze(1)  # [N, 1]
     surr = torch.minimum(ratio * a, ratio.clamp(1 - EPS_LOW, 1 + EPS_HIGH) * a)
-    kl = (ref - lp).exp() - (ref - lp) - 1                                   # k3
+    kl = (ref - lp).exp() - (ref - lp) - 1  # k3
     per_tok = -(surr) + BETA * kl
     if weight is not None:
         per_tok = per_tok * weight

@@ -37,15 +37,19 @@ def test_duplicate_refused_and_unknown_listed():
     assert reg.unregister("a")() == 1 and "a" not in reg
 
 
-@pytest.mark.parametrize("module, name, kind", [
-    ("tokengrad.objective.weighting", "WEIGHTINGS", "weighting rule"),
-    ("tokengrad.train.tasks", "TASKS", "task"),
-    ("tokengrad.train.models", "MODELS", "model"),
-    ("tokengrad.objective.loss", "AGGREGATIONS", "aggregation"),
-    ("tokengrad.objective.advantages", "ADVANTAGE_SCALES", "advantage scale"),
-])
+@pytest.mark.parametrize(
+    "module, name, kind",
+    [
+        ("tokengrad.objective.weighting", "WEIGHTINGS", "weighting rule"),
+        ("tokengrad.train.tasks", "TASKS", "task"),
+        ("tokengrad.train.models", "MODELS", "model"),
+        ("tokengrad.objective.loss", "AGGREGATIONS", "aggregation"),
+        ("tokengrad.objective.advantages", "ADVANTAGE_SCALES", "advantage scale"),
+    ],
+)
 def test_every_extension_point_is_a_registry(module, name, kind):
     import importlib
+
     reg = getattr(importlib.import_module(module), name)
     assert isinstance(reg, Registry) and reg.kind == kind and len(reg) >= 2
     first = sorted(reg)[0]
@@ -57,5 +61,6 @@ def test_every_extension_point_is_a_registry(module, name, kind):
 
 def test_an_aggregation_needs_its_normaliser():
     from tokengrad.objective.loss import register_aggregation
+
     with pytest.raises(TypeError, match="normaliser"):
         register_aggregation("half_mean")

@@ -315,8 +315,12 @@ def test_a_file_with_clashing_types_is_skipped_with_its_name(tmp_path):
     run_dir = record(tmp_path / "r", [0, 1])
     folder = run_dir / "steps" / "rank000"
     bad = folder / schema.file_name(50, 50)
-    pq.write_table(pa.table({"step": pa.array([7], pa.int32()), "rank": pa.array([0], pa.int16()),
-                             "loss": pa.array(["high"])}), bad)
+    pq.write_table(
+        pa.table(
+            {"step": pa.array([7], pa.int32()), "rank": pa.array([0], pa.int16()), "loss": pa.array(["high"])}
+        ),
+        bad,
+    )
     odd = folder / schema.file_name(60, 60)
     good = pq.read_table(sorted(folder.glob("s*.parquet"))[0]).slice(0, 1)  # step 0
     pq.write_table(good.append_column("mood", pa.array(["calm"])), folder / schema.file_name(55, 55))
@@ -436,8 +440,17 @@ def test_a_run_without_a_checkpoint_offers_resume_from_step_0(tmp_path):
 
     from tokengrad.train.trainer import train
 
-    cfg = dict(model="tiny", task="letters", steps=2, prompts_per_step=2, group_size=2, max_new_tokens=4,
-               bf16=False, progress=False, run_dir=str(tmp_path / "run"))
+    cfg = dict(
+        model="tiny",
+        task="letters",
+        steps=2,
+        prompts_per_step=2,
+        group_size=2,
+        max_new_tokens=4,
+        bf16=False,
+        progress=False,
+        run_dir=str(tmp_path / "run"),
+    )
     train({**cfg, "checkpoint": False})  # leaves a run without a checkpoint, as a kill before the first one
     with pytest.raises(ValueError, match="pass resume=true to continue it \\(from step 0, as it has no "):
         train(cfg)

@@ -18,8 +18,14 @@ SIZE_LIMIT = 30 * 2**20
 # Columns added by later schema versions: a run recorded under an older version lacks them (and only them).
 ADDED_IN = {
     2: {"update_share", "dlogprob_pred", "dlogprob", "selected_by", "n_token_rows"},
-    3: {"rollout_logprob", "rollout_mismatch", "groups_generated", "groups_kept", "gen_rounds",
-        "ds_grad_norm"},
+    3: {
+        "rollout_logprob",
+        "rollout_mismatch",
+        "groups_generated",
+        "groups_kept",
+        "gen_rounds",
+        "ds_grad_norm",
+    },
 }
 TABLES_ADDED_IN = {"prob_bins": 2, "vocab": 2}  # tables an older run has no files of
 
@@ -87,7 +93,7 @@ def test_runs_are_long_enough_and_analysed(runs):
         assert sorted(steps["step"].unique()) == list(range(steps["step"].nunique())), name
         every = run.meta["config"]["bucket_every"]
         assert every > 0 and set(run.buckets["step"]) == set(range(0, steps["step"].max() + 1, every)), name
-        assert run.evals["step"].min() == -1, name          # the baseline before the first update
+        assert run.evals["step"].min() == -1, name  # the baseline before the first update
         # the lab runs evaluate every carry count; the SmolLM2 runs one-digit sums only
         assert run.evals["difficulty"].nunique() >= (5 if name.startswith("lab_") else 1), name
         assert run.evals["accuracy"].between(0, 1).all(), name
@@ -136,7 +142,7 @@ def test_same_seed_same_first_prompts(runs):
         name: run.samples[run.samples["step"] == 0].sort_values("sample_id") for name, run in runs.items()
     }
     for name, s in first.items():
-        ref = first[name.split("_")[0] + "_grpo"]   # lab_tr_grpo -> lab_grpo
+        ref = first[name.split("_")[0] + "_grpo"]  # lab_tr_grpo -> lab_grpo
         assert s["prompt"].tolist() == ref["prompt"].tolist(), name
         assert s["completion"].tolist() == ref["completion"].tolist(), name
 
@@ -149,7 +155,9 @@ def test_every_export_figure_has_data(runs):
     # (and then the note says so, instead of drawing NaN shares).
     dead = "all 4 analysed steps had no gradient (every advantage was 0)"
     no_shares = {
-        f"{kind}_{n}: {dead}" for n, r in runs.items() if _updates_with_gradient(r).empty
+        f"{kind}_{n}: {dead}"
+        for n, r in runs.items()
+        if _updates_with_gradient(r).empty
         for kind in ("bucket_shares", "bucket_update_share")
     }
     assert set(notes) <= no_shares

@@ -10,9 +10,9 @@ def test_values_and_gradient_match_log_softmax(dtype):
     torch.manual_seed(0)
     base = (torch.randn(3, 7, 50) * 3).to(dtype)
     ids = torch.randint(0, 50, (3, 7))
-    w = torch.randn(3, 7)                                                   # any upstream gradient
+    w = torch.randn(3, 7)  # any upstream gradient
     z1 = base.clone().requires_grad_(True)
-    lp, st = logprobs_with_stats(z1, ids, chunk_rows=3)                     # several chunks per sequence
+    lp, st = logprobs_with_stats(z1, ids, chunk_rows=3)  # several chunks per sequence
     (lp * w).sum().backward()
     z2 = base.clone().requires_grad_(True)
     ref = torch.log_softmax(z2.float(), -1).gather(-1, ids[..., None]).squeeze(-1)

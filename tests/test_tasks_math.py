@@ -160,10 +160,11 @@ def test_arithmetic_answer_only_prompt_and_reward():
     assert p.response_prefix == "<answer>" and "<think>" not in p.prompt
     assert "only the final answer" in p.prompt
     assert [p.meta["expression"] for p in task.train_problems(5, seed=0)] == [
-        q.meta["expression"] for q in get_task("arithmetic", digits=2, ops="+").train_problems(5, seed=0)]
-    assert task.reward(p, f" {p.answer} </answer>") == 1.0       # the prefix opened the tag
+        q.meta["expression"] for q in get_task("arithmetic", digits=2, ops="+").train_problems(5, seed=0)
+    ]
+    assert task.reward(p, f" {p.answer} </answer>") == 1.0  # the prefix opened the tag
     assert task.reward(p, f"{p.answer + 1}</answer>") == 0.1
-    assert task.reward(p, f" {p.answer}") == 0.0                  # never closed: no answer
+    assert task.reward(p, f" {p.answer}") == 0.0  # never closed: no answer
 
 
 def test_arithmetic_small_space_eval_repeats_held_out_problems():

@@ -37,10 +37,10 @@ def test_world_is_deterministic_and_consistent():
     kinds = [e.kind for e in world.values()]
     assert [kinds.count(k) for k in ("person", "city", "company", "river")] == [60, 12, 20, 5]
     for name, entity in world.items():
-        assert entity.passage.split("\n")[0] == name                 # "Title\nText"
+        assert entity.passage.split("\n")[0] == name  # "Title\nText"
         for attr in ("city", "residence", "ceo", "river"):
             if attr in entity.attrs:
-                assert entity.attrs[attr] in world                   # references resolve
+                assert entity.attrs[attr] in world  # references resolve
     person = next(e for e in world.values() if e.kind == "person")
     assert f"born in {person.attrs['city']} in {person.attrs['birth_year']}." in person.passage
 

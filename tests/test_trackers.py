@@ -19,8 +19,7 @@ ADVS = {0: [1.0, -0.5, 0.25, -1.5], 1: [0.0, 0.0, 0.0, 0.0], 2: [0.5, -0.5, 1.0,
 
 
 def _record(run_dir, model, ids, mask, trackers=()):
-    with Recorder(run_dir, model=model, bucket_every=2, bucket_edges=EDGES,
-                  trackers=trackers) as rec:
+    with Recorder(run_dir, model=model, bucket_every=2, bucket_edges=EDGES, trackers=trackers) as rec:
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         for step, adv in ADVS.items():
             adv = torch.tensor(adv)
@@ -95,22 +94,55 @@ def test_live_trackers_match_publish(recorded):
 
 
 def test_table_scalars_by_hand():
-    steps = pd.DataFrame({"step": [0, 0, 1], "rank": [0, 1, 0], "loss": [1.0, 3.0, 5.0],
-                          "n_tokens": [10, 20, 7], "flag": [True, False, True]})
-    layers = pd.DataFrame({"step": [0, 0], "rank": [0, 0], "update_id": [0, 1],
-                           "layer": ["model.layers.0", "model.layers.0"], "grad_norm": [2.0, 3.0]})
-    buckets = pd.DataFrame({"step": [0, 0, 0, 0], "rank": [0] * 4, "update_id": [0, 1, 0, 1],
-                            "bucket": ["[0.00,0.50)", "[0.00,0.50)", "residual", "residual"],
-                            "lo": [0.0, 0.0, None, None], "hi": [0.5, 0.5, None, None],
-                            "update_share": [0.2, 0.4, 0.8, 0.6], "grad_norm": [1.0, 2.0, 3.0, 1.0]})
-    evals = pd.DataFrame({"step": [1, 1], "rank": [0, 1], "task": ["kk", "kk"], "difficulty": ["3", "3"],
-                          "accuracy": [0.5, 1.0], "n": [2, 6]})
-    tokens = pd.DataFrame({"step": [0, 0, 1, 1], "in_loss": [True, True, True, False],
-                           "advantage": [0.0, 1.0, 0.0, 2.0]})
+    steps = pd.DataFrame(
+        {
+            "step": [0, 0, 1],
+            "rank": [0, 1, 0],
+            "loss": [1.0, 3.0, 5.0],
+            "n_tokens": [10, 20, 7],
+            "flag": [True, False, True],
+        }
+    )
+    layers = pd.DataFrame(
+        {
+            "step": [0, 0],
+            "rank": [0, 0],
+            "update_id": [0, 1],
+            "layer": ["model.layers.0", "model.layers.0"],
+            "grad_norm": [2.0, 3.0],
+        }
+    )
+    buckets = pd.DataFrame(
+        {
+            "step": [0, 0, 0, 0],
+            "rank": [0] * 4,
+            "update_id": [0, 1, 0, 1],
+            "bucket": ["[0.00,0.50)", "[0.00,0.50)", "residual", "residual"],
+            "lo": [0.0, 0.0, None, None],
+            "hi": [0.5, 0.5, None, None],
+            "update_share": [0.2, 0.4, 0.8, 0.6],
+            "grad_norm": [1.0, 2.0, 3.0, 1.0],
+        }
+    )
+    evals = pd.DataFrame(
+        {
+            "step": [1, 1],
+            "rank": [0, 1],
+            "task": ["kk", "kk"],
+            "difficulty": ["3", "3"],
+            "accuracy": [0.5, 1.0],
+            "n": [2, 6],
+        }
+    )
+    tokens = pd.DataFrame(
+        {"step": [0, 0, 1, 1], "in_loss": [True, True, True, False], "advantage": [0.0, 1.0, 0.0, 2.0]}
+    )
     got = table_scalars(dict(steps=steps, layers=layers, buckets=buckets, evals=evals, tokens=tokens))
     want = [
-        Scalar("tokengrad/loss", 0, 2.0), Scalar("tokengrad/loss", 1, 5.0),  # mean over ranks
-        Scalar("tokengrad/n_tokens", 0, 30.0), Scalar("tokengrad/n_tokens", 1, 7.0),  # counts: sum
+        Scalar("tokengrad/loss", 0, 2.0),
+        Scalar("tokengrad/loss", 1, 5.0),  # mean over ranks
+        Scalar("tokengrad/n_tokens", 0, 30.0),
+        Scalar("tokengrad/n_tokens", 1, 7.0),  # counts: sum
         Scalar("tokengrad/layer/model.layers.0/grad_norm", 0, 3.0),  # max over updates
         Scalar("tokengrad/bucket/0.00-0.50/update_share", 0, pytest.approx(0.3)),  # mean over updates
         Scalar("tokengrad/bucket/0.00-0.50/grad_norm", 0, 2.0),

@@ -32,8 +32,18 @@ TIMING = ["time_step", "time_record", "time_generate", "time_score", "time_updat
 def tiny(tmp_path, name="run", **overrides) -> dict:
     """A two-step run: 2 prompts x G=2, 8 new tokens, on the tiny model, in fp32 (the real-task tests below
     run with bf16 autocast)."""
-    cfg = dict(model="tiny", task="letters", steps=2, prompts_per_step=2, group_size=2, max_new_tokens=8,
-               lr=1e-2, bf16=False, progress=False, run_dir=str(tmp_path / name))
+    cfg = dict(
+        model="tiny",
+        task="letters",
+        steps=2,
+        prompts_per_step=2,
+        group_size=2,
+        max_new_tokens=8,
+        lr=1e-2,
+        bf16=False,
+        progress=False,
+        run_dir=str(tmp_path / name),
+    )
     return {**cfg, **overrides}
 
 
@@ -59,20 +69,25 @@ def test_two_step_smoke_run_for_every_weighting_rule(tmp_path, rule):
     run_dir = train(tiny(tmp_path, weighting=rule))
     check_run(run_dir, steps=2)
     run = load_run(run_dir)
-    phases = 2 if rule in ("lopti", "ar_lopti") else 1          # Lopti: low-probability tokens, then the rest
+    phases = 2 if rule in ("lopti", "ar_lopti") else 1  # Lopti: low-probability tokens, then the rest
     assert run.steps["n_updates"].tolist() == [phases, phases]
     assert sorted(run.tokens()["update_id"].unique()) == list(range(phases))
     assert run.meta["weighting"]["name"] == rule
     assert run.meta["config"]["weighting"] == rule
     tok = run.tokens(where="in_loss")
-    assert tok["coef"].notna().all() and (tok["coef"] != 0).any()   # the letters task gives real gradients
+    assert tok["coef"].notna().all() and (tok["coef"] != 0).any()  # the letters task gives real gradients
 
 
 def test_weighting_meta_holds_the_rules_params_and_curve(tmp_path):
     run = load_run(train(tiny(tmp_path, weighting="tr_grpo", weighting_params={"upper": 1.2}, steps=1)))
     w = run.meta["weighting"]
     assert w["params"] == {
-        "alpha": 2.0, "k": 9.0, "mu": 0.25, "lower": 1.0, "upper": 1.2, "placement": "loss"
+        "alpha": 2.0,
+        "k": 9.0,
+        "mu": 0.25,
+        "lower": 1.0,
+        "upper": 1.2,
+        "placement": "loss",
     }
     p, curve = w["curve"]["p"], w["curve"]["w"]
     assert len(p) == 101 and curve[0] == 1.0 and curve[-1] == pytest.approx(1.2)

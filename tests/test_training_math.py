@@ -17,8 +17,19 @@ from tokengrad.train.trainer import train
 
 
 def tiny(tmp_path, name="run", **overrides) -> dict:
-    cfg = dict(model="tiny", task="letters", steps=1, prompts_per_step=2, group_size=4, max_new_tokens=8,
-               lr=1e-2, bf16=False, progress=False, checkpoint=False, run_dir=str(tmp_path / name))
+    cfg = dict(
+        model="tiny",
+        task="letters",
+        steps=1,
+        prompts_per_step=2,
+        group_size=4,
+        max_new_tokens=8,
+        lr=1e-2,
+        bf16=False,
+        progress=False,
+        checkpoint=False,
+        run_dir=str(tmp_path / name),
+    )
     return {**cfg, **overrides}
 
 
@@ -67,8 +78,14 @@ def test_greedy_runs_have_no_sampler_logprob_and_train_at_temperature_1(tmp_path
 
 
 # ---- 2. one log-prob path ------------------------------------------------------------------------------
-@pytest.mark.parametrize("extra", [dict(weighting="kl_cov", grad_accum=2), dict(mini_batches=2, beta=0.1),
-                                   dict(temperature=0.7, weighting="cw_grpo", grad_accum=3)])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        dict(weighting="kl_cov", grad_accum=2),
+        dict(mini_batches=2, beta=0.1),
+        dict(temperature=0.7, weighting="cw_grpo", grad_accum=3),
+    ],
+)
 def test_first_pass_ratio_is_exactly_one_on_every_token(tmp_path, extra):
     run = load_run(train(tiny(tmp_path, num_iterations=2, **extra)))
     tok = run.tokens()
@@ -118,8 +135,9 @@ def test_dynamic_sampling_refills_until_the_batch_holds_informative_groups(tmp_p
     assert refill.steps["groups_generated"].tolist() == [4, 4]
     assert refill.steps["groups_kept"].tolist() == [2, 2]
     s = refill.samples[refill.samples.step == 0].sort_values("sample_id")
-    assert s["sample_id"].tolist() == list(range(16)) and s["group_id"].tolist() == [g for g in range(4)
-                                                                                      for _ in range(4)]
+    assert s["sample_id"].tolist() == list(range(16)) and s["group_id"].tolist() == [
+        g for g in range(4) for _ in range(4)
+    ]
     kept = s[s.in_update == 1]
     assert sorted(kept["group_id"].unique()) == [0, 2]  # the informative groups of rounds 0 and 1
     assert (s[s.in_update == 0]["reward"] == 0.5).all()
@@ -137,15 +155,25 @@ def test_refill_gives_up_after_max_gen_batches(tmp_path):
 
 
 def test_schema_documents_the_new_columns():
-    for table, name in [("tokens", "rollout_logprob"), ("steps", "rollout_mismatch"),
-                        ("steps", "groups_generated"), ("steps", "groups_kept"), ("steps", "gen_rounds")]:
+    for table, name in [
+        ("tokens", "rollout_logprob"),
+        ("steps", "rollout_mismatch"),
+        ("steps", "groups_generated"),
+        ("steps", "groups_kept"),
+        ("steps", "gen_rounds"),
+    ]:
         assert name in schema.column_names(table)
 
 
 # ---- 3. PPO mini-batches -------------------------------------------------------------------------------
 def test_mini_batches_are_optimizer_steps_over_disjoint_rows(tmp_path):
-    run = load_run(train(tiny(tmp_path, mini_batches=2, num_iterations=2, weighting="lopti",
-                              weighting_params={"eta": 0.004})))
+    run = load_run(
+        train(
+            tiny(
+                tmp_path, mini_batches=2, num_iterations=2, weighting="lopti", weighting_params={"eta": 0.004}
+            )
+        )
+    )
     assert run.steps["n_updates"].item() == 2 * 2 * 2  # phases x epochs x mini-batches
     tok = run.tokens()
     rows = {u: set(t["sample_id"]) for u, t in tok.groupby("update_id")}
@@ -204,20 +232,36 @@ def test_clip_ratio_c_config_key(tmp_path):
 def _rules_by_cost():
     """Rules with batch statistics run in the default tier; pointwise rules (equal by construction, their
     weights need no batch statistic) in the slow tier."""
-    return [pytest.param(r, marks=pytest.mark.slow) if getattr(WEIGHTINGS[r], "pointwise", False) else r
-            for r in sorted(WEIGHTINGS)]
+    return [
+        pytest.param(r, marks=pytest.mark.slow) if getattr(WEIGHTINGS[r], "pointwise", False) else r
+        for r in sorted(WEIGHTINGS)
+    ]
 
 
 @pytest.mark.parametrize("rule", _rules_by_cost())
 def test_grad_accum_does_not_change_the_update(tmp_path, rule):
     runs = []
     for accum in (1, 4):
-        runs.append(load_run(train(tiny(tmp_path, f"a{accum}", weighting=rule, grad_accum=accum,
-                                        num_iterations=2, aggregation="dapo"))))
+        runs.append(
+            load_run(
+                train(
+                    tiny(
+                        tmp_path,
+                        f"a{accum}",
+                        weighting=rule,
+                        grad_accum=accum,
+                        num_iterations=2,
+                        aggregation="dapo",
+                    )
+                )
+            )
+        )
     one, four = runs
     assert four.tokens()["pass_id"].nunique() == 4 * one.tokens()["pass_id"].nunique()
-    norms = [r.layers[r.layers.layer == schema.TOTAL_LAYER].sort_values("update_id")["grad_norm"].tolist()
-             for r in runs]
+    norms = [
+        r.layers[r.layers.layer == schema.TOTAL_LAYER].sort_values("update_id")["grad_norm"].tolist()
+        for r in runs
+    ]
     assert norms[0][0] > 0 and norms[1] == pytest.approx(norms[0], rel=1e-4)
     cols = ["update_id", "sample_id", "position", "coef", "weight"]
     a, b = (r.tokens(columns=cols).sort_values(cols[:3]).reset_index(drop=True) for r in runs)
@@ -239,8 +283,14 @@ def test_prob_change_covers_every_pass_bucketed_by_pi_old(tmp_path):
         with rec.step(0) as st:
             for update_id, phase in enumerate((phase1, phase2)):
                 lp = lp_old.clone().requires_grad_()
-                st.track(lp, token_ids=torch.zeros(2, 4, dtype=torch.long), loss_mask=phase,
-                         old_logprobs=lp_old, advantages=adv, update_id=update_id)
+                st.track(
+                    lp,
+                    token_ids=torch.zeros(2, 4, dtype=torch.long),
+                    loss_mask=phase,
+                    old_logprobs=lp_old,
+                    advantages=adv,
+                    update_id=update_id,
+                )
                 (lp * phase).sum().backward()
             new = lp_old + torch.tensor([[0.1, -0.1, 0.0, 0.05], [0.3, 0.3, -0.2, 0.0]])
             st.record_prob_change(new, sample_ids=torch.tensor([0, 1]))
@@ -264,8 +314,17 @@ CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("tiny_*"
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_tiny_configs_have_reward_spread_and_a_gradient(tmp_path, path):
-    run = load_run(train(str(path), steps=1, eval_every=0, bucket_every=0, checkpoint=False, progress=False,
-                         run_dir=str(tmp_path / "run")))
+    run = load_run(
+        train(
+            str(path),
+            steps=1,
+            eval_every=0,
+            bucket_every=0,
+            checkpoint=False,
+            progress=False,
+            run_dir=str(tmp_path / "run"),
+        )
+    )
     assert run.steps["reward_std"].item() > 0 and run.steps["grad_norm"].item() > 0
 
 

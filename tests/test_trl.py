@@ -28,10 +28,22 @@ def make_trainer(tmp_path, loss_type="dapo", reward_funcs=(distinct_chars,), **o
     from datasets import Dataset
 
     tok = make_tiny_tokenizer()
-    cfg = dict(output_dir=str(tmp_path / "trl_out"), per_device_train_batch_size=4, num_generations=4,
-               max_completion_length=8, max_steps=2, report_to="none", use_cpu=True, bf16=False,
-               logging_steps=1, save_strategy="no", learning_rate=5e-2, loss_type=loss_type, seed=0,
-               disable_tqdm=True)
+    cfg = dict(
+        output_dir=str(tmp_path / "trl_out"),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+        max_steps=2,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        logging_steps=1,
+        save_strategy="no",
+        learning_rate=5e-2,
+        loss_type=loss_type,
+        seed=0,
+        disable_tqdm=True,
+    )
     cfg.update(overrides)
     model = make_tiny_model(tok)
     if cfg.get("beta", 0.0) != 0.0:  # TRL loads the reference model from the policy's path

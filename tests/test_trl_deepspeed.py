@@ -36,8 +36,12 @@ def _fresh_accelerate_state():
 
 
 def _plugin(stage, **extra):
-    cfg = {"zero_optimization": {"stage": stage}, "train_micro_batch_size_per_gpu": "auto",
-           "gradient_accumulation_steps": 1, **extra}
+    cfg = {
+        "zero_optimization": {"stage": stage},
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": 1,
+        **extra,
+    }
     return accelerate_utils.DeepSpeedPlugin(hf_ds_config=cfg)
 
 
@@ -100,8 +104,9 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def ds_group():
     """A one-process gloo group for DeepSpeed on CPU (its first use compiles DeepSpeed's CPU comm op)."""
-    env = dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1",
-               LOCAL_RANK="0")
+    env = dict(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"
+    )
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     if not torch.distributed.is_initialized():
@@ -121,9 +126,13 @@ def test_full_grad_norms_through_deepspeed_equal_plain_gradients(ds_group, stage
     model = make_model()
     ref = copy.deepcopy(model)
     ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(0))
-    cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "gradient_clipping": 1e-3,
-           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
-           "zero_optimization": {"stage": stage}}
+    cfg = {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": 1e-3,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+        "zero_optimization": {"stage": stage},
+    }
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     engine.backward(engine(ids).logits.float().logsumexp(-1).mean())
     total, blocks = tds.full_grad_norms(engine.module)  # after backward, before step: DeepSpeed's window
@@ -149,8 +158,12 @@ def test_trl_grpo_under_deepspeed_records_exact_norms(ds_group, tmp_path, stage)
     from tokengrad import load_run
     from tokengrad.integrations import trl as tg_trl
 
-    ds_cfg = {"zero_optimization": {"stage": stage}, "train_micro_batch_size_per_gpu": "auto",
-              "gradient_accumulation_steps": "auto", "gradient_clipping": "auto"}
+    ds_cfg = {
+        "zero_optimization": {"stage": stage},
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+    }
     trainer = make_trainer(tmp_path, deepspeed=ds_cfg, use_cpu=False, max_grad_norm=1e-3)
     assert tds.deepspeed_setup(trainer).zero_stage == stage
     tg_trl.attach(trainer, tmp_path / "run")

@@ -46,8 +46,15 @@ def ppo_clipped_reference(rows, eps_low, eps_high):
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
 def test_clip_and_step_scalars_follow_trl(tmp_path, loss_type):
     beta = 0.04 if loss_type == "grpo" else 0.0
-    trainer = make_trainer(tmp_path, loss_type, num_iterations=2, gradient_accumulation_steps=2, beta=beta,
-                           epsilon=EPS, temperature=0.7)
+    trainer = make_trainer(
+        tmp_path,
+        loss_type,
+        num_iterations=2,
+        gradient_accumulation_steps=2,
+        beta=beta,
+        epsilon=EPS,
+        temperature=0.7,
+    )
     tg_trl.attach(trainer, tmp_path / "run")
     per_pass = capture_metric(trainer, "clip_ratio/region_mean")
     trainer.train()
@@ -93,8 +100,9 @@ def test_clip_of_sequence_level_and_cispo(tmp_path, loss_type, overrides, metric
     else:  # GSPO: one flag per sequence from its mean log-ratio; TRL's metric is a mean over sequences
         assert (off.groupby("sample_id").clipped.nunique() == 1).all()
         seq = tokens.groupby(["pass_id", "sample_id"])
-        log_r = seq.apply(lambda g: (g.logprob.astype(np.float64) - g.old_logprob).mean(),
-                          include_groups=False)
+        log_r = seq.apply(
+            lambda g: (g.logprob.astype(np.float64) - g.old_logprob).mean(), include_groups=False
+        )
         adv = seq.advantage.first()
         eps = overrides["epsilon"]
         want = ((np.exp(log_r) < 1 - eps) & (adv < 0)) | ((np.exp(log_r) > 1 + eps) & (adv > 0))
@@ -109,8 +117,16 @@ def test_clip_of_sequence_level_and_cispo(tmp_path, loss_type, overrides, metric
 def test_buckets_of_an_update_spanning_generation_batches(tmp_path, loss_type):
     # gradient accumulation 4 > steps_per_generation 1 x num_iterations 2: one update over two generations
     beta = 0.04 if loss_type == "grpo" else 0.0
-    trainer = make_trainer(tmp_path, loss_type, max_steps=1, gradient_accumulation_steps=4,
-                           steps_per_generation=1, num_iterations=2, beta=beta, temperature=0.1)
+    trainer = make_trainer(
+        tmp_path,
+        loss_type,
+        max_steps=1,
+        gradient_accumulation_steps=4,
+        steps_per_generation=1,
+        num_iterations=2,
+        beta=beta,
+        temperature=0.1,
+    )
     tg_trl.attach(trainer, tmp_path / "run", bucket_every=1)
     trainer.train()
     run = load_run(tmp_path / "run")
@@ -127,8 +143,15 @@ def test_buckets_of_an_update_spanning_generation_batches(tmp_path, loss_type):
 @pytest.mark.slow
 def test_spanning_update_keeps_the_bucket_schedule_of_its_first_step(tmp_path):
     # bucket_every=2 analyses steps 0 and 2; the updates begun there end in steps 1 and 3, analysed too
-    trainer = make_trainer(tmp_path, "dapo", max_steps=2, gradient_accumulation_steps=4,
-                           steps_per_generation=1, num_iterations=2, temperature=0.1)
+    trainer = make_trainer(
+        tmp_path,
+        "dapo",
+        max_steps=2,
+        gradient_accumulation_steps=4,
+        steps_per_generation=1,
+        num_iterations=2,
+        temperature=0.1,
+    )
     tg_trl.attach(trainer, tmp_path / "run", bucket_every=2)
     trainer.train()
     run = load_run(tmp_path / "run")
@@ -165,7 +188,7 @@ def test_confident_token_stats_match_float64(tmp_path):
     trainer.compute_loss = compute_loss
     trainer.train()
     tokens = load_run(tmp_path / "run").tokens()
-    (inputs, unit, q), = refs
+    ((inputs, unit, q),) = refs
     mask = inputs["completion_mask"].bool()
     sid = inputs[tg_trl.SAMPLE_KEY]
     got = as_matrix(tokens, "logit_grad_unit", sid, mask.shape)
@@ -186,5 +209,9 @@ def test_rule_parameters_come_from_the_trainer(tmp_path, beta):
     rec.detach()
     assert load_run(tmp_path / "run").meta["weighting"]["params"]["eps_high"] == 0.3
     with pytest.raises(ValueError, match="epsilon_low=0.1"):
-        tg_trl.attach(make_trainer(tmp_path / "b", "dapo", epsilon=0.1), tmp_path / "run2",
-                      weighting="clip_cov", weighting_params={"eps_low": 0.2})
+        tg_trl.attach(
+            make_trainer(tmp_path / "b", "dapo", epsilon=0.1),
+            tmp_path / "run2",
+            weighting="clip_cov",
+            weighting_params={"eps_low": 0.2},
+        )

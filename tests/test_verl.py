@@ -21,8 +21,13 @@ from tokengrad.integrations import verl as tg_verl  # noqa: E402
 from tokengrad.objective.weighting import TokenBatch, get_weighting  # noqa: E402
 
 pytestmark = pytest.mark.verl
-AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
-             "seq-mean-token-sum-norm"]
+AGG_MODES = [
+    "token-mean",
+    "token-sum",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+]
 B, P, R = 4, 3, 6  # sequences, prompt length, response length
 
 
@@ -48,17 +53,26 @@ def _batch(seed=0):
         },
         batch_size=[B],
     )
-    for key, value in (("dp_size", 1), ("batch_num_tokens", int(response_mask.sum())),
-                       ("global_batch_size", B)):
+    for key, value in (
+        ("dp_size", 1),
+        ("batch_num_tokens", int(response_mask.sum())),
+        ("global_batch_size", B),
+    ):
         tu.assign_non_tensor_data(data, key, value)
     return data, log_probs
 
 
 def _config(loss_mode, agg):
-    return ActorConfig(strategy="fsdp", rollout_n=2, loss_agg_mode=agg, clip_ratio_low=0.2,
-                       clip_ratio_high=0.28,
-                       policy_loss={"loss_mode": loss_mode}, use_torch_compile=False,
-                       ppo_micro_batch_size_per_gpu=B)
+    return ActorConfig(
+        strategy="fsdp",
+        rollout_n=2,
+        loss_agg_mode=agg,
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.28,
+        policy_loss={"loss_mode": loss_mode},
+        use_torch_compile=False,
+        ppo_micro_batch_size_per_gpu=B,
+    )
 
 
 def _padded_grad(data, log_probs, loss_mode, agg):
@@ -116,8 +130,9 @@ def test_tr_grpo_scales_each_tokens_gradient(run_dir, agg):
     from verl.workers.utils.padding import no_padding_2_padding
 
     lp = no_padding_2_padding(log_probs.detach(), data)  # [B, R]
-    w = get_weighting("tr_grpo")(TokenBatch(lp, data["old_log_probs"], data["advantages"],
-                                            data["response_mask"])).effective()  # [B, R]
+    w = get_weighting("tr_grpo")(
+        TokenBatch(lp, data["old_log_probs"], data["advantages"], data["response_mask"])
+    ).effective()  # [B, R]
     mask = data["response_mask"].bool()
     got = no_padding_2_padding(log_probs.grad, data)  # the gradient that reached the model
     assert torch.allclose(got[mask], (w * plain)[mask], rtol=1e-5, atol=1e-9)
@@ -125,8 +140,9 @@ def test_tr_grpo_scales_each_tokens_gradient(run_dir, agg):
     tg_verl.close_recording()
     tok = load_run(run_dir).tokens().sort_values(["sample_id", "position"])
     assert torch.allclose(torch.tensor(tok["weight"].to_numpy()), w[mask].float(), rtol=1e-5)
-    assert torch.allclose(torch.tensor(tok["coef"].to_numpy()), (w * plain)[mask].float(), rtol=1e-5,
-                          atol=1e-9)
+    assert torch.allclose(
+        torch.tensor(tok["coef"].to_numpy()), (w * plain)[mask].float(), rtol=1e-5, atol=1e-9
+    )
     assert load_run(run_dir).meta["weighting"]["name"] == "tr_grpo"
 
 

@@ -17,10 +17,17 @@ from tokengrad._version import __version__ as __version__
 # Every public name loads on first use, so that `import tokengrad.record` (torch) never loads the read side
 # (pandas, DuckDB) and `import tokengrad.read.runs` never loads torch.
 _LAZY = {
-    "SCHEMA_VERSION": "schema", "load_run": "read.runs", "list_runs": "read.runs",
-    "token_stats": "record", "TokenStats": "record", "Recorder": "record", "StepRecorder": "record",
-    "logprobs_with_stats": "record", "attach": "integrations.trl",
-    "register_weighting": "objective.weighting", "get_weighting": "objective.weighting",
+    "SCHEMA_VERSION": "schema",
+    "load_run": "read.runs",
+    "list_runs": "read.runs",
+    "token_stats": "record",
+    "TokenStats": "record",
+    "Recorder": "record",
+    "StepRecorder": "record",
+    "logprobs_with_stats": "record",
+    "attach": "integrations.trl",
+    "register_weighting": "objective.weighting",
+    "get_weighting": "objective.weighting",
 }
 
 __all__ = ["train", *_LAZY]
@@ -28,6 +35,7 @@ __all__ = ["train", *_LAZY]
 
 def __getattr__(name):
     import importlib
+
     if name == "train":  # the trainer package, callable as tokengrad.train(config, **overrides)
         return importlib.import_module(".train", __name__)
     if name in _LAZY:

@@ -28,8 +28,14 @@ from collections import Counter
 
 ENV = "TOKENGRAD_FAULT"
 POINTS = (
-    "commit", "write", "compacted", "unlinked", "meta",
-    "checkpoint_write", "checkpoint_renamed", "checkpoint_saved",
+    "commit",
+    "write",
+    "compacted",
+    "unlinked",
+    "meta",
+    "checkpoint_write",
+    "checkpoint_renamed",
+    "checkpoint_saved",
 )
 _hits: Counter = Counter()
 

@@ -41,8 +41,18 @@ RESIDUAL_BUCKET = "residual"  # bucket label of the gradient part not built on l
 TOTAL_LAYER = "total"  # layer name of the whole-model gradient norm in the layers table
 
 META_KEYS = (
-    "schema_version", "tokengrad_version", "run_name", "created", "config", "weighting",
-    "model", "tokenizer", "world_size", "rows_dropped", "finished", "temperature",
+    "schema_version",
+    "tokengrad_version",
+    "run_name",
+    "created",
+    "config",
+    "weighting",
+    "model",
+    "tokenizer",
+    "world_size",
+    "rows_dropped",
+    "finished",
+    "temperature",
 )
 
 
@@ -62,8 +72,9 @@ _KEY = [
     _c("step", pa.int32(), "training step (one rollout batch; may hold several optimizer updates)", False),
     _c("rank", pa.int16(), "process rank that recorded the row", False),
 ]
-_UPDATE = _c("update_id", pa.int16(), "optimizer update within the step (num_iterations > 1, Lopti phases)",
-             False)
+_UPDATE = _c(
+    "update_id", pa.int16(), "optimizer update within the step (num_iterations > 1, Lopti phases)", False
+)
 
 TOKENS = [
     *_KEY,
@@ -109,17 +120,27 @@ TOKENS = [
         "through the head path only; with a tied head (embedding = head, e.g. SmolLM2) that parameter also "
         "gets the input-embedding gradient, which this column does not include",
     ),
-    _c("update_share", pa.float32(),
-       "coef <grad log pi, g> / norm(g)^2: the token's share of its update's gradient g; shares of all "
-       "tokens and ranks plus the residual sum to 1 (attribution steps only)"),
-    _c("dlogprob_pred", pa.float32(),
-       "<grad log pi, delta>: first-order change of log pi predicted from the applied update delta "
-       "(attribution steps only)"),
-    _c("dlogprob", pa.float32(),
-       "measured change of log pi over the applied update (attribution steps only)"),
-    _c("selected_by", pa.string(),
-       "why a budgeted step kept the row: all, sequence, top_update_share, top_grad_norm, top_abs_coef "
-       "(null: no token budget)"),
+    _c(
+        "update_share",
+        pa.float32(),
+        "coef <grad log pi, g> / norm(g)^2: the token's share of its update's gradient g; shares of all "
+        "tokens and ranks plus the residual sum to 1 (attribution steps only)",
+    ),
+    _c(
+        "dlogprob_pred",
+        pa.float32(),
+        "<grad log pi, delta>: first-order change of log pi predicted from the applied update delta "
+        "(attribution steps only)",
+    ),
+    _c(
+        "dlogprob", pa.float32(), "measured change of log pi over the applied update (attribution steps only)"
+    ),
+    _c(
+        "selected_by",
+        pa.string(),
+        "why a budgeted step kept the row: all, sequence, top_update_share, top_grad_norm, top_abs_coef "
+        "(null: no token budget)",
+    ),
 ]
 
 STEPS = [
@@ -224,12 +245,20 @@ PROB_BINS = [
 
 VOCAB = [
     *_KEY,
-    _c("token_id", pa.int32(), "vocabulary id (one of the step's top tokens by count or by summed share)",
-       False),
+    _c(
+        "token_id",
+        pa.int32(),
+        "vocabulary id (one of the step's top tokens by count or by summed share)",
+        False,
+    ),
     _c("token", pa.string(), "decoded text of the token"),
     _c("adv_sign", pa.int8(), "sign of the advantage: -1, 0, 1", False),
-    _c("lo", pa.float32(), "lower edge of the token's probability bucket (the recorder's bucket edges)",
-       False),
+    _c(
+        "lo",
+        pa.float32(),
+        "lower edge of the token's probability bucket (the recorder's bucket edges)",
+        False,
+    ),
     _c("hi", pa.float32(), "upper edge of the bucket", False),
     _c("n_tokens", pa.int64(), "occurrences as a loss token, " + _SUM.replace(" of the update", ""), False),
     _c("sum_prob", pa.float64(), "sum of prob (mean prob = sum_prob / n_tokens)"),

@@ -52,13 +52,19 @@ def _headline(run: str, step_range: tuple[int, int] | None) -> None:
     if shares.attrs.get("source") == "prob_bins":
         note += ", from the exact per-step histogram (prob_bins)"
     common.chart(
-        make_gradient_share_figure(shares, title=f"Share of tokens vs share of the gradient: {name}<br>"
-                                                 f"<sup>{note}</sup>"),
-        "bk_headline", f"gradient_share_{name}", table=shares)
-    st.caption("Per loss token, its gradient is |coef| · |p − e_y| at the logits (logit_grad_norm, exact); a "
-               "bucket's share is its sum over the sum for all tokens of the live steps (steps whose every "
-               "advantage is 0 have no gradient and are left out). With per-token attribution recorded, "
-               "Σ update_share is the bucket's share of the update itself.")
+        make_gradient_share_figure(
+            shares, title=f"Share of tokens vs share of the gradient: {name}<br><sup>{note}</sup>"
+        ),
+        "bk_headline",
+        f"gradient_share_{name}",
+        table=shares,
+    )
+    st.caption(
+        "Per loss token, its gradient is |coef| · |p − e_y| at the logits (logit_grad_norm, exact); a "
+        "bucket's share is its sum over the sum for all tokens of the live steps (steps whose every "
+        "advantage is 0 have no gradient and are left out). With per-token attribution recorded, "
+        "Σ update_share is the bucket's share of the update itself."
+    )
 
 
 def _phase_options(run: str, buckets) -> dict:
@@ -87,31 +93,50 @@ def _bucket_sections(run: str, step_range: tuple[int, int] | None) -> None:
     phases = _phase_options(run, buckets)
     update_id = None
     if len(phases) > 1:
-        update_id = st.radio("Updates", list(phases), format_func=phases.get, horizontal=True,
-                             key="bk_update",
-                             help="Token and update shares always come from the same updates.")
+        update_id = st.radio(
+            "Updates",
+            list(phases),
+            format_func=phases.get,
+            horizontal=True,
+            key="bk_update",
+            help="Token and update shares always come from the same updates.",
+        )
     kw = dict(update_id=update_id)
     c1, c2 = st.columns(2)
     with c1:
-        common.chart(make_bucket_share_figure(buckets, step_range, title="Token share vs update share", **kw),
-                     "bk_share", f"bucket_shares_{name}")
+        common.chart(
+            make_bucket_share_figure(buckets, step_range, title="Token share vs update share", **kw),
+            "bk_share",
+            f"bucket_shares_{name}",
+        )
     with c2:
-        common.chart(make_bucket_grad_norm_figure(buckets, step_range, title="Bucket gradient norm", **kw),
-                     "bk_norm", f"bucket_grad_norm_{name}")
+        common.chart(
+            make_bucket_grad_norm_figure(buckets, step_range, title="Bucket gradient norm", **kw),
+            "bk_norm",
+            f"bucket_grad_norm_{name}",
+        )
     st.caption(f"{phases[update_id]}; {RESIDUAL_HELP}.")
     value = st.selectbox("Over steps", OVER_STEPS, format_func=BUCKET_LABELS.get, key="bk_value")
     shown = buckets if step_range is None else buckets[buckets[BUCKET.step].between(*step_range)]
     common.chart(make_bucket_steps_figure(shown, value, **kw), "bk_steps", f"bucket_{value}_{name}")
     common.chart(
         make_bucket_dprob_figure(buckets, step_range, title="Probability change after the update", **kw),
-        "bk_dprob", f"bucket_dprob_{name}")
+        "bk_dprob",
+        f"bucket_dprob_{name}",
+    )
 
 
-PARTITION_NAMES = {"prob": "probability", "entropy_quantile": "entropy quantile",
-                   "adv_sign": "advantage sign", "position": "position"}
-NO_ATTRIBUTION = ("Record it with `Recorder(..., attribute_every=N)` or train with `attribute_every=N`: "
-                  "every token of those steps gets update_share, its exact share of the update (one "
-                  "directional pass).")
+PARTITION_NAMES = {
+    "prob": "probability",
+    "entropy_quantile": "entropy quantile",
+    "adv_sign": "advantage sign",
+    "position": "position",
+}
+NO_ATTRIBUTION = (
+    "Record it with `Recorder(..., attribute_every=N)` or train with `attribute_every=N`: "
+    "every token of those steps gets update_share, its exact share of the update (one "
+    "directional pass)."
+)
 
 
 def _partition_section(run: str, step_range: tuple[int, int] | None) -> None:
@@ -124,15 +149,26 @@ def _partition_section(run: str, step_range: tuple[int, int] | None) -> None:
         common.empty(f"No per-token attribution in {name}.", NO_ATTRIBUTION)
         return
     c1, c2 = st.columns([2, 1])
-    by = c1.radio("Partition tokens by", list(PARTITIONS), format_func=PARTITION_NAMES.get, horizontal=True,
-                  key="bk_partition")
+    by = c1.radio(
+        "Partition tokens by",
+        list(PARTITIONS),
+        format_func=PARTITION_NAMES.get,
+        horizontal=True,
+        key="bk_partition",
+    )
     bins = c2.slider("Parts", 2, 20, 5, key="bk_parts", disabled=by == "adv_sign")
     shares = data.query(run, "share_by_partition", by=by, bins=bins, step_range=step_range)
     title = f"Share of the update by {PARTITION_NAMES[by]}"
-    common.chart(make_partition_share_figure(shares, by, title=title),
-                 "bk_partition_chart", f"update_share_by_{by}_{name}", table=shares)
-    st.caption("A part's share of the update is the sum of its tokens' update_share "
-               "(coef · ⟨∇log π, g⟩ / ‖g‖²) per attributed update; the parts and the residual sum to 1.")
+    common.chart(
+        make_partition_share_figure(shares, by, title=title),
+        "bk_partition_chart",
+        f"update_share_by_{by}_{name}",
+        table=shares,
+    )
+    st.caption(
+        "A part's share of the update is the sum of its tokens' update_share "
+        "(coef · ⟨∇log π, g⟩ / ‖g‖²) per attributed update; the parts and the residual sum to 1."
+    )
 
 
 def _token_sections(run: str, step_range: tuple[int, int] | None) -> None:

@@ -36,6 +36,7 @@ def run_name(run_dir: str) -> str:
 def colors() -> dict[str, str]:
     """One colour per picked run, distinct among the picked runs, shared by every chart of every page."""
     from tokengrad.figures.style import run_colors
+
     return run_colors([run_name(r) for r in selected_runs()])
 
 
@@ -43,9 +44,11 @@ def require_runs() -> list[str]:
     """The picked runs that can be opened; stops the page with a hint when there are none."""
     runs = selected_runs()
     if not runs:
-        st.info("No run selected. Pick runs in the sidebar, or point the dashboard at a folder of runs: "
-                "`tokengrad dashboard runs/`. A run is produced by `tokengrad train ...` or by recording "
-                "with `tokengrad.Recorder`.")
+        st.info(
+            "No run selected. Pick runs in the sidebar, or point the dashboard at a folder of runs: "
+            "`tokengrad dashboard runs/`. A run is produced by `tokengrad train ...` or by recording "
+            "with `tokengrad.Recorder`."
+        )
         st.stop()
     ok = []
     for run_dir in runs:
@@ -130,14 +133,25 @@ def chart(fig: go.Figure, key: str, name: str | None = None, table: pd.DataFrame
     size = {"width": DOWNLOAD_WIDTH, "height": fig.layout.height or DOWNLOAD_HEIGHT}
     stem = _slug(name or key)
     st.download_button(
-        f"Download {fmt.upper()}", data=lambda: figure_to_bytes(fig, fmt, **size),
-        file_name=f"{stem}.{fmt}", mime=MIME[fmt], key=f"dl_{key}", on_click="ignore",
-        icon=":material/download:", type="tertiary")
+        f"Download {fmt.upper()}",
+        data=lambda: figure_to_bytes(fig, fmt, **size),
+        file_name=f"{stem}.{fmt}",
+        mime=MIME[fmt],
+        key=f"dl_{key}",
+        on_click="ignore",
+        icon=":material/download:",
+        type="tertiary",
+    )
     st.download_button(
         "Download CSV",
         data=lambda: (table if table is not None else figure_table(fig)).to_csv(index=False).encode("utf-8"),
-        file_name=f"{stem}.csv", mime="text/csv", key=f"csv_{key}", on_click="ignore",
-        icon=":material/table:", type="tertiary")
+        file_name=f"{stem}.csv",
+        mime="text/csv",
+        key=f"csv_{key}",
+        on_click="ignore",
+        icon=":material/table:",
+        type="tertiary",
+    )
 
 
 def show_run_warnings(runs: list[str]) -> None:

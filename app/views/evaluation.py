@@ -10,8 +10,10 @@ from app.views import common
 from tokengrad.figures.evals import make_accuracy_by_difficulty_figure, make_accuracy_over_steps_figure
 from tokengrad.schema import EVAL
 
-NO_EVALS = ("Evaluate with `rec.log_eval(step, task=..., difficulty=..., accuracy=..., n=...)`, or train "
-            "with `eval_every=K`.")
+NO_EVALS = (
+    "Evaluate with `rec.log_eval(step, task=..., difficulty=..., accuracy=..., n=...)`, or train "
+    "with `eval_every=K`."
+)
 
 
 def _task_ui(evals: dict[str, pd.DataFrame]) -> str | None:

@@ -14,8 +14,18 @@ from tokengrad.figures.smoothing import find_spikes
 from tokengrad.figures.tokens import make_token_figure, token_html
 from tokengrad.schema import SAMPLE, STEP, TOK
 
-COLOR_BY = (TOK.prob, TOK.weight, TOK.coef, TOK.logit_grad_norm, TOK.head_grad_norm, TOK.entropy,
-            TOK.advantage, TOK.logprob, TOK.ratio, TOK.update_share)
+COLOR_BY = (
+    TOK.prob,
+    TOK.weight,
+    TOK.coef,
+    TOK.logit_grad_norm,
+    TOK.head_grad_norm,
+    TOK.entropy,
+    TOK.advantage,
+    TOK.logprob,
+    TOK.ratio,
+    TOK.update_share,
+)
 RANK_BY = (TOK.logit_grad_norm, TOK.head_grad_norm, TOK.logit_grad_unit)
 # with per-token attribution recorded, a token's exact share of the update ranks first (arXiv 2505.12929's
 # question answered exactly: its own gradient norm ignores how tokens' gradients cancel or align)
@@ -75,17 +85,23 @@ def _step_ui(run: str) -> tuple[int, bool]:
     else:
         c2.caption("No gradient-norm spikes among the live steps.")
     if len(steps) > 1:
-        c1.select_slider("Step", steps, key="in_step",
-                         format_func=lambda s: f"{s} ●" if s in live else f"{s} (no gradient)",
-                         help="● marks steps with a gradient; the others had every advantage 0.")
+        c1.select_slider(
+            "Step",
+            steps,
+            key="in_step",
+            format_func=lambda s: f"{s} ●" if s in live else f"{s} (no gradient)",
+            help="● marks steps with a gradient; the others had every advantage 0.",
+        )
     c1.caption(f"Steps with a gradient (●): {_ranges(sorted(live)) or 'none'} — {len(live)} of {len(steps)}.")
     step = int(st.session_state["in_step"]) if len(steps) > 1 else steps[0]
     return step, step in live
 
 
-DEAD_STEP = ("Step {step} had no gradient: every advantage was 0 (each group's completions got the same "
-             "reward), so every token's coef and logit_grad_norm are 0 and there is nothing to rank. "
-             "Pick a step marked ● on the slider.")
+DEAD_STEP = (
+    "Step {step} had no gradient: every advantage was 0 (each group's completions got the same "
+    "reward), so every token's coef and logit_grad_norm are 0 and there is nothing to rank. "
+    "Pick a step marked ● on the slider."
+)
 
 
 def _forensics(run: str, step: int) -> None:

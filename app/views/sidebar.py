@@ -115,8 +115,11 @@ def _watch(root: str, run_dirs: list[str]) -> None:
 
 
 def _live_ui(root: str, run_dirs: list[str]) -> None:
-    live = st.toggle("Live refresh", key=LIVE_KEY,
-                     help="Re-read runs that are still being written, and list new run folders.")
+    live = st.toggle(
+        "Live refresh",
+        key=LIVE_KEY,
+        help="Re-read runs that are still being written, and list new run folders.",
+    )
     if not live:
         return
     every = st.select_slider("every (s)", LIVE_INTERVALS_S, value=5, key=EVERY_KEY)

@@ -48,25 +48,47 @@ def _clouds(run: str, f: dict) -> None:
         st.warning("The low-probability threshold is above the high one; the two clouds overlap.")
     sel = dict(step_range=f["step_range"], adv_sign=f["adv_sign"])
     ranges = {"high": (f["high"], 1.0, f"p ≥ {f['high']:g}"), "low": (0.0, f["low"], f"p < {f['low']:g}")}
-    freqs = {k: data.query(run, "token_frequencies", prob_lo=lo, prob_hi=hi, limit=4 * f["words"],
-                           order_by=f["size_by"], **sel) for k, (lo, hi, _) in ranges.items()}
+    freqs = {
+        k: data.query(
+            run,
+            "token_frequencies",
+            prob_lo=lo,
+            prob_hi=hi,
+            limit=4 * f["words"],
+            order_by=f["size_by"],
+            **sel,
+        )
+        for k, (lo, hi, _) in ranges.items()
+    }
     clean = dict(show_whitespace=f["whitespace"], stop_tokens=f["stops"], max_words=f["words"])
     titles = (ranges["high"][2], ranges["low"][2])
-    fig = make_high_low_wordcloud_figure(freqs["high"], freqs["low"], titles=titles, size_by=f["size_by"],
-                                         **clean)
-    totals = {k: data.query(run, "token_totals", prob_lo=lo, prob_hi=hi, **sel)
-              for k, (lo, hi, _) in ranges.items()}
+    fig = make_high_low_wordcloud_figure(
+        freqs["high"], freqs["low"], titles=titles, size_by=f["size_by"], **clean
+    )
+    totals = {
+        k: data.query(run, "token_totals", prob_lo=lo, prob_hi=hi, **sel) for k, (lo, hi, _) in ranges.items()
+    }
     tables = {k: _table(freqs[k], clean, f["size_by"], totals[k]["all_grad_sum"]) for k in ranges}
     both = pd.concat([t.assign(cloud=ranges[k][2]) for k, t in tables.items()], ignore_index=True)
     common.chart(fig, "wc_cloud", f"wordcloud_{name}", table=both)
     for col, k in zip(st.columns(2), ranges):
         col.markdown(_totals(totals[k], ranges[k][2]))
-        col.dataframe(tables[k], hide_index=True, height=240, width="stretch", key=f"wc_table_{k}",
-                      column_config={"token": "token", "count": st.column_config.NumberColumn("count"),
-                                     "grad_share": st.column_config.NumberColumn(
-                                         "share of the gradient", format="percent",
-                                         help="Σ logit_grad_norm of the token / Σ over all tokens of the "
-                                              "selection")})
+        col.dataframe(
+            tables[k],
+            hide_index=True,
+            height=240,
+            width="stretch",
+            key=f"wc_table_{k}",
+            column_config={
+                "token": "token",
+                "count": st.column_config.NumberColumn("count"),
+                "grad_share": st.column_config.NumberColumn(
+                    "share of the gradient",
+                    format="percent",
+                    help="Σ logit_grad_norm of the token / Σ over all tokens of the selection",
+                ),
+            },
+        )
 
 
 def _table(freqs: pd.DataFrame, clean: dict, size_by: str, total: float) -> pd.DataFrame:
@@ -76,8 +98,13 @@ def _table(freqs: pd.DataFrame, clean: dict, size_by: str, total: float) -> pd.D
     every = {**clean, "max_words": None}
     counts = prepare_frequencies(freqs, **every)
     grads = prepare_frequencies(freqs, size_by="grad_sum", **every)
-    return pd.DataFrame({"token": list(words), "count": [int(counts.get(w, 0)) for w in words],
-                         "grad_share": [grads.get(w, 0.0) / total if total > 0 else 0.0 for w in words]})
+    return pd.DataFrame(
+        {
+            "token": list(words),
+            "count": [int(counts.get(w, 0)) for w in words],
+            "grad_share": [grads.get(w, 0.0) / total if total > 0 else 0.0 for w in words],
+        }
+    )
 
 
 def render() -> None:

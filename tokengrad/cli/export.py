@@ -18,7 +18,9 @@ from tokengrad.figures.figureset import build_figure_set, unique_names
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tokengrad export", description="Write the paper figure set of runs as PNG/SVG/PDF.")
+    p = argparse.ArgumentParser(
+        prog="tokengrad export", description="Write the paper figure set of runs as PNG/SVG/PDF."
+    )
     p.add_argument("runs", nargs="+", help="run directories")
     p.add_argument("--out", required=True, help="output directory (created)")
     p.add_argument(

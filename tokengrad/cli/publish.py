@@ -18,8 +18,12 @@ def cli_publish(argv: list[str]) -> int:
     p.add_argument("run", help="run directory")
     p.add_argument("--tensorboard", metavar="DIR", help="write TensorBoard event files into DIR")
     p.add_argument("--wandb", metavar="PROJECT", help="log to this W&B project")
-    p.add_argument("--wandb-mode", choices=["online", "offline"], default=None,
-                   help="W&B mode (default: WANDB_MODE or online); offline runs sync with `wandb sync`")
+    p.add_argument(
+        "--wandb-mode",
+        choices=["online", "offline"],
+        default=None,
+        help="W&B mode (default: WANDB_MODE or online); offline runs sync with `wandb sync`",
+    )
     p.add_argument("--wandb-name", default=None, help="W&B run name (default: the run's name)")
     p.add_argument("--wandb-dir", default=None, help="where W&B keeps its files (default: WANDB_DIR or .)")
     args = p.parse_args(argv)
@@ -41,7 +45,8 @@ def cli_publish(argv: list[str]) -> int:
     finally:
         for t in trackers:
             t.close()
-    where = " and ".join(f"{type(t).__name__[:-7]} ({t.logdir if hasattr(t, 'logdir') else t.project})"
-                         for t in trackers)
+    where = " and ".join(
+        f"{type(t).__name__[:-7]} ({t.logdir if hasattr(t, 'logdir') else t.project})" for t in trackers
+    )
     print(f"published {n} scalars of {run.name} to {where}")
     return 0

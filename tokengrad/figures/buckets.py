@@ -24,29 +24,43 @@ from plotly.subplots import make_subplots
 from tokengrad.figures.style import bucket_colors, dashboard_layout, empty_figure, run_colors
 from tokengrad.schema import BUCKET, RESIDUAL_BUCKET
 
-_MEAN_COLUMNS = (BUCKET.grad_norm, BUCKET.update_share, BUCKET.cos_to_total, BUCKET.dprob_mean,
-                 BUCKET.correct_ratio)
+_MEAN_COLUMNS = (
+    BUCKET.grad_norm,
+    BUCKET.update_share,
+    BUCKET.cos_to_total,
+    BUCKET.dprob_mean,
+    BUCKET.correct_ratio,
+)
 SHARE_COLUMNS = frozenset({BUCKET.token_share, BUCKET.update_share})
 BUCKET_LABELS = {
-    BUCKET.token_share: "token share", BUCKET.update_share: "update share <g_B, g>/|g|²",
-    BUCKET.grad_norm: "bucket gradient norm |g_B|", BUCKET.cos_to_total: "cos(g_B, g)",
-    BUCKET.dprob_mean: "mean Δprob after the update", BUCKET.correct_ratio: "correct ratio",
+    BUCKET.token_share: "token share",
+    BUCKET.update_share: "update share <g_B, g>/|g|²",
+    BUCKET.grad_norm: "bucket gradient norm |g_B|",
+    BUCKET.cos_to_total: "cos(g_B, g)",
+    BUCKET.dprob_mean: "mean Δprob after the update",
+    BUCKET.correct_ratio: "correct ratio",
 }
-RESIDUAL_HELP = ("residual: the part of the update not built on log π (an entropy bonus or a KL term "
-                 "on other tokens); hidden when it is 0")
+RESIDUAL_HELP = (
+    "residual: the part of the update not built on log π (an entropy bonus or a KL term "
+    "on other tokens); hidden when it is 0"
+)
 RESIDUAL_TOL = 5e-4  # |mean residual share| below this rounds to 0.0% and is hidden
 _UPDATE_KEYS = [BUCKET.step, BUCKET.rank, BUCKET.update_id]
 
 
 def _with_columns(df: pd.DataFrame) -> pd.DataFrame:
     """Optional columns that were never written added as NaN."""
-    missing = [c for c in (BUCKET.lo, BUCKET.hi, BUCKET.n_tokens, BUCKET.update_id, *_MEAN_COLUMNS)
-               if c not in df.columns]
+    missing = [
+        c
+        for c in (BUCKET.lo, BUCKET.hi, BUCKET.n_tokens, BUCKET.update_id, *_MEAN_COLUMNS)
+        if c not in df.columns
+    ]
     return df.assign(**{c: (0 if c == BUCKET.update_id else np.nan) for c in missing}) if missing else df
 
 
-def analysed_updates(buckets: pd.DataFrame, step_range: tuple[int, int] | None = None,
-                     update_id: int | None = None) -> pd.DataFrame:
+def analysed_updates(
+    buckets: pd.DataFrame, step_range: tuple[int, int] | None = None, update_id: int | None = None
+) -> pd.DataFrame:
     """[step, rank, update_id, live] of every analysed update in the selection; live = some bucket's
     gradient norm is > 0 (else the update had no gradient and its shares are undefined)."""
     df = _with_columns(buckets)
@@ -72,27 +86,35 @@ def analysis_note(updates: pd.DataFrame) -> str:
         return f"all {n_steps} analysed {noun} had no gradient (every advantage was 0)"
     steps = ", ".join(str(int(s)) for s in sorted(live[BUCKET.step].unique()))
     ups = ", ".join(str(int(u)) for u in sorted(live[BUCKET.update_id].unique()))
-    return (f"{len(live)} of {len(updates)} analysed updates had a gradient (steps {steps}; "
-            f"update{'s' if ',' in ups else ''} {ups})")
+    return (
+        f"{len(live)} of {len(updates)} analysed updates had a gradient (steps {steps}; "
+        f"update{'s' if ',' in ups else ''} {ups})"
+    )
 
 
 def _ordered(df: pd.DataFrame) -> pd.DataFrame:
     """Probability buckets by lower edge, the residual last."""
     key = df[BUCKET.bucket].eq(RESIDUAL_BUCKET).astype(int)
-    return df.assign(_r=key).sort_values(["_r", BUCKET.lo], kind="stable").drop(columns="_r").reset_index(
-        drop=True)
+    return (
+        df.assign(_r=key)
+        .sort_values(["_r", BUCKET.lo], kind="stable")
+        .drop(columns="_r")
+        .reset_index(drop=True)
+    )
 
 
-def live_rows(buckets: pd.DataFrame, step_range: tuple[int, int] | None = None,
-              update_id: int | None = None) -> pd.DataFrame:
+def live_rows(
+    buckets: pd.DataFrame, step_range: tuple[int, int] | None = None, update_id: int | None = None
+) -> pd.DataFrame:
     """The bucket rows of the analysed updates with a gradient in the selection."""
     updates = analysed_updates(buckets, step_range, update_id)
     keep = updates.loc[updates["live"], _UPDATE_KEYS]
     return _with_columns(buckets).merge(keep, on=_UPDATE_KEYS, how="inner")
 
 
-def bucket_shares(buckets: pd.DataFrame, step_range: tuple[int, int] | None = None,
-                  update_id: int | None = None) -> pd.DataFrame:
+def bucket_shares(
+    buckets: pd.DataFrame, step_range: tuple[int, int] | None = None, update_id: int | None = None
+) -> pd.DataFrame:
     """Per-bucket aggregate over the analysed updates with a gradient in the selection.
 
     n_tokens is summed and token_share recomputed from the counts (sum_B n_B = 1 over the probability
@@ -130,8 +152,13 @@ def _shown(s: pd.DataFrame) -> pd.DataFrame:
     return s[keep.fillna(False)]
 
 
-def make_bucket_share_figure(buckets: pd.DataFrame, step_range: tuple[int, int] | None = None, *,
-                             update_id: int | None = None, title: str | None = None) -> go.Figure:
+def make_bucket_share_figure(
+    buckets: pd.DataFrame,
+    step_range: tuple[int, int] | None = None,
+    *,
+    update_id: int | None = None,
+    title: str | None = None,
+) -> go.Figure:
     """Token share vs update share per probability bucket (grouped bars; AR-Lopti Fig. 1 view), from the
     same analysed updates with a gradient; the subtitle says which.
 
@@ -145,11 +172,18 @@ def make_bucket_share_figure(buckets: pd.DataFrame, step_range: tuple[int, int] 
     s = _shown(s)
     fig = go.Figure()
     for col, color in ((BUCKET.token_share, "#9E9E9E"), (BUCKET.update_share, "#0072B2")):
-        fig.add_trace(go.Bar(
-            x=s[BUCKET.bucket], y=s[col].fillna(0.0), name=BUCKET_LABELS[col].split(" <")[0],
-            marker_color=color, texttemplate="%{y:.0%}", textposition="outside",
-            customdata=s[BUCKET.n_tokens].fillna(0),
-            hovertemplate="%{x}<br>%{y:.2%} (%{customdata} tokens)<extra>%{fullData.name}</extra>"))
+        fig.add_trace(
+            go.Bar(
+                x=s[BUCKET.bucket],
+                y=s[col].fillna(0.0),
+                name=BUCKET_LABELS[col].split(" <")[0],
+                marker_color=color,
+                texttemplate="%{y:.0%}",
+                textposition="outside",
+                customdata=s[BUCKET.n_tokens].fillna(0),
+                hovertemplate="%{x}<br>%{y:.2%} (%{customdata} tokens)<extra>%{fullData.name}</extra>",
+            )
+        )
     fig.update_layout(barmode="group")
     fig.update_xaxes(title="probability bucket")
     fig.update_yaxes(title="share", tickformat=".0%")
@@ -160,9 +194,14 @@ def _with_note(title: str | None, note: str) -> str:
     return f"{title}<br><sup>{note}</sup>" if title else note
 
 
-def make_bucket_grad_norm_figure(buckets: pd.DataFrame, step_range: tuple[int, int] | None = None, *,
-                                 update_id: int | None = None, total_grad_norm: float | None = None,
-                                 title: str | None = None) -> go.Figure:
+def make_bucket_grad_norm_figure(
+    buckets: pd.DataFrame,
+    step_range: tuple[int, int] | None = None,
+    *,
+    update_id: int | None = None,
+    total_grad_norm: float | None = None,
+    title: str | None = None,
+) -> go.Figure:
     """Mean gradient norm of each bucket's tokens alone, |g_B| (AR-Lopti Fig. 1d), over the analysed
     updates with a gradient where the bucket had tokens; optional total line."""
     s = bucket_shares(buckets, step_range, update_id)
@@ -171,13 +210,20 @@ def make_bucket_grad_norm_figure(buckets: pd.DataFrame, step_range: tuple[int, i
     if s.empty:
         return empty_figure(note, title)
     colors = bucket_colors(s[BUCKET.bucket].tolist())
-    fig = go.Figure(go.Bar(
-        x=s[BUCKET.bucket], y=s[BUCKET.grad_norm], name="|g_B|",
-        marker_color=[colors[b] for b in s[BUCKET.bucket]], customdata=s[BUCKET.n_tokens],
-        hovertemplate="%{x}<br>|g_B| = %{y:.4g} (%{customdata} tokens)<extra></extra>"))
+    fig = go.Figure(
+        go.Bar(
+            x=s[BUCKET.bucket],
+            y=s[BUCKET.grad_norm],
+            name="|g_B|",
+            marker_color=[colors[b] for b in s[BUCKET.bucket]],
+            customdata=s[BUCKET.n_tokens],
+            hovertemplate="%{x}<br>|g_B| = %{y:.4g} (%{customdata} tokens)<extra></extra>",
+        )
+    )
     if total_grad_norm is not None:
-        fig.add_hline(y=total_grad_norm, line_dash="dash", annotation_text="all tokens",
-                      annotation_position="top right")
+        fig.add_hline(
+            y=total_grad_norm, line_dash="dash", annotation_text="all tokens", annotation_position="top right"
+        )
     fig.update_xaxes(title="probability bucket")
     fig.update_yaxes(title=BUCKET_LABELS[BUCKET.grad_norm])
     return dashboard_layout(fig, _with_note(title, note), showlegend=False)
@@ -198,9 +244,14 @@ def bucket_steps(buckets: pd.DataFrame, value: str, update_id: int | None = None
     return grid.reindex(columns=[b for b in order if b in grid.columns])
 
 
-def make_bucket_steps_figure(buckets: pd.DataFrame, value: str = BUCKET.update_share, *,
-                             update_id: int | None = None, stacked: bool | None = None,
-                             title: str | None = None) -> go.Figure:
+def make_bucket_steps_figure(
+    buckets: pd.DataFrame,
+    value: str = BUCKET.update_share,
+    *,
+    update_id: int | None = None,
+    stacked: bool | None = None,
+    title: str | None = None,
+) -> go.Figure:
     """A bucket quantity over the live analysed steps: shares as relative-stacked bars (negative parts
     stack below 0), norms and cosines as lines. `stacked` defaults to True for the share columns."""
     grid = bucket_steps(buckets, value, update_id) if not buckets.empty else pd.DataFrame()
@@ -213,8 +264,9 @@ def make_bucket_steps_figure(buckets: pd.DataFrame, value: str = BUCKET.update_s
         hover = f"step %{{x}}<br>{b}: %{{y:.4g}}<extra></extra>"
         trace = go.Bar if stacked else go.Scatter
         style = dict(marker_color=colors[b]) if stacked else dict(mode="lines+markers", line_color=colors[b])
-        fig.add_trace(trace(x=grid.index.to_numpy(), y=grid[b].to_numpy(), name=b, hovertemplate=hover,
-                            **style))
+        fig.add_trace(
+            trace(x=grid.index.to_numpy(), y=grid[b].to_numpy(), name=b, hovertemplate=hover, **style)
+        )
     if stacked:
         fig.update_layout(barmode="relative", bargap=0.05)
     fig.update_xaxes(title="step")
@@ -223,7 +275,10 @@ def make_bucket_steps_figure(buckets: pd.DataFrame, value: str = BUCKET.update_s
 
 
 def make_bucket_dprob_figure(
-    buckets: pd.DataFrame, step_range: tuple[int, int] | None = None, *, update_id: int | None = None,
+    buckets: pd.DataFrame,
+    step_range: tuple[int, int] | None = None,
+    *,
+    update_id: int | None = None,
     title: str | None = None,
 ) -> go.Figure:
     """Mean probability change after the update and correct ratio (share of positive-advantage tokens

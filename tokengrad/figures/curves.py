@@ -23,15 +23,23 @@ from tokengrad.figures.smoothing import debiased_ema, find_spikes
 from tokengrad.figures.style import dashboard_layout, empty_figure, run_colors
 from tokengrad.schema import STEP
 
-OVERVIEW_METRICS = (STEP.reward_mean, STEP.loss, STEP.entropy_mean, STEP.kl, STEP.clip_frac,
-                    STEP.weight_mean)
+OVERVIEW_METRICS = (STEP.reward_mean, STEP.loss, STEP.entropy_mean, STEP.kl, STEP.clip_frac, STEP.weight_mean)
 METRIC_LABELS = {
-    STEP.reward_mean: "reward", STEP.loss: "loss", STEP.entropy_mean: "entropy (nats)", STEP.kl: "KL",
-    STEP.clip_frac: "clip fraction", STEP.weight_mean: "mean token weight",
-    STEP.weight_min: "min token weight", STEP.weight_max: "max token weight",
-    STEP.grad_norm: "grad norm (pre-clip)", STEP.lr: "learning rate",
-    STEP.reward_std: "reward std", STEP.n_tokens: "loss tokens", STEP.n_updates: "updates",
-    STEP.n_nonfinite: "non-finite values", STEP.time_step: "step time (s)",
+    STEP.reward_mean: "reward",
+    STEP.loss: "loss",
+    STEP.entropy_mean: "entropy (nats)",
+    STEP.kl: "KL",
+    STEP.clip_frac: "clip fraction",
+    STEP.weight_mean: "mean token weight",
+    STEP.weight_min: "min token weight",
+    STEP.weight_max: "max token weight",
+    STEP.grad_norm: "grad norm (pre-clip)",
+    STEP.lr: "learning rate",
+    STEP.reward_std: "reward std",
+    STEP.n_tokens: "loss tokens",
+    STEP.n_updates: "updates",
+    STEP.n_nonfinite: "non-finite values",
+    STEP.time_step: "step time (s)",
     STEP.time_record: "recorder time (s)",
 }
 GRADIENT_METRICS = frozenset({STEP.grad_norm})  # 0 means "no gradient", never a value on the curve
@@ -73,6 +81,7 @@ def _cumulative(column: str, scale: float) -> Callable[[pd.DataFrame], pd.Series
     def x(steps: pd.DataFrame) -> pd.Series:
         s = step_series(steps, column)
         return pd.Series(s[column].cumsum().to_numpy() * scale, index=s[STEP.step].to_numpy())
+
     return x
 
 
@@ -99,9 +108,20 @@ def x_values(steps: pd.DataFrame, x_axis: str, at_steps) -> np.ndarray:
     return X_AXES[x_axis](steps).reindex(at).to_numpy(dtype=float)
 
 
-def add_curve(fig: go.Figure, x, y, name: str, color: str, *, smoothing: float = 0.0,
-              gradient: bool = False, mark_dead: bool = True, spike_k: float | None = None,
-              pos: dict | None = None, showlegend: bool = True) -> None:
+def add_curve(
+    fig: go.Figure,
+    x,
+    y,
+    name: str,
+    color: str,
+    *,
+    smoothing: float = 0.0,
+    gradient: bool = False,
+    mark_dead: bool = True,
+    spike_k: float | None = None,
+    pos: dict | None = None,
+    showlegend: bool = True,
+) -> None:
     """Raw (faint) + smoothed line of one run into a curve_grid panel `pos` (row, col); gradient curves
     also get dead-step and spike markers.
 
@@ -115,57 +135,130 @@ def add_curve(fig: go.Figure, x, y, name: str, color: str, *, smoothing: float =
     dead = dead_mask(y) if gradient else np.zeros(y.size, bool)
     shown = np.where(dead, np.nan, y)
     smoothed = smoothing > 0
-    fig.add_trace(go.Scatter(
-        x=x, y=shown, mode="lines", name=f"{name} raw" if smoothed else name, legendgroup=name,
-        showlegend=showlegend and not smoothed, opacity=0.3 if smoothed else 1.0, connectgaps=False,
-        line=dict(color=color, width=1), hoverinfo="skip" if smoothed else None,
-        hovertemplate=None if smoothed else "%{y:.4g}"), **pos)
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=shown,
+            mode="lines",
+            name=f"{name} raw" if smoothed else name,
+            legendgroup=name,
+            showlegend=showlegend and not smoothed,
+            opacity=0.3 if smoothed else 1.0,
+            connectgaps=False,
+            line=dict(color=color, width=1),
+            hoverinfo="skip" if smoothed else None,
+            hovertemplate=None if smoothed else "%{y:.4g}",
+        ),
+        **pos,
+    )
     if smoothed:
         ema = debiased_ema(shown, smoothing)  # NaN (dead) points are skipped, not decayed through
-        fig.add_trace(go.Scatter(
-            x=x, y=ema, customdata=shown, mode="lines", name=name, legendgroup=name, showlegend=showlegend,
-            connectgaps=True, line=dict(color=color, width=2),
-            hovertemplate="%{y:.4g} (recorded %{customdata:.4g})"), **pos)
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=ema,
+                customdata=shown,
+                mode="lines",
+                name=name,
+                legendgroup=name,
+                showlegend=showlegend,
+                connectgaps=True,
+                line=dict(color=color, width=2),
+                hovertemplate="%{y:.4g} (recorded %{customdata:.4g})",
+            ),
+            **pos,
+        )
     if gradient and mark_dead and dead.any():
         dead_markers(fig, x[dead], name, color, dead_note(int(dead.sum()), int(np.isfinite(y).sum())), pos)
     if spike_k is not None:
         live = np.flatnonzero(live_mask(y))
         idx = live[find_spikes(y[live], spike_k)]
         if idx.size:
-            fig.add_trace(go.Scatter(
-                x=x[idx], y=y[idx], mode="markers", name=f"{name} spikes", legendgroup=name,
-                showlegend=False, marker=dict(color=color, symbol="x", size=9, line=dict(width=1)),
-                hovertemplate="spike %{y:.4g}"), **pos)
+            fig.add_trace(
+                go.Scatter(
+                    x=x[idx],
+                    y=y[idx],
+                    mode="markers",
+                    name=f"{name} spikes",
+                    legendgroup=name,
+                    showlegend=False,
+                    marker=dict(color=color, symbol="x", size=9, line=dict(width=1)),
+                    hovertemplate="spike %{y:.4g}",
+                ),
+                **pos,
+            )
 
 
 def dead_markers(fig: go.Figure, x, name: str, color: str, note: str, pos: dict) -> None:
     """Ticks at the bottom of the panel (its hidden 0..1 secondary axis), one per step without a gradient;
     the legend entry carries the count."""
-    fig.add_trace(go.Scatter(
-        x=x, y=np.full(len(x), 0.03), mode="markers", name=f"{name}: {note}", legendgroup=name,
-        showlegend=True, marker=dict(color=color, symbol=DEAD_SYMBOL, size=10, line=dict(width=2)),
-        hovertemplate="no gradient (grad norm 0)"), secondary_y=True, **pos)
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=np.full(len(x), 0.03),
+            mode="markers",
+            name=f"{name}: {note}",
+            legendgroup=name,
+            showlegend=True,
+            marker=dict(color=color, symbol=DEAD_SYMBOL, size=10, line=dict(width=2)),
+            hovertemplate="no gradient (grad norm 0)",
+        ),
+        secondary_y=True,
+        **pos,
+    )
 
 
 def curve_grid(nrows: int = 1, ncols: int = 1, titles: Sequence[str] | None = None) -> go.Figure:
     """Subplots for add_curve: each panel has a hidden secondary y axis for the dead-step ticks."""
-    return make_subplots(rows=nrows, cols=ncols, specs=[[{"secondary_y": True}] * ncols] * nrows,
-                         subplot_titles=titles, horizontal_spacing=0.1,
-                         vertical_spacing=0.5 / nrows if nrows > 1 else 0.0)
+    return make_subplots(
+        rows=nrows,
+        cols=ncols,
+        specs=[[{"secondary_y": True}] * ncols] * nrows,
+        subplot_titles=titles,
+        horizontal_spacing=0.1,
+        vertical_spacing=0.5 / nrows if nrows > 1 else 0.0,
+    )
 
 
-def make_metric_figure(steps: Mapping[str, pd.DataFrame], metric: str, *, smoothing: float = 0.6,
-                       log_y: bool = False, spike_k: float | None = None, x_axis: str = "step",
-                       colors: Mapping[str, str] | None = None, title: str | None = None) -> go.Figure:
+def make_metric_figure(
+    steps: Mapping[str, pd.DataFrame],
+    metric: str,
+    *,
+    smoothing: float = 0.6,
+    log_y: bool = False,
+    spike_k: float | None = None,
+    x_axis: str = "step",
+    colors: Mapping[str, str] | None = None,
+    title: str | None = None,
+) -> go.Figure:
     """One steps-table metric, one colour per run (raw + debiased EMA; spikes if spike_k)."""
-    return make_overview_figure(steps, (metric,), smoothing=smoothing, log_y=log_y, spike_k=spike_k,
-                                x_axis=x_axis, colors=colors, ncols=1, title=title, panel_titles=False)
+    return make_overview_figure(
+        steps,
+        (metric,),
+        smoothing=smoothing,
+        log_y=log_y,
+        spike_k=spike_k,
+        x_axis=x_axis,
+        colors=colors,
+        ncols=1,
+        title=title,
+        panel_titles=False,
+    )
 
 
-def make_overview_figure(steps: Mapping[str, pd.DataFrame], metrics: Sequence[str] = OVERVIEW_METRICS, *,
-                         smoothing: float = 0.6, log_y: bool = False, spike_k: float | None = None,
-                         x_axis: str = "step", colors: Mapping[str, str] | None = None, ncols: int = 2,
-                         title: str | None = None, panel_titles: bool = True) -> go.Figure:
+def make_overview_figure(
+    steps: Mapping[str, pd.DataFrame],
+    metrics: Sequence[str] = OVERVIEW_METRICS,
+    *,
+    smoothing: float = 0.6,
+    log_y: bool = False,
+    spike_k: float | None = None,
+    x_axis: str = "step",
+    colors: Mapping[str, str] | None = None,
+    ncols: int = 2,
+    title: str | None = None,
+    panel_titles: bool = True,
+) -> go.Figure:
     """Small multiples, one per metric with any value in any run (the others are left out), sharing one
     x zoom, with a unified hover over the runs."""
     present = [m for m in metrics if any(len(step_series(df, m)) for df in steps.values())]
@@ -181,11 +274,21 @@ def make_overview_figure(steps: Mapping[str, pd.DataFrame], metrics: Sequence[st
             s = step_series(df, metric)
             if len(s):
                 x = x_values(df, x_axis, s[STEP.step])
-                add_curve(fig, x, s[metric], name, cmap[name], smoothing=smoothing,
-                          gradient=metric in GRADIENT_METRICS, spike_k=spike_k, pos=pos,
-                          showlegend=i == 0)
-        fig.update_yaxes(title_text=metric_label(metric), type="log" if log_y else "linear",
-                         secondary_y=False, **pos)
+                add_curve(
+                    fig,
+                    x,
+                    s[metric],
+                    name,
+                    cmap[name],
+                    smoothing=smoothing,
+                    gradient=metric in GRADIENT_METRICS,
+                    spike_k=spike_k,
+                    pos=pos,
+                    showlegend=i == 0,
+                )
+        fig.update_yaxes(
+            title_text=metric_label(metric), type="log" if log_y else "linear", secondary_y=False, **pos
+        )
         fig.update_xaxes(title_text=x_axis if pos["row"] == nrows else None, **pos)
     return finish_curves(fig, title, height=max(320, 260 * nrows))
 
@@ -194,6 +297,9 @@ def finish_curves(fig: go.Figure, title: str | None, **layout) -> go.Figure:
     """Shared look of every trajectory figure: linked x zoom, unified hover, legend at the side."""
     fig.update_yaxes(secondary_y=True, visible=False, range=[0, 1], fixedrange=True, showgrid=False)
     fig.for_each_xaxis(lambda ax: ax.update(matches="x") if ax.plotly_name != "xaxis" else None)
-    layout = {"hovermode": "x unified", "legend": dict(orientation="v", x=1.02, xanchor="left", y=1,
-                                                       yanchor="top"), **layout}
+    layout = {
+        "hovermode": "x unified",
+        "legend": dict(orientation="v", x=1.02, xanchor="left", y=1, yanchor="top"),
+        **layout,
+    }
     return dashboard_layout(fig, title, **layout)

@@ -38,7 +38,7 @@ WILSON_Z = 1.959964  # two-sided 95 % normal quantile
 def wilson_interval(accuracy, n, z: float = WILSON_Z) -> tuple[np.ndarray, np.ndarray]:
     """(lo, hi) of the Wilson score interval for a share `accuracy` of n trials (NaN where n = 0):
 
-        centre = (p + z²/2n) / (1 + z²/n),  half = z / (1 + z²/n) * sqrt(p (1 - p) / n + z² / 4n²)
+    centre = (p + z²/2n) / (1 + z²/n),  half = z / (1 + z²/n) * sqrt(p (1 - p) / n + z² / 4n²)
     """
     p = np.asarray(accuracy, dtype=float)
     n = np.asarray(n, dtype=float)
@@ -95,14 +95,22 @@ def accuracy_over_steps(
     df = _task(evals, task)
     if difficulty is not None:
         df = df[df[EVAL.difficulty].astype(str) == str(difficulty)]
-    rows = [(s, _weighted_accuracy(g), int(pd.to_numeric(g[EVAL.n], errors="coerce").fillna(0).sum()))
-            for s, g in df.groupby(EVAL.step)]
+    rows = [
+        (s, _weighted_accuracy(g), int(pd.to_numeric(g[EVAL.n], errors="coerce").fillna(0).sum()))
+        for s, g in df.groupby(EVAL.step)
+    ]
     return _with_interval(pd.DataFrame(rows, columns=[EVAL.step, EVAL.accuracy, EVAL.n]))
 
 
 def _error_y(t: pd.DataFrame) -> dict:
-    return dict(type="data", symmetric=False, array=(t["hi"] - t[EVAL.accuracy]).clip(lower=0),
-                arrayminus=(t[EVAL.accuracy] - t["lo"]).clip(lower=0), thickness=1.2, width=3)
+    return dict(
+        type="data",
+        symmetric=False,
+        array=(t["hi"] - t[EVAL.accuracy]).clip(lower=0),
+        arrayminus=(t[EVAL.accuracy] - t["lo"]).clip(lower=0),
+        thickness=1.2,
+        width=3,
+    )
 
 
 def make_accuracy_by_difficulty_figure(
@@ -126,15 +134,25 @@ def make_accuracy_by_difficulty_figure(
     for name, t in tables.items():
         t = t.set_index(EVAL.difficulty).reindex(order).reset_index()
         missing = t[EVAL.accuracy].isna()
-        text = [("not evaluated" if m else f"{a:.0%}<br>n={int(n)}")
-                for m, a, n in zip(missing, t[EVAL.accuracy].fillna(0), t[EVAL.n].fillna(0))]
-        fig.add_trace(go.Bar(
-            x=t[EVAL.difficulty], y=t[EVAL.accuracy].fillna(0), name=name, marker_color=cmap[name],
-            marker_line=dict(color=cmap[name], width=1.5), text=text, textposition="outside",
-            error_y=_error_y(t.fillna({EVAL.accuracy: 0, "lo": 0, "hi": 0})),
-            customdata=np.stack([t[EVAL.n].fillna(0), t["lo"].fillna(0), t["hi"].fillna(0)], axis=1),
-            hovertemplate="difficulty %{x}<br>accuracy %{y:.1%} of n=%{customdata[0]}<br>95% interval "
-            f"%{{customdata[1]:.1%}} to %{{customdata[2]:.1%}}<extra>{name}</extra>"))
+        text = [
+            ("not evaluated" if m else f"{a:.0%}<br>n={int(n)}")
+            for m, a, n in zip(missing, t[EVAL.accuracy].fillna(0), t[EVAL.n].fillna(0))
+        ]
+        fig.add_trace(
+            go.Bar(
+                x=t[EVAL.difficulty],
+                y=t[EVAL.accuracy].fillna(0),
+                name=name,
+                marker_color=cmap[name],
+                marker_line=dict(color=cmap[name], width=1.5),
+                text=text,
+                textposition="outside",
+                error_y=_error_y(t.fillna({EVAL.accuracy: 0, "lo": 0, "hi": 0})),
+                customdata=np.stack([t[EVAL.n].fillna(0), t["lo"].fillna(0), t["hi"].fillna(0)], axis=1),
+                hovertemplate="difficulty %{x}<br>accuracy %{y:.1%} of n=%{customdata[0]}<br>95% interval "
+                f"%{{customdata[1]:.1%}} to %{{customdata[2]:.1%}}<extra>{name}</extra>",
+            )
+        )
     fig.update_layout(barmode="group")
     fig.update_xaxes(title="difficulty", type="category", categoryorder="array", categoryarray=order)
     fig.update_yaxes(title="accuracy (95% Wilson interval)", tickformat=".0%", range=[0, 1.15])

@@ -27,11 +27,18 @@ from tokengrad.figures.style import PNG_DPI, PNG_SCALE, paper_style
 
 STATIC_FORMATS = ("png", "svg", "pdf")
 BROWSER_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
-BROWSER_PATHS = ("/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome",
-                 "/snap/bin/chromium", "/Applications/Google Chrome.app/Contents/MacOS/Google Chrome")
-INSTALL_HINT = ("Static image export (kaleido >= 1) needs Chrome or Chromium. Install it with\n"
-                "    apt-get install -y chromium        # Debian/Ubuntu (as root)\n"
-                "or point BROWSER_PATH at an existing Chrome/Chromium binary.")
+BROWSER_PATHS = (
+    "/usr/bin/chromium",
+    "/usr/bin/chromium-browser",
+    "/usr/bin/google-chrome",
+    "/snap/bin/chromium",
+    "/Applications/Google Chrome.app/Contents/MacOS/Google Chrome",
+)
+INSTALL_HINT = (
+    "Static image export (kaleido >= 1) needs Chrome or Chromium. Install it with\n"
+    "    apt-get install -y chromium        # Debian/Ubuntu (as root)\n"
+    "or point BROWSER_PATH at an existing Chrome/Chromium binary."
+)
 _KOPTS = {"mathjax": False}  # no LaTeX in our figures; MathJax would be fetched from a CDN
 
 

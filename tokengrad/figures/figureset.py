@@ -91,14 +91,20 @@ def _comparison_specs(runs: Mapping[str, object], smoothing: float, colors: dict
     steps = {n: r.steps for n, r in runs.items()}
     return [
         FigureSpec("reward", make_metric_figure(steps, STEP.reward_mean, smoothing=smoothing, colors=colors)),
-        FigureSpec("entropy",
-                   make_metric_figure(steps, STEP.entropy_mean, smoothing=smoothing, colors=colors)),
-        FigureSpec("grad_norm", make_grad_norm_figure({n: r.layers for n, r in runs.items()},
-                                                      smoothing=smoothing, colors=colors)),
-        FigureSpec("accuracy_by_difficulty",
-                   make_accuracy_by_difficulty_figure({n: r.evals for n, r in runs.items()}, colors=colors)),
-        FigureSpec("weight_curves",
-                   make_weight_curve_figure({n: r.meta for n, r in runs.items()}, colors=colors)),
+        FigureSpec(
+            "entropy", make_metric_figure(steps, STEP.entropy_mean, smoothing=smoothing, colors=colors)
+        ),
+        FigureSpec(
+            "grad_norm",
+            make_grad_norm_figure({n: r.layers for n, r in runs.items()}, smoothing=smoothing, colors=colors),
+        ),
+        FigureSpec(
+            "accuracy_by_difficulty",
+            make_accuracy_by_difficulty_figure({n: r.evals for n, r in runs.items()}, colors=colors),
+        ),
+        FigureSpec(
+            "weight_curves", make_weight_curve_figure({n: r.meta for n, r in runs.items()}, colors=colors)
+        ),
     ]
 
 
@@ -117,19 +123,40 @@ def _run_specs(name: str, run, smoothing: float, low, high, step_range, max_word
     slug = _slug(name)
     words = dict(step_range=step_range, limit=4 * max_words)
     specs = [
-        FigureSpec(f"gradient_share_{slug}",
-                   make_gradient_share_figure(gradient_by_bucket(run, step_range=step_range), title=name)),
+        FigureSpec(
+            f"gradient_share_{slug}",
+            make_gradient_share_figure(gradient_by_bucket(run, step_range=step_range), title=name),
+        ),
         FigureSpec(f"bucket_shares_{slug}", make_bucket_share_figure(run.buckets, step_range, title=name)),
-        FigureSpec(f"bucket_update_share_{slug}",
-                   make_bucket_steps_figure(run.buckets, BUCKET.update_share, title=name), "page"),
-        FigureSpec(f"grad_vs_prob_{slug}",
-                   make_grad_vs_prob_figure(grad_norm_by_prob(run, step_range=step_range), title=name)),
-        FigureSpec(f"grad_norm_layers_{slug}",
-                   make_layer_grad_norm_figure(run.layers, smoothing=smoothing, title=name), "page"),
-        FigureSpec(f"wordcloud_{slug}", make_high_low_wordcloud_figure(
-            token_frequencies(run, *high, **words), token_frequencies(run, *low, **words),
-            titles=(f"p ≥ {high[0]:g}", f"p < {low[1]:g}"), width=1200, height=600, max_words=max_words,
-            show_whitespace=False, title=name), "page", 2.6),
+        FigureSpec(
+            f"bucket_update_share_{slug}",
+            make_bucket_steps_figure(run.buckets, BUCKET.update_share, title=name),
+            "page",
+        ),
+        FigureSpec(
+            f"grad_vs_prob_{slug}",
+            make_grad_vs_prob_figure(grad_norm_by_prob(run, step_range=step_range), title=name),
+        ),
+        FigureSpec(
+            f"grad_norm_layers_{slug}",
+            make_layer_grad_norm_figure(run.layers, smoothing=smoothing, title=name),
+            "page",
+        ),
+        FigureSpec(
+            f"wordcloud_{slug}",
+            make_high_low_wordcloud_figure(
+                token_frequencies(run, *high, **words),
+                token_frequencies(run, *low, **words),
+                titles=(f"p ≥ {high[0]:g}", f"p < {low[1]:g}"),
+                width=1200,
+                height=600,
+                max_words=max_words,
+                show_whitespace=False,
+                title=name,
+            ),
+            "page",
+            2.6,
+        ),
     ]
     return [s._replace(keep_title=True) for s in specs]
 

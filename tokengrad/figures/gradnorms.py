@@ -53,11 +53,18 @@ def run_grad_norms(layers: pd.DataFrame, steps: pd.DataFrame | None = None) -> p
     return gn
 
 
-def make_grad_norm_figure(layers: Mapping[str, pd.DataFrame], *, layer: str = TOTAL_LAYER,
-                          smoothing: float = 0.6, log_y: bool = True,
-                          spike_k: float | None = DEFAULT_SPIKE_K, x_axis: str = "step",
-                          steps: Mapping[str, pd.DataFrame] | None = None,
-                          colors: Mapping[str, str] | None = None, title: str | None = None) -> go.Figure:
+def make_grad_norm_figure(
+    layers: Mapping[str, pd.DataFrame],
+    *,
+    layer: str = TOTAL_LAYER,
+    smoothing: float = 0.6,
+    log_y: bool = True,
+    spike_k: float | None = DEFAULT_SPIKE_K,
+    x_axis: str = "step",
+    steps: Mapping[str, pd.DataFrame] | None = None,
+    colors: Mapping[str, str] | None = None,
+    title: str | None = None,
+) -> go.Figure:
     """Pre-clip gradient norm of `layer` (default the whole model) per step for each run; spikes and
     steps without a gradient marked. `steps` (the runs' steps tables) places the points on a wall-time or
     tokens-seen x axis."""
@@ -67,16 +74,31 @@ def make_grad_norm_figure(layers: Mapping[str, pd.DataFrame], *, layer: str = TO
         s = grad_norm_series(df, layer)
         if len(s):
             x = x_values((steps or {}).get(name, pd.DataFrame()), x_axis, s[STEP.step])
-            add_curve(fig, x, s[LAYER.grad_norm], name, cmap[name], smoothing=smoothing, gradient=True,
-                      spike_k=spike_k)
+            add_curve(
+                fig,
+                x,
+                s[LAYER.grad_norm],
+                name,
+                cmap[name],
+                smoothing=smoothing,
+                gradient=True,
+                spike_k=spike_k,
+            )
             any_live = any_live or bool(live_mask(s[LAYER.grad_norm]).any())
     if not fig.data:
         return empty_figure(f"no gradient norms recorded for '{layer}'", title)
     label = "grad norm (pre-clip)" if layer == TOTAL_LAYER else f"grad norm of {layer}"
     fig.update_yaxes(type="log" if log_y else "linear", title_text=label, secondary_y=False)
     if not any_live:  # only dead-step ticks: no value axis to read
-        fig.add_annotation(text="no step had a gradient", showarrow=False, x=0.5, y=0.5, xref="paper",
-                           yref="paper", font=dict(size=14, color="#666"))
+        fig.add_annotation(
+            text="no step had a gradient",
+            showarrow=False,
+            x=0.5,
+            y=0.5,
+            xref="paper",
+            yref="paper",
+            font=dict(size=14, color="#666"),
+        )
         fig.update_yaxes(type="linear", showticklabels=False, showgrid=False, secondary_y=False)
     fig.update_xaxes(title_text=x_axis)
     return finish_curves(fig, title)
@@ -101,9 +123,15 @@ def top_layers(layers: pd.DataFrame, k: int = DEFAULT_TOP_K, names: Sequence[str
     return sorted(names, key=lambda n: -med[n])[:k]
 
 
-def make_layer_grad_norm_figure(layers: pd.DataFrame, *, names: Sequence[str] | None = None,
-                                top_k: int = DEFAULT_TOP_K, smoothing: float = 0.6, log_y: bool = True,
-                                title: str | None = None) -> go.Figure:
+def make_layer_grad_norm_figure(
+    layers: pd.DataFrame,
+    *,
+    names: Sequence[str] | None = None,
+    top_k: int = DEFAULT_TOP_K,
+    smoothing: float = 0.6,
+    log_y: bool = True,
+    title: str | None = None,
+) -> go.Figure:
     """Per-block gradient-norm trajectories of one run: the top_k blocks (largest median norm over live
     steps) coloured in depth order (Viridis), the others thin and grey under one legend entry, so a
     model of 30+ blocks stays readable and the legend has at most top_k + 1 entries."""
@@ -123,9 +151,17 @@ def make_layer_grad_norm_figure(layers: pd.DataFrame, *, names: Sequence[str] | 
         if s.empty:
             continue
         n_before = len(fig.data)
-        add_curve(fig, s[STEP.step], s[LAYER.grad_norm], name if name in top else OTHER_BLOCKS,
-                  palette.get(name, OTHER_COLOR), smoothing=smoothing if name in top else 0.0,
-                  gradient=True, mark_dead=False, showlegend=name in top or first_other)
+        add_curve(
+            fig,
+            s[STEP.step],
+            s[LAYER.grad_norm],
+            name if name in top else OTHER_BLOCKS,
+            palette.get(name, OTHER_COLOR),
+            smoothing=smoothing if name in top else 0.0,
+            gradient=True,
+            mark_dead=False,
+            showlegend=name in top or first_other,
+        )
         first_other = first_other and name in top
         for t in fig.data[n_before:]:
             t.hovertemplate = f"{name} %{{y:.4g}}" if name not in top else t.hovertemplate
@@ -137,8 +173,9 @@ def make_layer_grad_norm_figure(layers: pd.DataFrame, *, names: Sequence[str] | 
     return finish_curves(fig, title, hovermode="closest")
 
 
-def make_layer_heatmap_figure(layers: pd.DataFrame, *, log_color: bool = True,
-                              title: str | None = None) -> go.Figure:
+def make_layer_heatmap_figure(
+    layers: pd.DataFrame, *, log_color: bool = True, title: str | None = None
+) -> go.Figure:
     """Step x block heatmap of pre-clip gradient norms (log10 colour by default), blocks in recorded
     order; steps without a gradient are blank columns (0 has no logarithm and is not a small norm)."""
     names = layer_names(layers)
@@ -150,10 +187,17 @@ def make_layer_heatmap_figure(layers: pd.DataFrame, *, log_color: bool = True,
     if not live_mask(z).any():
         return empty_figure("no step had a gradient: every per-layer norm is 0", title)
     shown = np.log10(np.where(z > 0, z, np.nan)) if log_color else np.where(z > 0, z, np.nan)
-    fig = go.Figure(go.Heatmap(
-        x=grid.index.to_numpy(), y=names, z=shown, customdata=z, colorscale="Viridis",
-        colorbar=dict(title="log10 norm" if log_color else "norm"),
-        hovertemplate="step %{x}<br>%{y}<br>grad norm %{customdata:.4g}<extra></extra>"))
+    fig = go.Figure(
+        go.Heatmap(
+            x=grid.index.to_numpy(),
+            y=names,
+            z=shown,
+            customdata=z,
+            colorscale="Viridis",
+            colorbar=dict(title="log10 norm" if log_color else "norm"),
+            hovertemplate="step %{x}<br>%{y}<br>grad norm %{customdata:.4g}<extra></extra>",
+        )
+    )
     fig.update_xaxes(title="step")
     fig.update_yaxes(autorange="reversed")
     return dashboard_layout(fig, title, height=max(300, 22 * len(names) + 120))

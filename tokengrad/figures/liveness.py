@@ -19,8 +19,10 @@ import pandas as pd
 
 from tokengrad.schema import STEP
 
-LIVE_HELP = ("Computed over live steps only: steps whose gradient norm is 0 (every advantage 0, e.g. all "
-             "completions of every group got the same reward) are left out.")
+LIVE_HELP = (
+    "Computed over live steps only: steps whose gradient norm is 0 (every advantage 0, e.g. all "
+    "completions of every group got the same reward) are left out."
+)
 
 
 def live_mask(values) -> np.ndarray:

@@ -49,11 +49,19 @@ def make_gradient_share_figure(shares: pd.DataFrame, *, title: str | None = None
     for col, (name, color) in SHARE_BARS.items():
         if col not in shares.columns or not np.isfinite(shares[col]).any():
             continue
-        fig.add_trace(go.Bar(
-            x=labels, y=shares[col], name=name, marker_color=color, texttemplate="%{y:.0%}",
-            textposition="outside", customdata=np.stack([shares[BIN.count], shares["grad_sum"]], axis=1),
-            hovertemplate="p in %{x}<br>%{y:.1%} " + name + "<br>%{customdata[0]} tokens, "
-            "Σ logit_grad_norm %{customdata[1]:.4g}<extra></extra>"))
+        fig.add_trace(
+            go.Bar(
+                x=labels,
+                y=shares[col],
+                name=name,
+                marker_color=color,
+                texttemplate="%{y:.0%}",
+                textposition="outside",
+                customdata=np.stack([shares[BIN.count], shares["grad_sum"]], axis=1),
+                hovertemplate="p in %{x}<br>%{y:.1%} " + name + "<br>%{customdata[0]} tokens, "
+                "Σ logit_grad_norm %{customdata[1]:.4g}<extra></extra>",
+            )
+        )
     fig.update_layout(barmode="group")
     fig.update_xaxes(title="token probability bucket")
     top = max(float(np.nanmax(shares[c])) for c in SHARE_BARS if c in shares.columns)
@@ -77,8 +85,7 @@ def make_prob_histogram_figure(
             marker_color="#0072B2",
             marker_line=dict(width=0.5, color="white"),
             hovertemplate=(
-                "p in [%{customdata[0]:.2f}, %{customdata[1]:.2f})<br>"
-                "%{customdata[2]} tokens<extra></extra>"
+                "p in [%{customdata[0]:.2f}, %{customdata[1]:.2f})<br>%{customdata[2]} tokens<extra></extra>"
             ),
         )
     )
@@ -181,10 +188,18 @@ def make_partition_share_figure(shares: pd.DataFrame, by: str, *, title: str | N
     fig = go.Figure()
     for col in ("token_share", UPDATE_SHARE):
         name, color = SHARE_BARS[col]
-        fig.add_trace(go.Bar(
-            x=labels, y=shares[col], name=name, marker_color=color, texttemplate="%{y:.0%}",
-            textposition="outside", customdata=shares[BIN.count],
-            hovertemplate="%{x}<br>%{y:.1%} " + name + "<br>%{customdata} tokens<extra></extra>"))
+        fig.add_trace(
+            go.Bar(
+                x=labels,
+                y=shares[col],
+                name=name,
+                marker_color=color,
+                texttemplate="%{y:.0%}",
+                textposition="outside",
+                customdata=shares[BIN.count],
+                hovertemplate="%{x}<br>%{y:.1%} " + name + "<br>%{customdata} tokens<extra></extra>",
+            )
+        )
     fig.update_layout(barmode="group")
     fig.update_xaxes(title=PARTITION_TITLES[by], type="category")
     fig.update_yaxes(title="share", tickformat=".0%")

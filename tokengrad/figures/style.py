@@ -26,8 +26,18 @@ PAPER_FONT = "DejaVu Sans, Arial, sans-serif"
 
 # Colour-blind-aware palette (Okabe & Ito 2008, then Tol's "muted" set), no yellow on white.
 RUN_PALETTE = (
-    "#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9",
-    "#332288", "#882255", "#117733", "#999933", "#AA4499", "#44AA99",
+    "#0072B2",
+    "#D55E00",
+    "#009E73",
+    "#CC79A7",
+    "#E69F00",
+    "#56B4E9",
+    "#332288",
+    "#882255",
+    "#117733",
+    "#999933",
+    "#AA4499",
+    "#44AA99",
 )
 RESIDUAL_COLOR = "#9E9E9E"
 BUCKET_COLORSCALE = "Viridis"
@@ -79,28 +89,42 @@ def _axis(**kw) -> dict:
     return dict(showline=True, linecolor="#444", ticks="outside", zeroline=False, **kw)
 
 
-DASHBOARD_TEMPLATE = go.layout.Template(layout=go.Layout(
-    font=dict(size=13),
-    plot_bgcolor="white", paper_bgcolor="white",
-    xaxis=_axis(gridcolor="#EEE"), yaxis=_axis(gridcolor="#EEE"),
-    hovermode="closest",
-    legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0),
-    margin=dict(l=60, r=20, t=60, b=50),
-))
+DASHBOARD_TEMPLATE = go.layout.Template(
+    layout=go.Layout(
+        font=dict(size=13),
+        plot_bgcolor="white",
+        paper_bgcolor="white",
+        xaxis=_axis(gridcolor="#EEE"),
+        yaxis=_axis(gridcolor="#EEE"),
+        hovermode="closest",
+        legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0),
+        margin=dict(l=60, r=20, t=60, b=50),
+    )
+)
 
 # Paper font sizes in CSS px (96 per inch): 11 px = 8.25 pt text, 10 px = 7.5 pt ticks, the smallest that
 # stays readable in a 3.5 in column; at most PAPER_NTICKS ticks per axis so labels never collide.
 PAPER_FONT_PX, PAPER_TICK_PX, PAPER_NTICKS = 11, 10, 6
-PAPER_LEGEND = dict(orientation="h", yanchor="bottom", y=1.02, xanchor="left", x=0,
-                    font=dict(size=PAPER_TICK_PX), bgcolor="rgba(255,255,255,0)")
-PAPER_TEMPLATE = go.layout.Template(layout=go.Layout(
-    font=dict(family=PAPER_FONT, size=PAPER_FONT_PX, color="black"),
-    plot_bgcolor="white", paper_bgcolor="white",
-    xaxis=_axis(gridcolor="#E5E5E5", title=dict(standoff=4), tickfont=dict(size=PAPER_TICK_PX)),
-    yaxis=_axis(gridcolor="#E5E5E5", title=dict(standoff=4), tickfont=dict(size=PAPER_TICK_PX)),
-    legend=PAPER_LEGEND,
-    margin=dict(l=52, r=10, t=30, b=40),
-))
+PAPER_LEGEND = dict(
+    orientation="h",
+    yanchor="bottom",
+    y=1.02,
+    xanchor="left",
+    x=0,
+    font=dict(size=PAPER_TICK_PX),
+    bgcolor="rgba(255,255,255,0)",
+)
+PAPER_TEMPLATE = go.layout.Template(
+    layout=go.Layout(
+        font=dict(family=PAPER_FONT, size=PAPER_FONT_PX, color="black"),
+        plot_bgcolor="white",
+        paper_bgcolor="white",
+        xaxis=_axis(gridcolor="#E5E5E5", title=dict(standoff=4), tickfont=dict(size=PAPER_TICK_PX)),
+        yaxis=_axis(gridcolor="#E5E5E5", title=dict(standoff=4), tickfont=dict(size=PAPER_TICK_PX)),
+        legend=PAPER_LEGEND,
+        margin=dict(l=52, r=10, t=30, b=40),
+    )
+)
 
 
 def dashboard_layout(fig: go.Figure, title: str | None = None, **layout) -> go.Figure:
@@ -121,8 +145,9 @@ def paper_size(width: str = "column", height_in: float | None = None) -> tuple[i
     return round(w_in * PX_PER_INCH), round(h_in * PX_PER_INCH)
 
 
-def paper_style(fig: go.Figure, width: str = "column", height_in: float | None = None,
-                keep_title: bool = False) -> go.Figure:
+def paper_style(
+    fig: go.Figure, width: str = "column", height_in: float | None = None, keep_title: bool = False
+) -> go.Figure:
     """A copy of `fig` in the publication style: paper template and size, no title, no dashboard chrome.
 
     The axis look is also applied with update_xaxes/update_yaxes, because a template's xaxis/yaxis only
@@ -130,16 +155,31 @@ def paper_style(fig: go.Figure, width: str = "column", height_in: float | None =
     """
     out = go.Figure(fig)
     w, h = paper_size(width, height_in)
-    out.update_layout(template=PAPER_TEMPLATE, width=w, height=h, updatemenus=[], sliders=[],
-                      legend=PAPER_LEGEND, hovermode="closest")
+    out.update_layout(
+        template=PAPER_TEMPLATE,
+        width=w,
+        height=h,
+        updatemenus=[],
+        sliders=[],
+        legend=PAPER_LEGEND,
+        hovermode="closest",
+    )
     legend_px = 30 if out.layout.showlegend is not False else 10
     if keep_title:  # the run's name, above the legend
-        out.update_layout(title=dict(font=dict(size=PAPER_FONT_PX), x=0.01, xanchor="left", y=0.99,
-                                     yanchor="top"), margin=dict(t=legend_px + 18))
+        out.update_layout(
+            title=dict(font=dict(size=PAPER_FONT_PX), x=0.01, xanchor="left", y=0.99, yanchor="top"),
+            margin=dict(t=legend_px + 18),
+        )
     else:
         out.update_layout(title=None, margin=dict(t=legend_px))
-    ticks = dict(showline=True, linecolor="#444", ticks="outside", tickfont=dict(size=PAPER_TICK_PX),
-                 title_font=dict(size=PAPER_FONT_PX), nticks=PAPER_NTICKS)
+    ticks = dict(
+        showline=True,
+        linecolor="#444",
+        ticks="outside",
+        tickfont=dict(size=PAPER_TICK_PX),
+        title_font=dict(size=PAPER_FONT_PX),
+        nticks=PAPER_NTICKS,
+    )
     out.update_xaxes(rangeslider_visible=False, showgrid=False, **ticks)  # y grid only
     out.update_yaxes(gridcolor="#E5E5E5", **ticks)
     out.update_annotations(font_size=PAPER_FONT_PX)
@@ -149,8 +189,15 @@ def paper_style(fig: go.Figure, width: str = "column", height_in: float | None =
 def empty_figure(message: str, title: str | None = None) -> go.Figure:
     """A blank figure that says why it is blank (no data recorded, nothing selected)."""
     fig = go.Figure()
-    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
-                       font=dict(size=14, color="#666"))
+    fig.add_annotation(
+        text=message,
+        showarrow=False,
+        x=0.5,
+        y=0.5,
+        xref="paper",
+        yref="paper",
+        font=dict(size=14, color="#666"),
+    )
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
     return dashboard_layout(fig, title)

@@ -20,8 +20,18 @@ from tokengrad.schema import EVAL, STEP
 
 FINAL_FRACTION = 0.1  # "final" reward: mean over the last 10% of steps (at least one step)
 
-SUMMARY_COLUMNS = ("run", "rule", "params", "steps", "no_gradient", "final_reward", "eval_accuracy",
-                   "grad_norm_cv", "spikes", "spike_steps")
+SUMMARY_COLUMNS = (
+    "run",
+    "rule",
+    "params",
+    "steps",
+    "no_gradient",
+    "final_reward",
+    "eval_accuracy",
+    "grad_norm_cv",
+    "spikes",
+    "spike_steps",
+)
 
 
 def format_params(params: dict | None) -> str:
@@ -37,7 +47,7 @@ def final_value(values, fraction: float = FINAL_FRACTION) -> float:
     x = np.asarray(values, dtype=float)
     if x.size == 0:
         return float("nan")
-    return float(x[-max(1, int(np.ceil(fraction * x.size))):].mean())
+    return float(x[-max(1, int(np.ceil(fraction * x.size))) :].mean())
 
 
 def final_eval_accuracy(evals: pd.DataFrame) -> float:
@@ -62,8 +72,14 @@ def coefficient_of_variation(values) -> float:
     return float(x.std() / x.mean())
 
 
-def summarize_run(name: str, meta: dict, steps: pd.DataFrame, layers: pd.DataFrame | None = None,
-                  evals: pd.DataFrame | None = None, spike_k: float = DEFAULT_SPIKE_K) -> dict:
+def summarize_run(
+    name: str,
+    meta: dict,
+    steps: pd.DataFrame,
+    layers: pd.DataFrame | None = None,
+    evals: pd.DataFrame | None = None,
+    spike_k: float = DEFAULT_SPIKE_K,
+) -> dict:
     """One summary row. Gradient norms come from the layers table's total, else the steps table; the CV
     and the spikes are computed over live steps (figures.liveness), and no_gradient counts the others."""
     weighting = (meta or {}).get("weighting") or {}
@@ -78,7 +94,8 @@ def summarize_run(name: str, meta: dict, steps: pd.DataFrame, layers: pd.DataFra
         "params": format_params(weighting.get("params")),
         "steps": int(steps[STEP.step].nunique()) if len(steps) else 0,
         "no_gradient": dead_note(int(dead_mask(values).sum()), int(np.isfinite(values).sum()))
-        if values.size else "",
+        if values.size
+        else "",
         "final_reward": final_value(reward[STEP.reward_mean]),
         "eval_accuracy": final_eval_accuracy(evals),
         "grad_norm_cv": coefficient_of_variation(values[live]),

@@ -31,8 +31,7 @@ def _heatmap_rows(trace) -> pd.DataFrame:
     values = np.asarray(trace.customdata, dtype=object) if trace.customdata is not None else z
     if values.shape != z.shape:
         values = z
-    return pd.DataFrame({
-        "x": np.tile(xs, len(ys)), "y": np.repeat(ys, len(xs)), "z": values.reshape(-1)})
+    return pd.DataFrame({"x": np.tile(xs, len(ys)), "y": np.repeat(ys, len(xs)), "z": values.reshape(-1)})
 
 
 def _trace_rows(trace) -> pd.DataFrame | None:

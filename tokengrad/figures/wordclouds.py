@@ -54,9 +54,15 @@ def clean_token(token: str, *, show_whitespace: bool = True) -> str | None:
     return "".join(WHITESPACE_SYMBOLS.get(ch, ch) for ch in text)
 
 
-def prepare_frequencies(freqs: pd.DataFrame | Mapping[str, float], *, show_whitespace: bool = True,
-                        stop_tokens: Iterable[str] = DEFAULT_STOP_TOKENS, drop_special: bool = True,
-                        max_words: int | None = 200, size_by: str = BIN.count) -> dict[str, float]:
+def prepare_frequencies(
+    freqs: pd.DataFrame | Mapping[str, float],
+    *,
+    show_whitespace: bool = True,
+    stop_tokens: Iterable[str] = DEFAULT_STOP_TOKENS,
+    drop_special: bool = True,
+    max_words: int | None = 200,
+    size_by: str = BIN.count,
+) -> dict[str, float]:
     """{display text: size} from (token, count[, grad_sum]) rows: cleaned, stop/special tokens dropped,
     merged; the size is the `size_by` column (count, or grad_sum: the tokens' summed gradient).
 
@@ -97,31 +103,56 @@ def find_font(family: str = DEFAULT_FONT_FAMILY) -> str:
 
 def _hue_color_func(hue: int):
     """wordcloud colour function: one hue, lightness 22-45% drawn from wordcloud's seeded random_state."""
+
     def color(word, font_size, position, orientation, random_state=None, **kwargs):
         rng = random_state or random.Random(0)
         return f"hsl({hue}, 75%, {rng.randint(22, 45)}%)"
+
     return color
 
 
 def _cloud(freqs: Mapping[str, float], width: int, height: int, hue: int, seed: int, font_path: str | None):
     from wordcloud import WordCloud
 
-    wc = WordCloud(width=width, height=height, background_color="white", font_path=font_path or find_font(),
-                   random_state=seed, color_func=_hue_color_func(hue), prefer_horizontal=1.0,
-                   max_words=max(len(freqs), 1), relative_scaling=0.5, collocations=False)
+    wc = WordCloud(
+        width=width,
+        height=height,
+        background_color="white",
+        font_path=font_path or find_font(),
+        random_state=seed,
+        color_func=_hue_color_func(hue),
+        prefer_horizontal=1.0,
+        max_words=max(len(freqs), 1),
+        relative_scaling=0.5,
+        collocations=False,
+    )
     return wc.generate_from_frequencies(dict(freqs))
 
 
-def wordcloud_array(freqs: Mapping[str, float], *, width: int = 800, height: int = 400, hue: int = HIGH_HUE,
-                    seed: int = 0, font_path: str | None = None) -> np.ndarray:
+def wordcloud_array(
+    freqs: Mapping[str, float],
+    *,
+    width: int = 800,
+    height: int = 400,
+    hue: int = HIGH_HUE,
+    seed: int = 0,
+    font_path: str | None = None,
+) -> np.ndarray:
     """The word cloud as an RGB image [height, width, 3] uint8; all white when `freqs` is empty."""
     if not freqs:
         return np.full((height, width, 3), 255, dtype=np.uint8)
     return np.asarray(_cloud(freqs, width, height, hue, seed, font_path).to_array(), dtype=np.uint8)
 
 
-def wordcloud_png(freqs: Mapping[str, float], *, width: int = 800, height: int = 400, hue: int = HIGH_HUE,
-                  seed: int = 0, font_path: str | None = None) -> bytes:
+def wordcloud_png(
+    freqs: Mapping[str, float],
+    *,
+    width: int = 800,
+    height: int = 400,
+    hue: int = HIGH_HUE,
+    seed: int = 0,
+    font_path: str | None = None,
+) -> bytes:
     """The word cloud as PNG bytes."""
     from PIL import Image
 
@@ -131,11 +162,19 @@ def wordcloud_png(freqs: Mapping[str, float], *, width: int = 800, height: int =
     return buf.getvalue()
 
 
-def make_wordcloud_figure(panels: Mapping[str, pd.DataFrame | Mapping[str, float]], *,
-                          hues: Iterable[int] | None = None, width: int = 800, height: int = 400,
-                          show_whitespace: bool = True, stop_tokens: Iterable[str] = DEFAULT_STOP_TOKENS,
-                          max_words: int = 200, seed: int = 0, size_by: str = BIN.count,
-                          title: str | None = None) -> go.Figure:
+def make_wordcloud_figure(
+    panels: Mapping[str, pd.DataFrame | Mapping[str, float]],
+    *,
+    hues: Iterable[int] | None = None,
+    width: int = 800,
+    height: int = 400,
+    show_whitespace: bool = True,
+    stop_tokens: Iterable[str] = DEFAULT_STOP_TOKENS,
+    max_words: int = 200,
+    seed: int = 0,
+    size_by: str = BIN.count,
+    title: str | None = None,
+) -> go.Figure:
     """One word cloud per panel (panel title -> (token, count) frame), side by side as go.Image traces.
 
     Each image is embedded as a PNG data URI (compact, and rendered by the browser and by kaleido).
@@ -150,7 +189,10 @@ def make_wordcloud_figure(panels: Mapping[str, pd.DataFrame | Mapping[str, float
     fig = make_subplots(rows=1, cols=len(panels), subplot_titles=list(panels), horizontal_spacing=0.02)
     for j, ((name, freqs), hue) in enumerate(zip(panels.items(), hues)):
         words = prepare_frequencies(
-            freqs, show_whitespace=show_whitespace, stop_tokens=stop_tokens, max_words=max_words,
+            freqs,
+            show_whitespace=show_whitespace,
+            stop_tokens=stop_tokens,
+            max_words=max_words,
             size_by=size_by,
         )
         png = wordcloud_png(words, width=width, height=height, hue=hue, seed=seed)

@@ -78,8 +78,12 @@ class TokenBatch:
         dtype = torch.promote_types(self.logprobs.dtype, torch.float32)
         lp = self.logprobs.detach().to(dtype)  # [N, T]
         adv = broadcast_tokens(self.advantages.detach().to(dtype), lp, "advantages")  # [N, T]
-        fields = dict(logprobs=lp, old_logprobs=self.old_logprobs.detach().to(dtype),
-                      advantages=adv, mask=self.mask.detach().to(dtype))
+        fields = dict(
+            logprobs=lp,
+            old_logprobs=self.old_logprobs.detach().to(dtype),
+            advantages=adv,
+            mask=self.mask.detach().to(dtype),
+        )
         check_token_tensors(**fields)
         check_finite(fields["mask"], logprobs=lp, old_logprobs=fields["old_logprobs"], advantages=adv)
         for name, value in fields.items():

@@ -39,8 +39,10 @@ def step_gradients(run, *, loss_only: bool = True) -> pd.DataFrame:
     logit_grad_norm (|coef| where it was not recorded); live = grad_sum > 0. A step whose every advantage
     is 0 has coef = 0 on every token and is not live (figures.liveness)."""
     w = _base(None, loss_only, None)
-    q = (f"SELECT {TOK.step}, count(*) AS n_tokens, sum({_GRAD}) AS grad_sum FROM tokens{w.sql()} "
-         f"GROUP BY {TOK.step} ORDER BY {TOK.step}")
+    q = (
+        f"SELECT {TOK.step}, count(*) AS n_tokens, sum({_GRAD}) AS grad_sum FROM tokens{w.sql()} "
+        f"GROUP BY {TOK.step} ORDER BY {TOK.step}"
+    )
     df = run.sql(q, w.params)
     df["live"] = df["grad_sum"].fillna(0) > 0
     return df
@@ -49,8 +51,10 @@ def step_gradients(run, *, loss_only: bool = True) -> pd.DataFrame:
 def _from_tokens(run, e: np.ndarray, step_range, live_only: bool, loss_only: bool) -> pd.DataFrame:
     w = _base(step_range, loss_only, None)
     if live_only:
-        w.add(f"{TOK.step} IN (SELECT {TOK.step} FROM tokens{_base(None, loss_only, None).sql()} "
-              f"GROUP BY {TOK.step} HAVING sum({_GRAD}) > 0)")
+        w.add(
+            f"{TOK.step} IN (SELECT {TOK.step} FROM tokens{_base(None, loss_only, None).sql()} "
+            f"GROUP BY {TOK.step} HAVING sum({_GRAD}) > 0)"
+        )
     has_update = UPDATE_SHARE in token_columns(run)
     select = f"sum({_GRAD}) AS grad_sum" + (f", sum({UPDATE_SHARE}) AS update_sum" if has_update else "")
     return _binned(run, e, select, w)
@@ -59,19 +63,25 @@ def _from_tokens(run, e: np.ndarray, step_range, live_only: bool, loss_only: boo
 def _bin_steps(run, step_range) -> pd.DataFrame:
     """[step, grad_sum] of the prob_bins table (exact over every loss token of the step)."""
     where = f" WHERE {PBIN.step} BETWEEN ? AND ?" if step_range else ""
-    return run.sql(f"SELECT {PBIN.step}, sum({PBIN.sum_logit_grad_norm}) AS grad_sum FROM prob_bins{where} "
-                   f"GROUP BY {PBIN.step} ORDER BY {PBIN.step}", [int(s) for s in step_range or ()])
+    return run.sql(
+        f"SELECT {PBIN.step}, sum({PBIN.sum_logit_grad_norm}) AS grad_sum FROM prob_bins{where} "
+        f"GROUP BY {PBIN.step} ORDER BY {PBIN.step}",
+        [int(s) for s in step_range or ()],
+    )
 
 
 def _from_prob_bins(run, e: np.ndarray, steps: list[int]) -> pd.DataFrame | None:
     """The buckets from the prob_bins rows of `steps`; None when a bin straddles a requested edge."""
     if not steps:
-        return pd.DataFrame({BIN.lo: e[:-1], BIN.hi: e[1:], BIN.count: 0, "grad_sum": np.nan,
-                             "update_sum": np.nan})
+        return pd.DataFrame(
+            {BIN.lo: e[:-1], BIN.hi: e[1:], BIN.count: 0, "grad_sum": np.nan, "update_sum": np.nan}
+        )
     bins = run.sql(
         f"SELECT {PBIN.lo}, {PBIN.hi}, sum({PBIN.n_tokens}) AS n, sum({PBIN.sum_logit_grad_norm}) AS g, "
         f"sum({PBIN.sum_update_share}) AS u FROM prob_bins WHERE list_contains(?, {PBIN.step}) "
-        f"GROUP BY ALL", [steps])
+        f"GROUP BY ALL",
+        [steps],
+    )
     k = np.searchsorted(e, ((bins[PBIN.lo] + bins[PBIN.hi]) / 2).to_numpy(), side="right") - 1
     k = np.clip(k, 0, len(e) - 2)
     if ((bins[PBIN.lo] < e[k] - _EDGE_TOL) | (bins[PBIN.hi] > e[k + 1] + _EDGE_TOL)).any():
@@ -128,6 +138,10 @@ def gradient_by_bucket(
             per_step = per_step[per_step[TOK.step].between(*step_range)]
         out = _from_tokens(run, e, step_range, live_only, loss_only)
     out = _shares(out)
-    out.attrs.update(n_steps=int(len(per_step)), n_live=int(per_step["live"].sum()), source=source,
-                     steps=[int(s) for s in per_step.loc[per_step["live"] | (not live_only), TOK.step]])
+    out.attrs.update(
+        n_steps=int(len(per_step)),
+        n_live=int(per_step["live"].sum()),
+        source=source,
+        steps=[int(s) for s in per_step.loc[per_step["live"] | (not live_only), TOK.step]],
+    )
     return out

@@ -35,8 +35,18 @@ ABS_COEF = "abs_coef"
 # within a step when logit_grad_unit was not recorded).
 _GRAD = f"coalesce({TOK.logit_grad_norm}, abs({TOK.coef}), 0)"
 # Token columns the forensics tables show next to the ranked value.
-FORENSIC_COLUMNS = (TOK.sample_id, TOK.group_id, TOK.position, TOK.token, TOK.prob, TOK.entropy,
-                    TOK.advantage, TOK.weight, TOK.coef, TOK.clipped)
+FORENSIC_COLUMNS = (
+    TOK.sample_id,
+    TOK.group_id,
+    TOK.position,
+    TOK.token,
+    TOK.prob,
+    TOK.entropy,
+    TOK.advantage,
+    TOK.weight,
+    TOK.coef,
+    TOK.clipped,
+)
 
 
 class _Where:
@@ -138,12 +148,19 @@ def token_totals(
     same selection over every probability (the word clouds' totals: n tokens, share of the gradient)."""
     w = _frequency_where(prob_lo, prob_hi, step_range, adv_sign, loss_only, update_id)
     every = _frequency_where(0.0, 1.0, step_range, adv_sign, loss_only, update_id)
-    sel = run.sql(f"SELECT count(*) AS n, count(DISTINCT {TOK.token_id}) AS d, sum({_GRAD}) AS g "
-                  f"FROM tokens{w.sql()}", w.params).iloc[0]
+    sel = run.sql(
+        f"SELECT count(*) AS n, count(DISTINCT {TOK.token_id}) AS d, sum({_GRAD}) AS g FROM tokens{w.sql()}",
+        w.params,
+    ).iloc[0]
     tot = run.sql(f"SELECT count(*) AS n, sum({_GRAD}) AS g FROM tokens{every.sql()}", every.params).iloc[0]
     num = lambda v: float(v) if pd.notna(v) else 0.0  # noqa: E731 - SUM over no rows is NULL
-    return {"count": int(sel["n"]), "distinct": int(sel["d"]), "grad_sum": num(sel["g"]),
-            "all_count": int(tot["n"]), "all_grad_sum": num(tot["g"])}
+    return {
+        "count": int(sel["n"]),
+        "distinct": int(sel["d"]),
+        "grad_sum": num(sel["g"]),
+        "all_count": int(tot["n"]),
+        "all_grad_sum": num(tot["g"]),
+    }
 
 
 def bin_edges(bins: int | Sequence[float]) -> np.ndarray:

@@ -30,8 +30,12 @@ from tokengrad.read import layout
 
 READ_ATTEMPTS = 5  # listings tried while compaction keeps replacing files under a reader
 # DuckDB errors of a query's own mistakes; any other DuckDB error may come from a vanished or damaged file
-_QUERY_ERRORS = (duckdb.ParserException, duckdb.BinderException, duckdb.CatalogException,
-                 duckdb.SyntaxException)
+_QUERY_ERRORS = (
+    duckdb.ParserException,
+    duckdb.BinderException,
+    duckdb.CatalogException,
+    duckdb.SyntaxException,
+)
 
 
 class SchemaVersionError(ValueError):
@@ -48,7 +52,8 @@ def list_runs(root: str | os.PathLike, follow_links_out: bool = False) -> list[s
         return []
     real = root.resolve()
     return sorted(
-        str(p) for p in root.iterdir()
+        str(p)
+        for p in root.iterdir()
         if (p / schema.META_FILE).exists() and (follow_links_out or p.resolve().is_relative_to(real))
     )
 
@@ -74,7 +79,8 @@ class Run:
         if not isinstance(version, int) or version > schema.SCHEMA_VERSION:
             raise SchemaVersionError(
                 f"{self.path} uses run-format schema version {version!r}; this tokengrad reads versions "
-                f"<= {schema.SCHEMA_VERSION}. Upgrade tokengrad to read it.")
+                f"<= {schema.SCHEMA_VERSION}. Upgrade tokengrad to read it."
+            )
         self.warnings: list[str] = []
         self._checked: dict[str, bool] = {}  # "path:size:mtime" -> usable
         self._types: dict[str, dict[str, str]] = {}  # table -> extra column -> type class of the run
@@ -119,8 +125,9 @@ class Run:
                 out = [p for p, ok in zip(listed, usable) if ok]
                 self._listed[table] = [p.path for p in out]
                 return out
-        raise OSError(f"could not list {table} of {self.path}: its files kept changing over {READ_ATTEMPTS} "
-                      "listings")
+        raise OSError(
+            f"could not list {table} of {self.path}: its files kept changing over {READ_ATTEMPTS} listings"
+        )
 
     def files(self, table: str) -> list[str]:
         """Readable parquet files of a table, all ranks, de-duplicated; unusable ones skipped with a
@@ -208,8 +215,10 @@ class Run:
             if frames is not None:
                 break
         else:
-            raise OSError(f"could not read {table} of {self.path}: its files kept being replaced "
-                          f"over {READ_ATTEMPTS} listings")
+            raise OSError(
+                f"could not read {table} of {self.path}: its files kept being replaced "
+                f"over {READ_ATTEMPTS} listings"
+            )
         if not frames:
             return schema.arrow_schema(table).empty_table().to_pandas()
         df = pa.concat_tables(frames, promote_options="permissive").to_pandas()
@@ -274,8 +283,10 @@ class Run:
                     raise
             finally:
                 con.close()
-        raise OSError(f"could not read {self.path}: its files kept changing over {READ_ATTEMPTS} "
-                      f"listings ({type(last).__name__}: {last})")
+        raise OSError(
+            f"could not read {self.path}: its files kept changing over {READ_ATTEMPTS} "
+            f"listings ({type(last).__name__}: {last})"
+        )
 
     def tokens(
         self,
@@ -309,8 +320,11 @@ def _union(parts: list[layout.Part]) -> str:
     """One SELECT over the parts: whole files in one read_parquet, a partially overlapping one without the
     steps another file holds."""
     whole = [p for p in parts if not p.exclude]
-    selects = [f"SELECT * FROM read_parquet([{', '.join(_sql_path(p.path) for p in whole)}], "
-               "union_by_name=true)"] if whole else []
+    selects = (
+        [f"SELECT * FROM read_parquet([{', '.join(_sql_path(p.path) for p in whole)}], union_by_name=true)"]
+        if whole
+        else []
+    )
     for p in (p for p in parts if p.exclude):
         keep = " AND ".join(f"NOT (step BETWEEN {int(lo)} AND {int(hi)})" for lo, hi in p.exclude)
         selects.append(f"SELECT * FROM read_parquet({_sql_path(p.path)}) WHERE {keep}")
@@ -341,8 +355,7 @@ def _add_missing_columns(con: duckdb.DuckDBPyConnection, table: str, source: str
     missing = [c for c in schema.TABLES[table] if c.name not in have]
     if missing:
         extra = ", ".join(f"CAST(NULL AS {_duck_type(c.type)}) AS {c.name}" for c in missing)
-        con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT *, {extra} "
-                    f"FROM ({source})")
+        con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT *, {extra} FROM ({source})")
 
 
 def _has_keys(columns: list[str]) -> bool:

@@ -35,5 +35,7 @@ def confine(folder: str | os.PathLike, root: str | os.PathLike, allow_any: bool 
     real_root = Path(root).expanduser().resolve()
     if allow_any or path.is_relative_to(real_root):
         return path
-    raise ValueError(f"{path} is outside the served folder {real_root}; start the dashboard on a folder that "
-                     f"holds it, or with {ALLOW_ANY_FLAG} to browse any folder")
+    raise ValueError(
+        f"{path} is outside the served folder {real_root}; start the dashboard on a folder that "
+        f"holds it, or with {ALLOW_ANY_FLAG} to browse any folder"
+    )

@@ -32,8 +32,10 @@ SHARE = TOK.update_share
 
 
 def _n_updates(run, w: _Where) -> int:
-    q = (f"SELECT count(*) AS n FROM (SELECT DISTINCT {TOK.step}, {TOK.update_id} FROM tokens{w.sql()} "
-         f"{'AND' if w.conds else 'WHERE'} {SHARE} IS NOT NULL)")
+    q = (
+        f"SELECT count(*) AS n FROM (SELECT DISTINCT {TOK.step}, {TOK.update_id} FROM tokens{w.sql()} "
+        f"{'AND' if w.conds else 'WHERE'} {SHARE} IS NOT NULL)"
+    )
     return int(run.sql(q, w.params)["n"].iloc[0])
 
 
@@ -61,8 +63,10 @@ def share_by_partition(
     w = _base(step_range, True, update_id)
     n_up = _n_updates(run, _base(step_range, True, update_id))
     if by == "adv_sign":
-        q = (f"SELECT CAST(sign({TOK.advantage}) AS INTEGER) AS lo, count(*) AS {BIN.count}, "
-             f"sum({SHARE}) AS s FROM tokens{w.sql()} GROUP BY lo ORDER BY lo")
+        q = (
+            f"SELECT CAST(sign({TOK.advantage}) AS INTEGER) AS lo, count(*) AS {BIN.count}, "
+            f"sum({SHARE}) AS s FROM tokens{w.sql()} GROUP BY lo ORDER BY lo"
+        )
         out = run.sql(q, w.params)
         out.insert(1, BIN.hi, out["lo"])
     else:
@@ -70,8 +74,10 @@ def share_by_partition(
         inner = edges[1:-1].tolist()
         index = " + ".join([f"CAST({col} >= ? AS INTEGER)"] * len(inner)) or "0"
         w.add(f"{col} BETWEEN ? AND ?", float(edges[0]), float(edges[-1]))
-        q = (f"SELECT b, count(*) AS {BIN.count}, sum({SHARE}) AS s FROM "
-             f"(SELECT {index} AS b, * FROM tokens{w.sql()}) GROUP BY b ORDER BY b")
+        q = (
+            f"SELECT b, count(*) AS {BIN.count}, sum({SHARE}) AS s FROM "
+            f"(SELECT {index} AS b, * FROM tokens{w.sql()}) GROUP BY b ORDER BY b"
+        )
         got = run.sql(q, inner + w.params).set_index("b")
         out = pd.DataFrame({BIN.lo: edges[:-1], BIN.hi: edges[1:]}).join(got, how="left")
         out = out.reset_index(drop=True)
@@ -127,9 +133,11 @@ def prob_bin_histogram(
             raise ValueError(f"adv_sign must be one of {sorted(ADV_SIGN_SQL)} or None, got {adv_sign!r}")
         w.add("adv_sign = ?", int(adv_sign))
     means = ", ".join(f"sum(sum_{c}) / nullif(sum(n_tokens), 0) AS {c}" for c in PROB_BIN_MEANS)
-    q = (f"SELECT lo, hi, sum(n_tokens) AS {BIN.count}, {means}, sum(sum_update_share) AS s, "
-         f"count(DISTINCT CASE WHEN sum_update_share IS NOT NULL THEN step * 65536 + update_id END) AS u "
-         f"FROM prob_bins{w.sql()} GROUP BY lo, hi ORDER BY lo")
+    q = (
+        f"SELECT lo, hi, sum(n_tokens) AS {BIN.count}, {means}, sum(sum_update_share) AS s, "
+        f"count(DISTINCT CASE WHEN sum_update_share IS NOT NULL THEN step * 65536 + update_id END) AS u "
+        f"FROM prob_bins{w.sql()} GROUP BY lo, hi ORDER BY lo"
+    )
     out = run.sql(q, w.params)
     n_up = int(out.pop("u").max()) if len(out) else 0
     out[SHARE] = out.pop("s").astype(float) / n_up if n_up else np.nan
@@ -163,7 +171,9 @@ def vocab_frequencies(
         w.add("adv_sign = ?", int(adv_sign))
     name = "coalesce(nullif(any_value(token), ''), '#' || CAST(token_id AS VARCHAR))"
     order = BIN.count if value == BIN.count else f"abs({SHARE})"
-    q = (f"SELECT {name} AS {TOK.token}, sum(n_tokens) AS {BIN.count}, "
-         f"sum(sum_prob) / nullif(sum(n_tokens), 0) AS prob_mean, sum(sum_update_share) AS {SHARE} "
-         f"FROM vocab{w.sql()} GROUP BY token_id ORDER BY {order} DESC NULLS LAST, {TOK.token} LIMIT ?")
+    q = (
+        f"SELECT {name} AS {TOK.token}, sum(n_tokens) AS {BIN.count}, "
+        f"sum(sum_prob) / nullif(sum(n_tokens), 0) AS prob_mean, sum(sum_update_share) AS {SHARE} "
+        f"FROM vocab{w.sql()} GROUP BY token_id ORDER BY {order} DESC NULLS LAST, {TOK.token} LIMIT ?"
+    )
     return run.sql(q, w.params + [int(limit)])

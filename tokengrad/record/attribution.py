@@ -70,25 +70,32 @@ def _run_at(model: torch.nn.Module, recompute: Recompute, params: dict[str, torc
     """recompute() with the model's parameters replaced by `params` (names as in named_parameters)."""
     out = functional_call(_Call(model, recompute), {f"model.{n}": t for n, t in params.items()}, ())
     if not torch.is_tensor(out) or out.dim() != 2:
-        raise ValueError(f"recompute() must return the [N, T] log-probs of the pass, got "
-                         f"{type(out).__name__} {tuple(getattr(out, 'shape', ()))}")
+        raise ValueError(
+            f"recompute() must return the [N, T] log-probs of the pass, got "
+            f"{type(out).__name__} {tuple(getattr(out, 'shape', ()))}"
+        )
     return out
 
 
 @ATTRIBUTION_METHODS.register("jvp")
-def jvp_logprobs(model: torch.nn.Module, recompute: Recompute, tangents: dict[str, torch.Tensor],
-                 eps: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def jvp_logprobs(
+    model: torch.nn.Module, recompute: Recompute, tangents: dict[str, torch.Tensor], eps: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward-mode AD: (log pi, J v) exact, for about the cost of 3 forwards (each matmul also multiplies
     the tangents). Parameters without a tangent keep theta and a zero tangent."""
     named = dict(model.named_parameters())
     with fwAD.dual_level(), torch.no_grad(), _math_attention():
-        duals = {n: fwAD.make_dual(p.detach(), tangents[n].to(p.dtype)) if n in tangents else p.detach()
-                 for n, p in named.items()}
+        duals = {
+            n: fwAD.make_dual(p.detach(), tangents[n].to(p.dtype)) if n in tangents else p.detach()
+            for n, p in named.items()
+        }
         try:
             out = _run_at(model, recompute, duals)
         except NotImplementedError as err:  # e.g. a custom autograd.Function without jvp (fused kernels)
-            raise RuntimeError(f"forward-mode AD cannot pass through this model's recompute(): {err} Use "
-                               f"attribute_method='central_difference' (plain forwards).") from err
+            raise RuntimeError(
+                f"forward-mode AD cannot pass through this model's recompute(): {err} Use "
+                f"attribute_method='central_difference' (plain forwards)."
+            ) from err
         primal, tangent = fwAD.unpack_dual(out)
         if tangent is None:  # log pi does not depend on any parameter with a tangent
             tangent = torch.zeros_like(primal)
@@ -105,9 +112,9 @@ def default_eps(dtype: torch.dtype) -> float:
 
 
 @ATTRIBUTION_METHODS.register("central_difference")
-def central_difference_logprobs(model: torch.nn.Module, recompute: Recompute,
-                                tangents: dict[str, torch.Tensor], eps: float | None = None
-                                ) -> tuple[torch.Tensor, torch.Tensor]:
+def central_difference_logprobs(
+    model: torch.nn.Module, recompute: Recompute, tangents: dict[str, torch.Tensor], eps: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Two plain forwards at theta +- h v: ((f+ + f-) / 2, (f+ - f-) / 2h), both with error O(h^2) (see the
     module docs); h = eps |theta| / |v| over the parameters with a tangent."""
     named = {n: p.detach() for n, p in model.named_parameters()}
@@ -125,16 +132,23 @@ def central_difference_logprobs(model: torch.nn.Module, recompute: Recompute,
     outs = []
     with torch.no_grad():
         for sign in (1.0, -1.0):
-            moved = {n: (p + (sign * h) * tangents[n].to(p.dtype)) if n in tangents else p
-                     for n, p in named.items()}
+            moved = {
+                n: (p + (sign * h) * tangents[n].to(p.dtype)) if n in tangents else p
+                for n, p in named.items()
+            }
             outs.append(_run_at(model, recompute, moved).detach().double())
             del moved
     plus, minus = outs
     return ((plus + minus) / 2).float(), ((plus - minus) / (2 * h)).float()  # [N, T] each
 
 
-def directional_logprobs(model: torch.nn.Module, recompute: Recompute, tangents: dict[str, torch.Tensor],
-                         method: str = "jvp", eps: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def directional_logprobs(
+    model: torch.nn.Module,
+    recompute: Recompute,
+    tangents: dict[str, torch.Tensor],
+    method: str = "jvp",
+    eps: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(log pi [N, T], <grad log pi_t, v> [N, T]) of the pass `recompute()` scores, along `tangents`
     (parameter name -> v, names of model.named_parameters()), by the registered `method`."""
     return ATTRIBUTION_METHODS[method](model, recompute, tangents, eps)

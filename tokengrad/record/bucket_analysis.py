@@ -24,7 +24,7 @@ import torch
 def bucket_index(prob: torch.Tensor, edges: tuple[float, ...]) -> torch.Tensor:
     """Bucket of each probability: [lo, hi), the last bucket closed at 1.  prob [N, T] -> [N, T] long."""
     inner = torch.tensor(edges[1:-1], dtype=prob.dtype, device=prob.device)
-    return torch.bucketize(prob.contiguous(), inner, right=True)     # [N, T] in 0..len(edges)-2
+    return torch.bucketize(prob.contiguous(), inner, right=True)  # [N, T] in 0..len(edges)-2
 
 
 def validate_edges(edges) -> tuple[float, ...]:
@@ -34,8 +34,14 @@ def validate_edges(edges) -> tuple[float, ...]:
     return edges
 
 
-def bucket_gradients(logprobs: torch.Tensor, coef: torch.Tensor, in_loss: torch.Tensor, bucket: torch.Tensor,
-                     n_buckets: int, params: list[torch.Tensor]) -> list[list[torch.Tensor] | None]:
+def bucket_gradients(
+    logprobs: torch.Tensor,
+    coef: torch.Tensor,
+    in_loss: torch.Tensor,
+    bucket: torch.Tensor,
+    n_buckets: int,
+    params: list[torch.Tensor],
+) -> list[list[torch.Tensor] | None]:
     """g_B for every bucket: one backward of sum_{t in B} coef_t log pi_t each; frees the graph at the end.
 
     Args:
@@ -44,12 +50,17 @@ def bucket_gradients(logprobs: torch.Tensor, coef: torch.Tensor, in_loss: torch.
     Returns: per bucket a list of per-parameter gradients (None for an empty bucket).
     """
     grads: list[list[torch.Tensor] | None] = [None] * n_buckets
-    coef = torch.nan_to_num(coef.detach())                             # [N, T]
+    coef = torch.nan_to_num(coef.detach())  # [N, T]
     todo = [b for b in range(n_buckets) if bool(((bucket == b) & in_loss).any())]
     for i, b in enumerate(todo):
-        go = coef * ((bucket == b) & in_loss).to(coef.dtype)           # [N, T] grad_output selecting B
-        g = torch.autograd.grad(logprobs, params, grad_outputs=go.to(logprobs.dtype),
-                                retain_graph=i < len(todo) - 1, allow_unused=True)
+        go = coef * ((bucket == b) & in_loss).to(coef.dtype)  # [N, T] grad_output selecting B
+        g = torch.autograd.grad(
+            logprobs,
+            params,
+            grad_outputs=go.to(logprobs.dtype),
+            retain_graph=i < len(todo) - 1,
+            allow_unused=True,
+        )
         grads[b] = [torch.zeros_like(p) if gi is None else gi for p, gi in zip(params, g)]
     return grads
 
@@ -82,12 +93,12 @@ def bucket_shares(store: list[list[torch.Tensor] | None], total: list[torch.Tens
     for i, t in enumerate(total):
         flat_t = t.reshape(-1)
         for s in range(0, flat_t.numel(), SLICE):
-            tg = flat_t[s:s + SLICE].double()                           # [S]
+            tg = flat_t[s : s + SLICE].double()  # [S]
             resid = tg.clone()
             for b, g_b in enumerate(store):
                 if g_b is None:
                     continue
-                gb = g_b[i].reshape(-1)[s:s + SLICE].double()            # [S]
+                gb = g_b[i].reshape(-1)[s : s + SLICE].double()  # [S]
                 dots[b] += float(torch.dot(gb, tg))
                 sq_b[b] += float(torch.dot(gb, gb))
                 resid -= gb

@@ -18,7 +18,7 @@ from tokengrad.record import bucket_analysis as bk
 
 @dataclass
 class BucketState:
-    grads: list                             # per bucket: per-parameter grads (None: no token yet)
+    grads: list  # per bucket: per-parameter grads (None: no token yet)
     n_tokens: list[int] = field(default_factory=list)
 
 
@@ -40,8 +40,15 @@ def all_reduce_mean(state: BucketState, like: list[torch.Tensor]) -> None:
     state.n_tokens = counts.tolist()
 
 
-def bucket_rows(state: BucketState, total: list[torch.Tensor], edges: tuple[float, ...], *, step: int,
-                rank: int, update_id: int) -> list[dict]:
+def bucket_rows(
+    state: BucketState,
+    total: list[torch.Tensor],
+    edges: tuple[float, ...],
+    *,
+    step: int,
+    rank: int,
+    update_id: int,
+) -> list[dict]:
     """One `buckets` row per probability bucket and the residual row, for the update whose full gradient
     is `total` (per parameter, before clipping)."""
     all_reduce_mean(state, total)
@@ -49,11 +56,25 @@ def bucket_rows(state: BucketState, total: list[torch.Tensor], edges: tuple[floa
     n_all = max(sum(state.n_tokens), 1)
     key = dict(step=step, rank=rank, update_id=update_id)
     rows = [
-        dict(key, bucket=schema.bucket_label(lo, hi), lo=lo, hi=hi, n_tokens=state.n_tokens[b],
-             token_share=state.n_tokens[b] / n_all, grad_norm=res["grad_norm"][b],
-             update_share=res["update_share"][b], cos_to_total=res["cos_to_total"][b])
+        dict(
+            key,
+            bucket=schema.bucket_label(lo, hi),
+            lo=lo,
+            hi=hi,
+            n_tokens=state.n_tokens[b],
+            token_share=state.n_tokens[b] / n_all,
+            grad_norm=res["grad_norm"][b],
+            update_share=res["update_share"][b],
+            cos_to_total=res["cos_to_total"][b],
+        )
         for b, (lo, hi) in enumerate(zip(edges, edges[1:]))
     ]
-    rows.append(dict(key, bucket=schema.RESIDUAL_BUCKET, grad_norm=res["residual_grad_norm"],
-                     update_share=res["residual_share"]))
+    rows.append(
+        dict(
+            key,
+            bucket=schema.RESIDUAL_BUCKET,
+            grad_norm=res["residual_grad_norm"],
+            update_share=res["residual_share"],
+        )
+    )
     return rows

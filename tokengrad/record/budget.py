@@ -27,8 +27,15 @@ from tokengrad import schema
 from tokengrad.record.rows import CapturedBatch, scalar_table
 
 ALL, SEQUENCE = 0, 1  # codes of rows.SELECTED_BY; 2.. are the ranking's
-PROB_BIN_SUMS = ("prob", "entropy", "logit_grad_unit", "abs_coef", "logit_grad_norm", "head_grad_norm",
-                 "update_share")
+PROB_BIN_SUMS = (
+    "prob",
+    "entropy",
+    "logit_grad_unit",
+    "abs_coef",
+    "logit_grad_norm",
+    "head_grad_norm",
+    "update_share",
+)
 
 
 @dataclass(frozen=True)
@@ -76,8 +83,9 @@ def ranking(v: dict[str, torch.Tensor]) -> tuple[int, torch.Tensor]:
 
 
 # ---- sampling ----------------------------------------------------------------------------------------
-def select_rows(passes: list, values: list[dict], budget: Budget, step: int, rank: int
-                ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+def select_rows(
+    passes: list, values: list[dict], budget: Budget, step: int, rank: int
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Per pass (rows [M], positions [M], selected_by codes [M]) of the kept token rows, at most k in all."""
     n_rows = sum(int(p.mask.sum()) for p in passes)
     if n_rows <= budget.k:
@@ -90,13 +98,13 @@ def select_rows(passes: list, values: list[dict], budget: Budget, step: int, ran
     n_seq = sum(int(s.sum()) for s in seq_sel)
     flat, where = [], []
     for i, (p, v, s) in enumerate(zip(passes, values, seq_sel)):
-        r, c = (p.mask & ~s).nonzero(as_tuple=True)                               # [M_i] candidates
+        r, c = (p.mask & ~s).nonzero(as_tuple=True)  # [M_i] candidates
         score = torch.nan_to_num(ranking(v)[1][r, c].float(), nan=-math.inf)
         flat.append(score)
-        where.append(torch.stack([torch.full_like(r, i), r, c], 1))             # [M_i, 3]
+        where.append(torch.stack([torch.full_like(r, i), r, c], 1))  # [M_i, 3]
     flat_t, where_t = torch.cat(flat), torch.cat(where)
     top = torch.topk(flat_t, min(budget.k - n_seq, flat_t.numel())).indices
-    chosen = where_t[top]                                                           # [K_top, 3]
+    chosen = where_t[top]  # [K_top, 3]
     out = []
     for i, (p, v, s) in enumerate(zip(passes, values, seq_sel)):
         code = ranking(v)[0]
@@ -114,13 +122,13 @@ def select_rows(passes: list, values: list[dict], budget: Budget, step: int, ran
 def _sample_sequences(passes: list, quota: int, step: int, rank: int, seed: int) -> list[torch.Tensor]:
     """[N, T] bool per pass: every recorded row of a uniform sample of sequences, at most `quota` rows."""
     dev = passes[0].mask.device
-    ids = torch.cat([p.sample_ids for p in passes])                                 # [sum N]
+    ids = torch.cat([p.sample_ids for p in passes])  # [sum N]
     uniq, inv = torch.unique(ids, return_inverse=True)
-    lengths = torch.cat([p.mask.sum(1) for p in passes]).long()                     # [sum N]
+    lengths = torch.cat([p.mask.sum(1) for p in passes]).long()  # [sum N]
     per_seq = torch.zeros(len(uniq), dtype=torch.long, device=dev).index_add_(0, inv, lengths)
     gen = torch.Generator().manual_seed((seed * 1_000_003 + step) * 65_537 + rank)
     order = torch.randperm(len(uniq), generator=gen).to(dev)
-    keep_sorted = per_seq[order].cumsum(0) <= quota                                 # a prefix of the order
+    keep_sorted = per_seq[order].cumsum(0) <= quota  # a prefix of the order
     chosen = uniq[order[keep_sorted]]
     return [torch.isin(p.sample_ids, chosen).unsqueeze(1) & p.mask for p in passes]
 
@@ -136,11 +144,13 @@ def _masked_sum(t: torch.Tensor, m: torch.Tensor) -> tuple[float, int]:
 
 def _distinct_tokens(passes: list, sel: list[torch.Tensor]) -> int:
     """Loss tokens counted once over passes (a token tracked in several passes, mu > 1 or Lopti phases)."""
-    ids = torch.cat([p.sample_ids for p in passes])                                 # [sum N] small
+    ids = torch.cat([p.sample_ids for p in passes])  # [sum N] small
     if torch.unique(ids).numel() == ids.numel():  # no sequence in two passes: a plain count
         return int(sum(int(m.sum()) for m in sel))
-    keys = [p.sample_ids.unsqueeze(1).expand_as(m)[m] * (1 << 32) + m.nonzero()[:, 1]   # (sample, position)
-            for p, m in zip(passes, sel)]
+    keys = [
+        p.sample_ids.unsqueeze(1).expand_as(m)[m] * (1 << 32) + m.nonzero()[:, 1]  # (sample, position)
+        for p, m in zip(passes, sel)
+    ]
     return int(torch.unique(torch.cat(keys)).numel())
 
 
@@ -148,9 +158,14 @@ def step_aggregates(passes: list, values: list[dict]) -> dict[str, float]:
     """The steps table's token statistics over all loss tokens (as rows.step_derived on all rows)."""
     sel = [p.in_loss & p.mask for p in passes]
     out: dict[str, float] = {"n_tokens": _distinct_tokens(passes, sel)}
-    out["n_nonfinite"] = int(sum(int((~torch.isfinite(t) & p.mask).sum()) for p, v in zip(passes, values)
-                                 for k, t in v.items() if not k.startswith("_") and k != "abs_coef"
-                                 and t.is_floating_point()))
+    out["n_nonfinite"] = int(
+        sum(
+            int((~torch.isfinite(t) & p.mask).sum())
+            for p, v in zip(passes, values)
+            for k, t in v.items()
+            if not k.startswith("_") and k != "abs_coef" and t.is_floating_point()
+        )
+    )
 
     def mean(name):
         parts = [_masked_sum(v[name], m) for v, m in zip(values, sel) if name in v]
@@ -161,14 +176,22 @@ def step_aggregates(passes: list, values: list[dict]) -> dict[str, float]:
     w_mean, has_w = mean("weight")
     if has_w:
         inf = torch.tensor(math.inf)
-        lo = min(float(torch.where(m & torch.isfinite(v["weight"]), v["weight"], inf).min())
-                 for v, m in zip(values, sel))
-        hi = max(float(torch.where(m & torch.isfinite(v["weight"]), v["weight"], -inf).max())
-                 for v, m in zip(values, sel))
-        out.update(weight_mean=w_mean, weight_min=lo if math.isfinite(lo) else math.nan,
-                   weight_max=hi if math.isfinite(hi) else math.nan)
-    clipped = [(int((p.clipped & m).sum()), int(m.sum()))
-               for p, m in zip(passes, sel) if p.clipped is not None]
+        lo = min(
+            float(torch.where(m & torch.isfinite(v["weight"]), v["weight"], inf).min())
+            for v, m in zip(values, sel)
+        )
+        hi = max(
+            float(torch.where(m & torch.isfinite(v["weight"]), v["weight"], -inf).max())
+            for v, m in zip(values, sel)
+        )
+        out.update(
+            weight_mean=w_mean,
+            weight_min=lo if math.isfinite(lo) else math.nan,
+            weight_max=hi if math.isfinite(hi) else math.nan,
+        )
+    clipped = [
+        (int((p.clipped & m).sum()), int(m.sum())) for p, m in zip(passes, sel) if p.clipped is not None
+    ]
     if clipped:
         n = sum(c for _, c in clipped)
         out["clip_frac"] = sum(k for k, _ in clipped) / n if n else math.nan
@@ -181,8 +204,9 @@ def _sign_index(v: dict, like: torch.Tensor) -> torch.Tensor:
     return torch.ones_like(like, dtype=torch.long) if adv is None else torch.sign(adv).long() + 1
 
 
-def _grouped(key: torch.Tensor, m: torch.Tensor, n_keys: int, weights: torch.Tensor | None = None
-             ) -> torch.Tensor:
+def _grouped(
+    key: torch.Tensor, m: torch.Tensor, n_keys: int, weights: torch.Tensor | None = None
+) -> torch.Tensor:
     """Per-key sums (or counts) over the positions in m; [N, T] inputs -> [n_keys] float64 on the CPU."""
     k = torch.where(m, key, n_keys).flatten()
     w = None if weights is None else torch.nan_to_num(weights.double(), nan=0.0).flatten()
@@ -200,10 +224,10 @@ def prob_bin_rows(passes: list, values: list[dict], n_bins: int, step: int, rank
         for p, v in zip(passes, values):
             if p.update_id != u:
                 continue
-            m = p.in_loss & p.mask                                                  # [N, T]
+            m = p.in_loss & p.mask  # [N, T]
             prob = v["prob"].double()
             b = torch.bucketize(prob, edges[1:-1].to(prob.device), right=True).clamp(0, n_bins - 1)
-            key = b * 3 + _sign_index(v, b)                                         # [N, T]
+            key = b * 3 + _sign_index(v, b)  # [N, T]
             acc[0] += _grouped(key, m, n_keys)
             for j, name in enumerate(PROB_BIN_SUMS):
                 if name in v:
@@ -211,16 +235,28 @@ def prob_bin_rows(passes: list, values: list[dict], n_bins: int, step: int, rank
                     acc[1 + j] += _grouped(key, m, n_keys, v[name])
         for key in acc[0].nonzero().squeeze(1).tolist():
             b, s = divmod(key, 3)
-            row = dict(step=step, rank=rank, update_id=u, lo=float(edges[b]), hi=float(edges[b + 1]),
-                       adv_sign=s - 1, n_tokens=int(acc[0, key]))
-            row.update({f"sum_{n}": float(acc[1 + j, key]) if n in have else None
-                        for j, n in enumerate(PROB_BIN_SUMS)})
+            row = dict(
+                step=step,
+                rank=rank,
+                update_id=u,
+                lo=float(edges[b]),
+                hi=float(edges[b + 1]),
+                adv_sign=s - 1,
+                n_tokens=int(acc[0, key]),
+            )
+            row.update(
+                {
+                    f"sum_{n}": float(acc[1 + j, key]) if n in have else None
+                    for j, n in enumerate(PROB_BIN_SUMS)
+                }
+            )
             rows.append(row)
     return rows
 
 
-def vocab_arrays(passes: list, values: list[dict], edges: tuple[float, ...], top: int
-                 ) -> dict[str, np.ndarray]:
+def vocab_arrays(
+    passes: list, values: list[dict], edges: tuple[float, ...], top: int
+) -> dict[str, np.ndarray]:
     """The step's top tokens by count and by summed |update_share| (else logit_grad_norm), split by
     advantage sign and probability bucket: token_id, adv_sign, lo, hi, n_tokens, sum_prob,
     sum_update_share, sum_logit_grad_norm as numpy arrays (the writer thread decodes the tokens)."""
@@ -230,21 +266,24 @@ def vocab_arrays(passes: list, values: list[dict], edges: tuple[float, ...], top
     n_vocab = 1 + max(int(p.token_ids[m].max()) for p, m in zip(passes, sel) if bool(m.any()))
     has = {n: all(n in v for v in values) for n in ("update_share", "logit_grad_norm")}
     rank_by = "update_share" if has["update_share"] else "logit_grad_norm" if has["logit_grad_norm"] else None
-    count = sum(_grouped(p.token_ids.long(), m, n_vocab) for p, m in zip(passes, sel))   # [V]
+    count = sum(_grouped(p.token_ids.long(), m, n_vocab) for p, m in zip(passes, sel))  # [V]
     keep = set(torch.topk(count, min(top, int((count > 0).sum()))).indices.tolist())
     if rank_by is not None:
-        mass = sum(_grouped(p.token_ids.long(), m, n_vocab, v[rank_by].abs())
-                   for p, v, m in zip(passes, values, sel))
+        mass = sum(
+            _grouped(p.token_ids.long(), m, n_vocab, v[rank_by].abs()) for p, v, m in zip(passes, values, sel)
+        )
         keep |= set(torch.topk(mass, min(top, int((count > 0).sum()))).indices.tolist())
     kept = torch.tensor(sorted(keep), dtype=torch.long)
     slot = torch.full((n_vocab,), -1, dtype=torch.long)
-    slot[kept] = torch.arange(len(kept))                                           # token -> kept index
+    slot[kept] = torch.arange(len(kept))  # token -> kept index
     nb, inner = len(edges) - 1, torch.tensor(edges[1:-1], dtype=torch.float64)
     n_keys = len(kept) * 3 * nb
-    cols = {c: torch.zeros(n_keys, dtype=torch.float64)
-            for c in ("n", "sum_prob", "update_share", "logit_grad_norm")}
+    cols = {
+        c: torch.zeros(n_keys, dtype=torch.float64)
+        for c in ("n", "sum_prob", "update_share", "logit_grad_norm")
+    }
     for p, v, m in zip(passes, values, sel):
-        s = slot.to(p.token_ids.device)[p.token_ids.long()]                        # [N, T]
+        s = slot.to(p.token_ids.device)[p.token_ids.long()]  # [N, T]
         bucket = torch.bucketize(v["prob"].double(), inner.to(s.device), right=True)
         key = (s * 3 + _sign_index(v, s)) * nb + bucket
         mk = m & (s >= 0)
@@ -256,11 +295,16 @@ def vocab_arrays(passes: list, values: list[dict], edges: tuple[float, ...], top
     nz = cols["n"].nonzero().squeeze(1)
     tok, rest = kept[nz // (3 * nb)], nz % (3 * nb)
     b, e = (rest % nb).numpy(), np.asarray(edges)
-    return {"token_id": tok.numpy().astype(np.int32), "adv_sign": (rest // nb - 1).numpy().astype(np.int8),
-            "lo": e[b].astype(np.float32), "hi": e[b + 1].astype(np.float32),
-            "n_tokens": cols["n"][nz].numpy().astype(np.int64), "sum_prob": cols["sum_prob"][nz].numpy(),
-            "sum_update_share": cols["update_share"][nz].numpy() if has["update_share"] else None,
-            "sum_logit_grad_norm": cols["logit_grad_norm"][nz].numpy() if has["logit_grad_norm"] else None}
+    return {
+        "token_id": tok.numpy().astype(np.int32),
+        "adv_sign": (rest // nb - 1).numpy().astype(np.int8),
+        "lo": e[b].astype(np.float32),
+        "hi": e[b + 1].astype(np.float32),
+        "n_tokens": cols["n"][nz].numpy().astype(np.int64),
+        "sum_prob": cols["sum_prob"][nz].numpy(),
+        "sum_update_share": cols["update_share"][nz].numpy() if has["update_share"] else None,
+        "sum_logit_grad_norm": cols["logit_grad_norm"][nz].numpy() if has["logit_grad_norm"] else None,
+    }
 
 
 # ---- moving the kept rows to the host ----------------------------------------------------------------
@@ -269,6 +313,7 @@ def capture_pass(p, sel: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None 
     codes) only the kept rows, gathered on the device first so only they cross to the host."""
     v = token_values(p)
     if sel is None:
+
         def take(t):
             return t.cpu().numpy()
     else:
@@ -276,6 +321,7 @@ def capture_pass(p, sel: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None 
 
         def take(t):
             return t[rows, pos].cpu().numpy()
+
     names = [k for k in v if not k.startswith("_") and k != "abs_coef"]
     return CapturedBatch(
         p.pass_id,
@@ -293,8 +339,16 @@ def capture_pass(p, sel: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None 
     )
 
 
-def budgeted(passes: list, budget: Budget, step: int, rank: int, edges: tuple[float, ...], scalars: dict,
-             tables: dict, decode) -> list[CapturedBatch]:
+def budgeted(
+    passes: list,
+    budget: Budget,
+    step: int,
+    rank: int,
+    edges: tuple[float, ...],
+    scalars: dict,
+    tables: dict,
+    decode,
+) -> list[CapturedBatch]:
     """The kept rows of a budgeted step; fills `scalars` with the exact token statistics (values the
     caller logged win) and `tables` with the prob_bins and vocab payloads."""
     values = [token_values(p) for p in passes]
@@ -315,7 +369,14 @@ def vocab_table(step: int, rank: int, arrays: dict[str, np.ndarray], decode) -> 
     n = len(arrays["token_id"])
     cols = {"step": np.full(n, step, np.int32), "rank": np.full(n, rank, np.int16), **arrays}
     fixed = schema.arrow_schema("vocab")
-    data = {f.name: (decode(arrays["token_id"]) if f.name == "token" else
-                     pa.nulls(n, f.type) if cols.get(f.name) is None else pa.array(cols[f.name], f.type))
-            for f in fixed}
+    data = {
+        f.name: (
+            decode(arrays["token_id"])
+            if f.name == "token"
+            else pa.nulls(n, f.type)
+            if cols.get(f.name) is None
+            else pa.array(cols[f.name], f.type)
+        )
+        for f in fixed
+    }
     return pa.table(data, schema=fixed)

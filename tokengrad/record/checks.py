@@ -69,8 +69,9 @@ def check_track_inputs(logprobs: torch.Tensor, **tensors) -> tuple[int, int]:
     return N, T
 
 
-def check_ids(token_ids: torch.Tensor, mask: torch.Tensor, vocab_size: int | None,
-              sample_ids: torch.Tensor) -> None:
+def check_ids(
+    token_ids: torch.Tensor, mask: torch.Tensor, vocab_size: int | None, sample_ids: torch.Tensor
+) -> None:
     """Recorded token ids lie in [0, vocab_size) (or fit int32 when the vocabulary is unknown) and the
     sample ids of a pass are distinct (a repeated id would merge two sequences' tokens)."""
     ids = token_ids[mask]
@@ -82,8 +83,10 @@ def check_ids(token_ids: torch.Tensor, mask: torch.Tensor, vocab_size: int | Non
             where = f"the vocabulary of {vocab_size} tokens" if vocab_size else "the int32 token_id column"
             raise ValueError(f"token_ids holds {bad}, outside 0..{top} ({where})")
     if sample_ids.numel() != torch.unique(sample_ids).numel():
-        raise ValueError(f"sample_ids repeat within one tracked pass: {sample_ids.tolist()}; each row of "
-                         "logprobs is one sequence and needs its own id")
+        raise ValueError(
+            f"sample_ids repeat within one tracked pass: {sample_ids.tolist()}; each row of "
+            "logprobs is one sequence and needs its own id"
+        )
 
 
 def check_scalars(scalars: dict, numeric: set[str]) -> dict:

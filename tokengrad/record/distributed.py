@@ -72,7 +72,7 @@ def all_reduce(values, op: str = "sum") -> torch.Tensor:
     ops = {"sum": "SUM", "max": "MAX", "min": "MIN"}
     if op not in ops:
         raise ValueError(f"unknown reduce op {op!r}; known ops: {sorted(ops)}")
-    t = torch.as_tensor(values, dtype=torch.float64).reshape(-1)          # [K]
+    t = torch.as_tensor(values, dtype=torch.float64).reshape(-1)  # [K]
     if not _group_ready() or world_size() == 1:
         return t
     t = t.to(_collective_device())
@@ -120,7 +120,7 @@ def global_grad_norms(model: torch.nn.Module, names: NamesFilter = None) -> tupl
         local = all_reduce(local).tolist()
     total = sum(local) ** 0.5
     wanted = _accepts(names)
-    return total, {b: v ** 0.5 for b, v in zip(blocks, local) if wanted(b)}
+    return total, {b: v**0.5 for b, v in zip(blocks, local) if wanted(b)}
 
 
 def _union_names(names: list[str]) -> list[str]:
@@ -129,4 +129,3 @@ def _union_names(names: list[str]) -> list[str]:
     gathered: list = [None] * world_size()
     torch.distributed.all_gather_object(gathered, names)
     return sorted({n for part in gathered for n in part})
-

@@ -42,14 +42,15 @@ def trainable_params(model: torch.nn.Module) -> list[tuple[str, torch.nn.Paramet
 
 
 @torch.no_grad()
-def grad_norms(named_params: list[tuple[str, torch.nn.Parameter]], names: NamesFilter = None
-               ) -> tuple[float, dict[str, float]]:
+def grad_norms(
+    named_params: list[tuple[str, torch.nn.Parameter]], names: NamesFilter = None
+) -> tuple[float, dict[str, float]]:
     """(total norm over all parameters, {block: norm}) of the current `.grad`s; missing grads count 0."""
     with_grad = [(n, p.grad) for n, p in named_params if p.grad is not None]
     if not with_grad:
         return 0.0, {}
     norms = torch._foreach_norm([g.float() if g.dtype != torch.float32 else g for _, g in with_grad])
-    sq = torch.stack(norms).double().pow(2).tolist()                  # [P] one sync, then plain floats
+    sq = torch.stack(norms).double().pow(2).tolist()  # [P] one sync, then plain floats
     keep = _accepts(names)
     blocks: dict[str, float] = {}
     for (n, _), s in zip(with_grad, sq):

@@ -127,8 +127,9 @@ class Recorder:
         self.bucket_every = int(bucket_every)
         self.attribute_every, self.attribute_method = _attribution_args(attribute_every, attribute_method)
         self.attribute_eps, self.attribute_applied = attribute_eps, bool(attribute_applied)
-        self.budget = (token_budget if isinstance(token_budget, Budget) or token_budget is None
-                       else Budget(token_budget))
+        self.budget = (
+            token_budget if isinstance(token_budget, Budget) or token_budget is None else Budget(token_budget)
+        )
         self.bucket_edges = validate_edges(bucket_edges)
         self.layers = layers
         self.rank, self.world_size = _dist_rank_world()
@@ -266,7 +267,7 @@ class Recorder:
 
     @property
     def on_error(self) -> str:
-        """"count" or "raise": what a writer failure does (the trainer's checkpoints follow it)."""
+        """ "count" or "raise": what a writer failure does (the trainer's checkpoints follow it)."""
         return self._on_error
 
     @property

@@ -80,7 +80,6 @@ class TokenDecoder:
                 self.cache[i] = self._decode(i)
         return pc.take(pa.array([self.cache[i] for i in uniq.tolist()], pa.string()), pa.array(inverse))
 
-
     def _decode(self, i: int) -> str | None:
         """One id's text; an id the tokenizer cannot decode keeps its row, with a null `token` (warned)."""
         try:
@@ -88,7 +87,9 @@ class TokenDecoder:
         except Exception as err:  # noqa: BLE001 - tokenizers raise many types; the row matters more
             warnings.warn(
                 f"tokengrad: the tokenizer cannot decode token id {i} ({type(err).__name__}: {err}); "
-                "its rows get a null token text", RuntimeWarning, stacklevel=2,
+                "its rows get a null token text",
+                RuntimeWarning,
+                stacklevel=2,
             )
             return None
 
@@ -112,6 +113,7 @@ def _batch_table(step: int, rank: int, b: CapturedBatch, decode: TokenDecoder) -
 
         def take(a):
             return a
+
     n = len(rows)
     if n == 0:
         return None
@@ -135,9 +137,13 @@ def _batch_table(step: int, rank: int, b: CapturedBatch, decode: TokenDecoder) -
             else pa.array(take(v).astype(np.float32), from_pandas=name in NAN_IS_NULL)
         )
     cols["clipped"] = pa.nulls(n, pa.bool_()) if b.clipped is None else pa.array(take(b.clipped))
-    cols["selected_by"] = (pa.nulls(n, pa.string()) if b.selected_by is None else
-                           pa.DictionaryArray.from_arrays(pa.array(b.selected_by.astype(np.int32)),
-                                                          pa.array(SELECTED_BY)).cast(pa.string()))
+    cols["selected_by"] = (
+        pa.nulls(n, pa.string())
+        if b.selected_by is None
+        else pa.DictionaryArray.from_arrays(
+            pa.array(b.selected_by.astype(np.int32)), pa.array(SELECTED_BY)
+        ).cast(pa.string())
+    )
     fixed = pa.table(
         {c: cols[c] for c in schema.column_names("tokens")}, schema=schema.arrow_schema("tokens")
     )

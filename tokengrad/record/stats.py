@@ -28,10 +28,10 @@ CHUNK_ROWS = 64
 
 
 class TokenStats(NamedTuple):
-    logprob: torch.Tensor          # [N, T] log p of the scored token (fp32)
-    prob: torch.Tensor             # [N, T] p of the scored token
-    entropy: torch.Tensor          # [N, T] entropy of the distribution, nats
-    sum_p2: torch.Tensor           # [N, T] sum_j p_j^2
+    logprob: torch.Tensor  # [N, T] log p of the scored token (fp32)
+    prob: torch.Tensor  # [N, T] p of the scored token
+    entropy: torch.Tensor  # [N, T] entropy of the distribution, nats
+    sum_p2: torch.Tensor  # [N, T] sum_j p_j^2
     logit_grad_unit: torch.Tensor  # [N, T] sqrt((1 - p)^2 + sum_{j != y} p_j^2) = |p - e_y|
 
 

@@ -42,12 +42,15 @@ class StepAttribution:
     """Attribution of one step's updates. `model`: the recorder's model; `method`: a name of
     ATTRIBUTION_METHODS; `applied`: also attribute the applied update delta (one parameter copy)."""
 
-    def __init__(self, model: torch.nn.Module, method: str = "jvp", eps: float | None = None,
-                 applied: bool = True):
+    def __init__(
+        self, model: torch.nn.Module, method: str = "jvp", eps: float | None = None, applied: bool = True
+    ):
         ATTRIBUTION_METHODS[method]  # unknown name -> ValueError listing the known ones
         if grads_are_sharded(model):
-            raise ValueError("attribute_every does not support sharded (FSDP) gradients; use DDP or one "
-                             "process, or attribute_every=0")
+            raise ValueError(
+                "attribute_every does not support sharded (FSDP) gradients; use DDP or one "
+                "process, or attribute_every=0"
+            )
         self.model, self.method, self.eps, self.applied = model, method, eps, applied
         self.world = _world_size()
         self._before: list[torch.Tensor] | None = None  # theta before the pending update
@@ -91,8 +94,8 @@ class StepAttribution:
         tangents = {n: d for (n, _), d in zip(named, delta)}
         for p in self._passes_of(passes, update_id):
             now, pred = directional_logprobs(self.model, p.recompute, tangents, self.method, self.eps)
-            p.tensors["dlogprob_pred"] = pred                                  # [N, T]
-            p.tensors["dlogprob"] = now - p.tensors["logprob"]                 # [N, T]
+            p.tensors["dlogprob_pred"] = pred  # [N, T]
+            p.tensors["dlogprob"] = now - p.tensors["logprob"]  # [N, T]
 
     def finish(self, passes: list) -> None:
         """Attribute a pending applied update (the parameters are now after it) and free the copy."""
@@ -107,26 +110,36 @@ class StepAttribution:
         missing = [p.pass_id for p in mine if p.recompute is None]
         if missing and not self._warned:
             self._warned = True
-            warnings.warn(f"tokengrad: attribution step, but passes {missing} were tracked without "
-                          f"recompute=...; their tokens get no update_share", RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                f"tokengrad: attribution step, but passes {missing} were tracked without "
+                f"recompute=...; their tokens get no update_share",
+                RuntimeWarning,
+                stacklevel=4,
+            )
         return [p for p in mine if p.recompute is not None]
 
     def _directional(self, p, tangents: dict) -> tuple[torch.Tensor, torch.Tensor]:
         primal, along = directional_logprobs(self.model, p.recompute, tangents, self.method, self.eps)
         lp = p.tensors["logprob"]
         if primal.shape != lp.shape:
-            raise ValueError(f"recompute() of pass {p.pass_id} returned shape {tuple(primal.shape)}, the "
-                             f"tracked logprobs have {tuple(lp.shape)}")
+            raise ValueError(
+                f"recompute() of pass {p.pass_id} returned shape {tuple(primal.shape)}, the "
+                f"tracked logprobs have {tuple(lp.shape)}"
+            )
         gap = float((primal - lp).abs()[p.mask].max()) if bool(p.mask.any()) else 0.0
         if not gap <= CONSISTENCY_TOL:
-            warnings.warn(f"tokengrad: recompute() of pass {p.pass_id} differs from the tracked log-probs by "
-                          f"{gap:.3g} (dropout on? a different batch?); its update_share is not exact",
-                          RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                f"tokengrad: recompute() of pass {p.pass_id} differs from the tracked log-probs by "
+                f"{gap:.3g} (dropout on? a different batch?); its update_share is not exact",
+                RuntimeWarning,
+                stacklevel=4,
+            )
         return primal, along
 
 
-def bucket_share_rows(passes: list, update_id: int, edges: tuple[float, ...], step: int, rank: int,
-                      device: torch.device) -> list[dict]:
+def bucket_share_rows(
+    passes: list, update_id: int, edges: tuple[float, ...], step: int, rank: int, device: torch.device
+) -> list[dict]:
     """Bucket rows of one update from its tokens' shares: update_share_B = sum of update_share over B
     (exact: the shares are linear in the token set), n_tokens / token_share over loss tokens, and the
     residual 1 - sum_B. Summed over ranks under DDP (every rank must call it, also one without passes, as
@@ -135,23 +148,41 @@ def bucket_share_rows(passes: list, update_id: int, edges: tuple[float, ...], st
     nb = len(edges) - 1
     acc = torch.zeros(2 * nb + 1, dtype=torch.float64, device=device)  # [shares | counts | n passes]
     for p in mine:
-        idx = bk.bucket_index(p.tensors["prob"], edges)                              # [N, T]
-        s = p.tensors["update_share"].double()                                       # [N, T]
+        idx = bk.bucket_index(p.tensors["prob"], edges)  # [N, T]
+        s = p.tensors["update_share"].double()  # [N, T]
         acc[:nb] += torch.bincount(idx[p.mask], weights=s[p.mask], minlength=nb)[:nb].to(device)
-        acc[nb:2 * nb] += torch.bincount(idx[p.in_loss], minlength=nb)[:nb].double().to(device)
+        acc[nb : 2 * nb] += torch.bincount(idx[p.in_loss], minlength=nb)[:nb].double().to(device)
         acc[-1] += 1
     if _world_size() > 1:
         torch.distributed.all_reduce(acc)
     if acc[-1] == 0:
         return []
-    shares, counts = acc[:nb].tolist(), [int(c) for c in acc[nb:2 * nb].tolist()]
+    shares, counts = acc[:nb].tolist(), [int(c) for c in acc[nb : 2 * nb].tolist()]
     n_all = max(sum(counts), 1)
-    rows = [dict(step=step, rank=rank, update_id=update_id, bucket=schema.bucket_label(lo, hi), lo=lo, hi=hi,
-                 n_tokens=counts[b], token_share=counts[b] / n_all, update_share=shares[b])
-            for b, (lo, hi) in enumerate(zip(edges, edges[1:]))]
+    rows = [
+        dict(
+            step=step,
+            rank=rank,
+            update_id=update_id,
+            bucket=schema.bucket_label(lo, hi),
+            lo=lo,
+            hi=hi,
+            n_tokens=counts[b],
+            token_share=counts[b] / n_all,
+            update_share=shares[b],
+        )
+        for b, (lo, hi) in enumerate(zip(edges, edges[1:]))
+    ]
     total = sum(shares)
-    rows.append(dict(step=step, rank=rank, update_id=update_id, bucket=schema.RESIDUAL_BUCKET,
-                     update_share=1.0 - total if math.isfinite(total) else math.nan))
+    rows.append(
+        dict(
+            step=step,
+            rank=rank,
+            update_id=update_id,
+            bucket=schema.RESIDUAL_BUCKET,
+            update_share=1.0 - total if math.isfinite(total) else math.nan,
+        )
+    )
     return rows
 
 

@@ -29,7 +29,8 @@ from tokengrad.record.step_attribution import StepAttribution, bucket_share_rows
 from tokengrad.record.writer import Rows
 
 _NUMERIC_STEP_COLUMNS = {
-    f.name for f in schema.arrow_schema("steps")
+    f.name
+    for f in schema.arrow_schema("steps")
     if pa.types.is_floating(f.type) or pa.types.is_integer(f.type)
 }
 
@@ -37,22 +38,23 @@ _NUMERIC_STEP_COLUMNS = {
 @dataclass
 class _Pass:
     """A tracked pass while the step is open (tensors stay on their device until the step ends)."""
+
     pass_id: int
     update_id: int
-    logprobs: torch.Tensor                  # [N, T] with graph (dropped after the backward)
-    tensors: dict[str, torch.Tensor]        # [N, T] detached values
+    logprobs: torch.Tensor  # [N, T] with graph (dropped after the backward)
+    tensors: dict[str, torch.Tensor]  # [N, T] detached values
     token_ids: torch.Tensor
-    mask: torch.Tensor                      # [N, T] bool
-    in_loss: torch.Tensor                   # [N, T] bool
-    sample_ids: torch.Tensor                # [N]
-    group_ids: torch.Tensor                 # [N]
+    mask: torch.Tensor  # [N, T] bool
+    in_loss: torch.Tensor  # [N, T] bool
+    sample_ids: torch.Tensor  # [N]
+    group_ids: torch.Tensor  # [N]
     scale: torch.Tensor | None
     clipped: torch.Tensor | None
     extra: dict[str, torch.Tensor]
-    coef: torch.Tensor | None = None        # [N, T] filled by the hook
+    coef: torch.Tensor | None = None  # [N, T] filled by the hook
     handle: object = None
     bucketed: bool = False
-    recompute: object = None                # () -> [N, T] log pi again, for attribution steps
+    recompute: object = None  # () -> [N, T] log pi again, for attribution steps
 
 
 class StepRecorder:
@@ -60,9 +62,13 @@ class StepRecorder:
         self.rec = recorder
         self.step = step
         self.is_bucket_step = bucket_step and recorder.model is not None
-        self.attribution = (StepAttribution(recorder.model, recorder.attribute_method, recorder.attribute_eps,
-                                            recorder.attribute_applied)
-                            if attribute_step and recorder.model is not None else None)
+        self.attribution = (
+            StepAttribution(
+                recorder.model, recorder.attribute_method, recorder.attribute_eps, recorder.attribute_applied
+            )
+            if attribute_step and recorder.model is not None
+            else None
+        )
         self._passes: list[_Pass] = []
         self._scalars: dict = {}
         self._samples: list[dict] = []
@@ -82,16 +88,29 @@ class StepRecorder:
             self.rec.end_step()
 
     # ---- passes ------------------------------------------------------------------------------------
-    def track(self, logprobs: torch.Tensor, *, token_ids: torch.Tensor, mask: torch.Tensor | None = None,
-              loss_mask: torch.Tensor | None = None, old_logprobs: torch.Tensor | None = None,
-              ref_logprobs: torch.Tensor | None = None, rollout_logprobs: torch.Tensor | None = None,
-              advantages: torch.Tensor | None = None,
-              weights: torch.Tensor | None = None, scale_grad: torch.Tensor | None = None,
-              sample_ids: torch.Tensor | None = None, group_ids: torch.Tensor | None = None,
-              logits: torch.Tensor | None = None, stats: TokenStats | None = None,
-              hidden: torch.Tensor | None = None, clipped: torch.Tensor | None = None,
-              update_id: int = 0, extra: dict[str, torch.Tensor] | None = None,
-              recompute=None) -> torch.Tensor:
+    def track(
+        self,
+        logprobs: torch.Tensor,
+        *,
+        token_ids: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        loss_mask: torch.Tensor | None = None,
+        old_logprobs: torch.Tensor | None = None,
+        ref_logprobs: torch.Tensor | None = None,
+        rollout_logprobs: torch.Tensor | None = None,
+        advantages: torch.Tensor | None = None,
+        weights: torch.Tensor | None = None,
+        scale_grad: torch.Tensor | None = None,
+        sample_ids: torch.Tensor | None = None,
+        group_ids: torch.Tensor | None = None,
+        logits: torch.Tensor | None = None,
+        stats: TokenStats | None = None,
+        hidden: torch.Tensor | None = None,
+        clipped: torch.Tensor | None = None,
+        update_id: int = 0,
+        extra: dict[str, torch.Tensor] | None = None,
+        recompute=None,
+    ) -> torch.Tensor:
         """Track one backward pass's per-token log-probs; the loss built from them must be backpropagated
         (`st.backward(loss)` or `loss.backward()`) before the next update's norms are recorded.
 
@@ -127,40 +146,74 @@ class StepRecorder:
             `logprobs` itself (so `lp = st.track(lp, ...)` reads naturally).
         """
         t = time.perf_counter()
-        N, T = check_track_inputs(logprobs, token_ids=token_ids, mask=mask, loss_mask=loss_mask,
-                                  old_logprobs=old_logprobs, ref_logprobs=ref_logprobs,
-                                  rollout_logprobs=rollout_logprobs, advantages=advantages,
-                                  weights=weights, scale_grad=scale_grad, sample_ids=sample_ids,
-                                  group_ids=group_ids, logits=logits, hidden=hidden, clipped=clipped,
-                                  extra=extra)
+        N, T = check_track_inputs(
+            logprobs,
+            token_ids=token_ids,
+            mask=mask,
+            loss_mask=loss_mask,
+            old_logprobs=old_logprobs,
+            ref_logprobs=ref_logprobs,
+            rollout_logprobs=rollout_logprobs,
+            advantages=advantages,
+            weights=weights,
+            scale_grad=scale_grad,
+            sample_ids=sample_ids,
+            group_ids=group_ids,
+            logits=logits,
+            hidden=hidden,
+            clipped=clipped,
+            extra=extra,
+        )
         dev = logprobs.device
         mask_b = torch.ones(N, T, dtype=torch.bool, device=dev) if mask is None else mask.to(torch.bool)
         # a model's vocabulary may be larger than its tokenizer's, so only logits give the bound
         vocab = logits.shape[-1] if logits is not None else None
         check_ids(token_ids, mask_b, vocab, _ids(sample_ids, N, dev))
         in_loss = mask_b if loss_mask is None else (loss_mask.to(torch.bool) & mask_b)
-        tensors = self._values(logprobs, token_ids, mask_b, old_logprobs, ref_logprobs, advantages, weights,
-                               logits, stats, hidden)
+        tensors = self._values(
+            logprobs,
+            token_ids,
+            mask_b,
+            old_logprobs,
+            ref_logprobs,
+            advantages,
+            weights,
+            logits,
+            stats,
+            hidden,
+        )
         if rollout_logprobs is not None:
             tensors["rollout_logprob"] = rollout_logprobs.detach().float()
-        p = _Pass(len(self._passes), int(update_id), logprobs, tensors, token_ids.detach(), mask_b, in_loss,
-                  _ids(sample_ids, N, dev), _ids(group_ids, N, dev),
-                  None if scale_grad is None else scale_grad.detach().to(logprobs.dtype),
-                  None if clipped is None else clipped.detach().to(torch.bool),
-                  {k: v.detach() for k, v in (extra or {}).items()})
+        p = _Pass(
+            len(self._passes),
+            int(update_id),
+            logprobs,
+            tensors,
+            token_ids.detach(),
+            mask_b,
+            in_loss,
+            _ids(sample_ids, N, dev),
+            _ids(group_ids, N, dev),
+            None if scale_grad is None else scale_grad.detach().to(logprobs.dtype),
+            None if clipped is None else clipped.detach().to(torch.bool),
+            {k: v.detach() for k, v in (extra or {}).items()},
+        )
         p.recompute = recompute if self.attribution is not None else None
         if logprobs.requires_grad:
             p.handle = logprobs.register_hook(self._make_hook(p))
         else:
-            warnings.warn("tokengrad: tracked logprobs do not require grad; coef will be missing",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                "tokengrad: tracked logprobs do not require grad; coef will be missing",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         self._passes.append(p)
         self._t_record += time.perf_counter() - t
         return logprobs
 
     @torch.no_grad()
     def _values(self, logprobs, token_ids, mask, old, ref, adv, weights, logits, stats, hidden) -> dict:
-        lp = logprobs.detach().float()                                   # [N, T]
+        lp = logprobs.detach().float()  # [N, T]
         if stats is None and logits is not None:
             stats = token_stats(logits.detach(), token_ids, mask)
         out = {"logprob": lp}
@@ -254,8 +307,14 @@ class StepRecorder:
                 update_id, [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in named]
             )
         if self.attribution is not None and not any(r["update_id"] == update_id for r in self._bucket_rows):
-            self._bucket_rows += bucket_share_rows(self._passes, update_id, self.rec.bucket_edges, self.step,
-                                                   self.rec.rank, named[0][1].device if named else "cpu")
+            self._bucket_rows += bucket_share_rows(
+                self._passes,
+                update_id,
+                self.rec.bucket_edges,
+                self.step,
+                self.rec.rank,
+                named[0][1].device if named else "cpu",
+            )
         self._t_record += time.perf_counter() - t
         return total
 
@@ -278,8 +337,14 @@ class StepRecorder:
         return total
 
     def _finish_buckets(self, update_id: int, total: list[torch.Tensor]) -> None:
-        self._bucket_rows += bucket_rows(self._bucket_state.pop(update_id), total, self.rec.bucket_edges,
-                                         step=self.step, rank=self.rec.rank, update_id=update_id)
+        self._bucket_rows += bucket_rows(
+            self._bucket_state.pop(update_id),
+            total,
+            self.rec.bucket_edges,
+            step=self.step,
+            rank=self.rec.rank,
+            update_id=update_id,
+        )
 
     def record_prob_change(self, new_logprobs: torch.Tensor, sample_ids: torch.Tensor | None = None) -> None:
         """After the step's updates: mean change of probability and correct ratio per pi_old bucket (AR-Lopti,
@@ -296,23 +361,36 @@ class StepRecorder:
         no gradient analysis).
         """
         N, _ = new_logprobs.shape
-        tracked = [(p.sample_ids, p.in_loss, p.tensors["old_logprob"], p.tensors.get("advantage"))
-                   for p in self._passes if "old_logprob" in p.tensors]
+        tracked = [
+            (p.sample_ids, p.in_loss, p.tensors["old_logprob"], p.tensors.get("advantage"))
+            for p in self._passes
+            if "old_logprob" in p.tensors
+        ]
         rows_ids = _ids(sample_ids, N, new_logprobs.device)
         in_loss, old, adv = bk.union_of_passes(rows_ids, tracked, new_logprobs)
         edges = self.rec.bucket_edges
         idx = bk.bucket_index(old.exp(), edges)  # [N, T] bucket of pi_old
         dmean, correct = bk.prob_change(old, new_logprobs.detach().float(), adv, in_loss, idx, len(edges) - 1)
-        last = max([r["update_id"] for r in self._bucket_rows], default=max(
-            [p.update_id for p in self._passes], default=0))
+        last = max(
+            [r["update_id"] for r in self._bucket_rows],
+            default=max([p.update_id for p in self._passes], default=0),
+        )
         rows = [
             r for r in self._bucket_rows if r["update_id"] == last and r["bucket"] != schema.RESIDUAL_BUCKET
         ]
         if not rows:  # no gradient analysis this step: rows with counts and the change only
             n = [int(((idx == b) & in_loss).sum()) for b in range(len(edges) - 1)]
             rows = [
-                dict(step=self.step, rank=self.rec.rank, update_id=last, bucket=schema.bucket_label(lo, hi),
-                     lo=lo, hi=hi, n_tokens=n[b], token_share=n[b] / max(sum(n), 1))
+                dict(
+                    step=self.step,
+                    rank=self.rec.rank,
+                    update_id=last,
+                    bucket=schema.bucket_label(lo, hi),
+                    lo=lo,
+                    hi=hi,
+                    n_tokens=n[b],
+                    token_share=n[b] / max(sum(n), 1),
+                )
                 for b, (lo, hi) in enumerate(zip(edges, edges[1:]))
             ]
             self._bucket_rows += rows
@@ -341,9 +419,18 @@ class StepRecorder:
         """One row per completion into the samples table; list-like arguments of equal length."""
         if RESERVED & set(extra):
             raise ValueError(f"samples(): {sorted(RESERVED & set(extra))} are set by the recorder; rename")
-        cols = dict(sample_id=sample_ids, group_id=group_ids, prompt=prompts, completion=completions,
-                    reward=rewards, advantage=advantages, length=lengths, task=task, difficulty=difficulty,
-                    **extra)
+        cols = dict(
+            sample_id=sample_ids,
+            group_id=group_ids,
+            prompt=prompts,
+            completion=completions,
+            reward=rewards,
+            advantage=advantages,
+            length=lengths,
+            task=task,
+            difficulty=difficulty,
+            **extra,
+        )
         self._samples += sample_rows(cols, step=self.step, rank=self.rec.rank)
 
     # ---- end of step -------------------------------------------------------------------------------
@@ -359,8 +446,16 @@ class StepRecorder:
         self._bucket_state.clear()
         scalars, tables = dict(self._scalars), {}
         if self.rec.budget is not None and self._passes:
-            captured = budgeted(self._passes, self.rec.budget, self.step, self.rec.rank,
-                                self.rec.bucket_edges, scalars, tables, self.rec.decode)
+            captured = budgeted(
+                self._passes,
+                self.rec.budget,
+                self.step,
+                self.rec.rank,
+                self.rec.bucket_edges,
+                scalars,
+                tables,
+                self.rec.decode,
+            )
         else:
             captured = [capture_pass(p) for p in self._passes]
         n_token_rows = sum(len(c.index[0]) if c.index is not None else int(c.mask.sum()) for c in captured)
@@ -397,5 +492,3 @@ def _steps_row(step: int, rank: int, scalars: dict, captured: list[CapturedBatch
 
 def _ids(ids: torch.Tensor | None, n: int, dev) -> torch.Tensor:
     return torch.arange(n, device=dev) if ids is None else torch.as_tensor(ids, device=dev).long()
-
-

@@ -21,8 +21,11 @@ BYTE_PIECE = re.compile(r"^(<0x[0-9A-Fa-f]{2}>)+$")
 @lru_cache(maxsize=1)
 def _char_to_byte() -> dict[str, int]:
     """Inverse of the GPT-2 byte-to-character table (Radford et al. 2019, byte-level BPE)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     table, shift = {chr(b): b for b in printable}, 0
     for b in range(256):
         if b not in printable:

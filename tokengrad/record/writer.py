@@ -77,8 +77,15 @@ class RunWriter:
             run), so the run's total stays right.
     """
 
-    def __init__(self, run_dir: str | os.PathLike, rank: int = 0, on_error: str = "count",
-                 compact_every: int = 64, max_queue: int = 8, rows_dropped: dict[str, int] | None = None):
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        rank: int = 0,
+        on_error: str = "count",
+        compact_every: int = 64,
+        max_queue: int = 8,
+        rows_dropped: dict[str, int] | None = None,
+    ):
         if on_error not in ("count", "raise"):
             raise ValueError(f"on_error must be 'count' or 'raise', got {on_error!r}")
         self.run_dir = Path(run_dir)
@@ -87,7 +94,7 @@ class RunWriter:
         self.compact_every = compact_every
         self.rows_dropped: dict[str, int] = dict(rows_dropped or {})
         self.rows_written: dict[str, int] = {}
-        self.last_committed: int = -1          # last bundle sequence number fully handled
+        self.last_committed: int = -1  # last bundle sequence number fully handled
         self._committed = threading.Condition()
         self._error: BaseException | None = None
         self.repaired = self._repair()
@@ -195,8 +202,9 @@ class RunWriter:
         # dictionary-encode only the non-float columns: floats do not repeat, and encoding them costs ~2.5x
         dict_cols = [f.name for f in data.schema if not pa.types.is_floating(f.type)]
         try:
-            pq.write_table(data, tmp, compression=COMPRESSION, use_dictionary=dict_cols,
-                           write_page_checksum=True)
+            pq.write_table(
+                data, tmp, compression=COMPRESSION, use_dictionary=dict_cols, write_page_checksum=True
+            )
             os.replace(tmp, path)
         except BaseException:
             tmp.unlink(missing_ok=True)
@@ -280,8 +288,9 @@ class RunWriter:
             try:
                 done += [f"{table}/{line}" for line in layout.repair(folder, self._write_atomic)]
             except OSError as err:  # e.g. a read-only disk: the reader resolves the same files anyway
-                warnings.warn(f"tokengrad writer: could not tidy {folder}: {err}", RuntimeWarning,
-                              stacklevel=2)
+                warnings.warn(
+                    f"tokengrad writer: could not tidy {folder}: {err}", RuntimeWarning, stacklevel=2
+                )
         return done
 
     def _next_sequence(self) -> int:

@@ -27,18 +27,19 @@ from tokengrad.objective.weighting import TokenBatch, TokenWeights
 
 class Batch(NamedTuple):
     """The rollout rows that enter the update (all of them, or the groups dynamic sampling keeps)."""
-    input_ids: Tensor              # [N, P + T]
-    attention_mask: Tensor         # [N, P + T]
-    prompt_len: int                # P
-    completion_ids: Tensor         # [N, T]
-    mask: Tensor                   # [N, T] 1 = completion token (recorded)
-    loss_mask: Tensor              # [N, T] 1 = generated token (tool output is 0)
-    advantages: Tensor             # [N]
-    old_logprobs: Tensor           # [N, T] log pi_old
-    ref_logprobs: Tensor | None    # [N, T] log pi_ref, or None when beta = 0
-    rollout_logprobs: Tensor       # [N, T] log-prob under the sampler's distribution (NaN where none)
-    sample_ids: Tensor             # [N] row in the step's global rollout (unique over ranks)
-    group_ids: Tensor              # [N] prompt of the row, numbered over ranks
+
+    input_ids: Tensor  # [N, P + T]
+    attention_mask: Tensor  # [N, P + T]
+    prompt_len: int  # P
+    completion_ids: Tensor  # [N, T]
+    mask: Tensor  # [N, T] 1 = completion token (recorded)
+    loss_mask: Tensor  # [N, T] 1 = generated token (tool output is 0)
+    advantages: Tensor  # [N]
+    old_logprobs: Tensor  # [N, T] log pi_old
+    ref_logprobs: Tensor | None  # [N, T] log pi_ref, or None when beta = 0
+    rollout_logprobs: Tensor  # [N, T] log-prob under the sampler's distribution (NaN where none)
+    sample_ids: Tensor  # [N] row in the step's global rollout (unique over ranks)
+    group_ids: Tensor  # [N] prompt of the row, numbered over ranks
 
 
 def select_rows(g, device) -> Batch | None:
@@ -50,10 +51,17 @@ def select_rows(g, device) -> Batch | None:
     on = lambda x: x[rows].to(device)  # noqa: E731
     comp = on(r.completion_ids)
     return Batch(
-        input_ids=on(r.input_ids), attention_mask=on(r.attention_mask), prompt_len=r.prompt_len,
-        completion_ids=comp, mask=on(r.mask), loss_mask=on(r.loss_mask),
-        advantages=on(g.advantages.flatten()), old_logprobs=torch.zeros(comp.shape, device=device),
-        ref_logprobs=None, rollout_logprobs=on(r.rollout_logprobs), sample_ids=on(g.sample_ids),
+        input_ids=on(r.input_ids),
+        attention_mask=on(r.attention_mask),
+        prompt_len=r.prompt_len,
+        completion_ids=comp,
+        mask=on(r.mask),
+        loss_mask=on(r.loss_mask),
+        advantages=on(g.advantages.flatten()),
+        old_logprobs=torch.zeros(comp.shape, device=device),
+        ref_logprobs=None,
+        rollout_logprobs=on(r.rollout_logprobs),
+        sample_ids=on(g.sample_ids),
         group_ids=on(g.group_ids),
     )
 
@@ -70,8 +78,9 @@ def mismatch_sums(b: Batch | None) -> list[float]:
 
 class Update(NamedTuple):
     """One optimizer update: its phase's loss mask, its rows and their micro-batches."""
-    phase: Tensor        # [N, T] loss mask of the update's phase (the batch's loss mask without phases)
-    rows: Tensor         # [n] batch rows of the mini-batch
+
+    phase: Tensor  # [N, T] loss mask of the update's phase (the batch's loss mask without phases)
+    rows: Tensor  # [n] batch rows of the mini-batch
     micro: list[Tensor]  # positions within `rows` of each micro-batch (one backward pass each)
 
 

@@ -48,12 +48,23 @@ def checkpoint_after_step(rec, run_dir: Path, step: int, model, tokenizer, optim
     """Every rank: wait until its steps <= `step` are on disk (the checkpoint must never get ahead of the
     data), then rank 0 saves; returns the checkpoint path (None if the disk refused, see save_checkpoint)."""
     data_step = int(dist.all_reduce([rec.checkpoint_step()], "min")[0])  # also the barrier of all ranks
-    return dist.on_main(lambda: save_checkpoint(run_dir, step, model, tokenizer, optimizer, config,
-                                                data_step=data_step, on_error=rec.on_error))
+    return dist.on_main(
+        lambda: save_checkpoint(
+            run_dir, step, model, tokenizer, optimizer, config, data_step=data_step, on_error=rec.on_error
+        )
+    )
 
 
-def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer, config: dict,
-                    data_step: int | None = None, on_error: str = "raise") -> Path | None:
+def save_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    model,
+    tokenizer,
+    optimizer,
+    config: dict,
+    data_step: int | None = None,
+    on_error: str = "raise",
+) -> Path | None:
     """Write the checkpoint after `step` (the last finished step; `data_step`: the last step on disk).
 
     on_error="count": a disk that refuses the checkpoint (full, read-only) is a warning, the previous
@@ -66,16 +77,24 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, optimizer,
         with _no_progress_bar():
             model.save_pretrained(tmp / "model", safe_serialization=True)
         tokenizer.save_pretrained(tmp / "model")
-        state = {"step": int(step), "data_step": None if data_step is None else int(data_step),
-                 "optimizer": optimizer.state_dict(), "config": config}
+        state = {
+            "step": int(step),
+            "data_step": None if data_step is None else int(data_step),
+            "optimizer": optimizer.state_dict(),
+            "config": config,
+        }
         torch.save(state, tmp / f".{TRAINER_FILE}.tmp")
         os.replace(tmp / f".{TRAINER_FILE}.tmp", tmp / TRAINER_FILE)  # last: marks the folder complete
     except OSError as err:
         shutil.rmtree(tmp, ignore_errors=True)
         if on_error == "raise":
             raise
-        warnings.warn(f"tokengrad: the checkpoint after step {step} could not be written to {final} ({err}); "
-                      "the previous checkpoint is kept", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"tokengrad: the checkpoint after step {step} could not be written to {final} ({err}); "
+            "the previous checkpoint is kept",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return None
     shutil.rmtree(old, ignore_errors=True)
     if final.exists():
@@ -108,8 +127,12 @@ def recover_checkpoint(run_dir: str | Path) -> Path | None:
             if final.exists():  # an incomplete folder in the way (not left by save_checkpoint itself)
                 shutil.rmtree(final)
             candidate.rename(final)
-            warnings.warn(f"tokengrad: recovered the checkpoint of {run_dir} from {candidate.name} (a save "
-                          "was interrupted)", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"tokengrad: recovered the checkpoint of {run_dir} from {candidate.name} (a save "
+                "was interrupted)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             return final
     return None
 
@@ -123,16 +146,23 @@ def load_trainer_state(run_dir: str | Path) -> dict:
         raise ValueError(f"cannot resume: no checkpoint at {path}")
     pickled = sorted(p.name for p in (folder / "model").iterdir() if p.suffix in PICKLE_SUFFIXES)
     if pickled:
-        raise ValueError(f"cannot resume: {folder / 'model'} holds pickled weights {pickled}; tokengrad "
-                         "checkpoints store safetensors only, and pickles can run code when loaded")
+        raise ValueError(
+            f"cannot resume: {folder / 'model'} holds pickled weights {pickled}; tokengrad "
+            "checkpoints store safetensors only, and pickles can run code when loaded"
+        )
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        raise ValueError(f"cannot resume: {path} holds objects other than tensors and plain data, which "
-                         f"could run code when loaded; it is not loaded ({' '.join(str(err).split())[:300]})"
-                         ) from None
-    if not (isinstance(state, dict) and isinstance(state.get("step"), int)
-            and isinstance(state.get("optimizer"), dict) and isinstance(state.get("config"), dict)):
+        raise ValueError(
+            f"cannot resume: {path} holds objects other than tensors and plain data, which "
+            f"could run code when loaded; it is not loaded ({' '.join(str(err).split())[:300]})"
+        ) from None
+    if not (
+        isinstance(state, dict)
+        and isinstance(state.get("step"), int)
+        and isinstance(state.get("optimizer"), dict)
+        and isinstance(state.get("config"), dict)
+    ):
         raise ValueError(f"cannot resume: {path} is not a tokengrad trainer state (step, optimizer, config)")
     return state
 
@@ -141,6 +171,7 @@ def load_trainer_state(run_dir: str | Path) -> dict:
 def _no_progress_bar():
     """Silence transformers' shard-writing bar (it would break the trainer's own), then restore it."""
     from transformers.utils import logging as hf_logging
+
     was_enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
@@ -151,8 +182,18 @@ def _no_progress_bar():
 
 
 # Keys a resumed run may change; any other difference from the checkpoint's config is an error.
-RESUMABLE_KEYS = {"steps", "resume", "progress", "run_dir", "run_name", "eval_every", "eval_per_difficulty",
-                  "checkpoint", "checkpoint_every", "bucket_every"}
+RESUMABLE_KEYS = {
+    "steps",
+    "resume",
+    "progress",
+    "run_dir",
+    "run_name",
+    "eval_every",
+    "eval_per_difficulty",
+    "checkpoint",
+    "checkpoint_every",
+    "bucket_every",
+}
 
 
 def resolve_run_dir(cfg: TrainConfig) -> Path:
@@ -161,8 +202,10 @@ def resolve_run_dir(cfg: TrainConfig) -> Path:
     run_dir = Path(cfg.run_dir or Path("runs") / name)
     if (run_dir / "meta.json").exists() and not cfg.resume:
         where = "its checkpoint" if has_checkpoint(run_dir) else "step 0, as it has no checkpoint yet"
-        raise ValueError(f"run directory {run_dir} already holds a run; pass resume=true to continue it "
-                         f"(from {where}) or choose another run_dir")
+        raise ValueError(
+            f"run directory {run_dir} already holds a run; pass resume=true to continue it "
+            f"(from {where}) or choose another run_dir"
+        )
     return run_dir
 
 
@@ -171,15 +214,22 @@ def resume_state(cfg: TrainConfig, run_dir: Path) -> dict | None:
     a run that stopped before its first checkpoint: it starts again from step 0 (its rows are removed)."""
     if not has_checkpoint(run_dir) and (run_dir / "meta.json").is_file():
         _check_unchanged(cfg, _meta_config(run_dir), run_dir, "the recorded run's")
-        warnings.warn(f"tokengrad: {run_dir} has no checkpoint (the run stopped before its first one); "
-                      "starting it again from step 0", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"tokengrad: {run_dir} has no checkpoint (the run stopped before its first one); "
+            "starting it again from step 0",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return None
     state = load_trainer_state(run_dir)
     _check_unchanged(cfg, state["config"], run_dir, "the checkpoint's")
     if state.get("data_step") is not None and state["data_step"] < state["step"]:
-        warnings.warn(f"tokengrad: the checkpoint of {run_dir} is at step {state['step']} but its data only "
-                      f"reaches step {state['data_step']}; the steps in between are missing", RuntimeWarning,
-                      stacklevel=2)
+        warnings.warn(
+            f"tokengrad: the checkpoint of {run_dir} is at step {state['step']} but its data only "
+            f"reaches step {state['data_step']}; the steps in between are missing",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     if state["step"] + 1 >= cfg.steps:
         raise ValueError(
             f"cannot resume {run_dir}: its checkpoint is at step {state['step']} and steps={cfg.steps}; "

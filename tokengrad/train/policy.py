@@ -95,7 +95,11 @@ def gather_logprobs(logits: Tensor, token_ids: Tensor) -> Tensor:
 
 
 def directional_logprobs(
-    model, input_ids: Tensor, attention_mask: Tensor, prompt_len: int, completion_ids: Tensor,
+    model,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    prompt_len: int,
+    completion_ids: Tensor,
     temperature: float = 1.0,
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
 ) -> Tensor:
@@ -115,9 +119,9 @@ def logprob_temperature(sampling_temperature: float) -> float:
 
 
 class PolicyOutput(NamedTuple):
-    logprobs: Tensor   # [n, T] log softmax(z / T)[token], fp32, differentiable
+    logprobs: Tensor  # [n, T] log softmax(z / T)[token], fp32, differentiable
     stats: TokenStats  # prob, entropy, sum_p2, ... of softmax(z / T), no grad
-    hidden: Tensor     # [n, T, D] hidden states feeding the LM head
+    hidden: Tensor  # [n, T, D] hidden states feeding the LM head
 
 
 def token_logprobs(
@@ -162,7 +166,12 @@ def score_logprobs(
     for rows in chunks:
         if rows.numel():
             out[rows] = token_logprobs(
-                forward, input_ids[rows], attention_mask[rows], prompt_len, completion_ids[rows],
-                temperature, autocast,
+                forward,
+                input_ids[rows],
+                attention_mask[rows],
+                prompt_len,
+                completion_ids[rows],
+                temperature,
+                autocast,
             ).logprobs
     return out

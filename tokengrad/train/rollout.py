@@ -36,25 +36,25 @@ from tokengrad.train.tasks.base import Problem, Task
 
 
 class Completions(NamedTuple):
-    prompt_ids: list[list[int]]      # N rows: rendered prompt token ids
+    prompt_ids: list[list[int]]  # N rows: rendered prompt token ids
     completion_ids: list[list[int]]  # N rows: generated and tool-output tokens, in order
-    loss_mask: list[list[int]]       # N rows: 1 = generated token, 0 = tool output
-    texts: list[str]                 # N decoded completions (special tokens dropped)
-    n_tool_calls: list[int]          # N
+    loss_mask: list[list[int]]  # N rows: 1 = generated token, 0 = tool output
+    texts: list[str]  # N decoded completions (special tokens dropped)
+    n_tool_calls: list[int]  # N
     rollout_logprobs: list[list[float]]  # N rows: sampler's log-prob of each token (NaN: tool output, greedy)
 
 
 class Rollout(NamedTuple):
-    input_ids: Tensor       # [N, P + T] prompt left-padded, completion right-padded
+    input_ids: Tensor  # [N, P + T] prompt left-padded, completion right-padded
     attention_mask: Tensor  # [N, P + T] 1 = real token
-    prompt_len: int         # P
+    prompt_len: int  # P
     completion_ids: Tensor  # [N, T]
-    mask: Tensor            # [N, T] float, 1 = completion token (generated or tool output)
-    loss_mask: Tensor       # [N, T] float, 1 = generated token (in the loss)
-    rewards: Tensor         # [B, G]
-    correct: Tensor         # [B, G] bool
-    problems: list          # B Problem
-    texts: list[str]        # N completions
+    mask: Tensor  # [N, T] float, 1 = completion token (generated or tool output)
+    loss_mask: Tensor  # [N, T] float, 1 = generated token (in the loss)
+    rewards: Tensor  # [B, G]
+    correct: Tensor  # [B, G] bool
+    problems: list  # B Problem
+    texts: list[str]  # N completions
     n_tool_calls: list[int]  # N
     rollout_logprobs: Tensor  # [N, T] log-prob under the sampler's distribution (NaN where none)
 
@@ -96,8 +96,8 @@ class _SampledLogprobs(LogitsProcessor):
     last token's at `finish`). Holds one [n, V] tensor at a time."""
 
     def __init__(self):
-        self.prev: Tensor | None = None   # [n, V] log-probs of the last call
-        self.picked: list[Tensor] = []    # per generated token: [n]
+        self.prev: Tensor | None = None  # [n, V] log-probs of the last call
+        self.picked: list[Tensor] = []  # per generated token: [n]
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         self._take(input_ids[:, -1])
@@ -136,12 +136,12 @@ class _StopOnText(StoppingCriteria):
 
     def __init__(self, tokenizer, stop: str, start: int):
         self.tok, self.stop, self.start = tokenizer, stop, start
-        self.window = len(stop.encode("utf-8")) + 2   # every token decodes to >= 1 byte
+        self.window = len(stop.encode("utf-8")) + 2  # every token decodes to >= 1 byte
         self.stop_at: dict[int, int] = {}
 
     def __call__(self, input_ids: Tensor, scores: Tensor, **kwargs) -> Tensor:
         n_new = input_ids.shape[1] - self.start
-        tail = input_ids[:, max(self.start, input_ids.shape[1] - self.window):].tolist()
+        tail = input_ids[:, max(self.start, input_ids.shape[1] - self.window) :].tolist()
         for row, ids in enumerate(tail):
             if row not in self.stop_at and self.stop in self.tok.decode(ids):
                 self.stop_at[row] = n_new
@@ -162,8 +162,9 @@ def _only_our_generation_config(model):
 
 
 @torch.no_grad()
-def _generate_turn(model, tokenizer, contexts: list[list[int]], max_new_tokens: int, sampling: dict,
-                   stop: str | None) -> list[tuple[list[int], bool, list[float]]]:
+def _generate_turn(
+    model, tokenizer, contexts: list[list[int]], max_new_tokens: int, sampling: dict, stop: str | None
+) -> list[tuple[list[int], bool, list[float]]]:
     """One generation turn for every context: (new token ids, stopped at `stop`, the sampler's log-prob of
     each new token, NaN when greedy) per row."""
     pad, eos = tokenizer.pad_token_id, eos_ids(model, tokenizer)
@@ -172,8 +173,8 @@ def _generate_turn(model, tokenizer, contexts: list[list[int]], max_new_tokens: 
     ids = torch.full((len(contexts), L), pad, dtype=torch.long)  # [n, L] left-padded
     attn = torch.zeros_like(ids)
     for i, c in enumerate(contexts):
-        ids[i, L - len(c):] = torch.tensor(c)
-        attn[i, L - len(c):] = 1
+        ids[i, L - len(c) :] = torch.tensor(c)
+        attn[i, L - len(c) :] = 1
     dev = model.device
     criteria = _StopOnText(tokenizer, stop, L) if stop else None
     kwargs, record, procs = _sampler(sampling)

@@ -29,14 +29,14 @@ RoundFn = Callable[[int], "tuple[Completions, list, tuple[Tensor, Tensor]]"]
 
 
 class Gathered(NamedTuple):
-    rollout: Rollout    # this rank's rows of every round, concatenated (prompt-major within a round)
+    rollout: Rollout  # this rank's rows of every round, concatenated (prompt-major within a round)
     sample_ids: Tensor  # [n] global id of each of this rank's rows
-    group_ids: Tensor   # [n] global group id of each row
-    in_update: Tensor   # [n] bool: the row's group is in the update batch
+    group_ids: Tensor  # [n] global group id of each row
+    in_update: Tensor  # [n] bool: the row's group is in the update batch
     advantages: Tensor  # [b_all_rounds, G] advantages of this rank's groups
-    scores: Tensor      # [R B, G, 3] reward, correct, length of every round's global groups
-    n_rounds: int       # generation rounds run
-    n_kept: int         # groups in the update batch (all ranks)
+    scores: Tensor  # [R B, G, 3] reward, correct, length of every round's global groups
+    n_rounds: int  # generation rounds run
+    n_kept: int  # groups in the update batch (all ranks)
 
 
 def gather_rollout(

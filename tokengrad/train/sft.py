@@ -23,19 +23,19 @@ from tqdm.auto import tqdm
 
 from tokengrad.train.rollout import encode_prompt, gather_logprobs, pack, policy_forward
 
-Examples = Callable[[int], list[tuple[str, str]]]   # step -> (prompt text, target completion text) pairs
+Examples = Callable[[int], list[tuple[str, str]]]  # step -> (prompt text, target completion text) pairs
 
 
 @dataclass(frozen=True)
 class SFTConfig:
-    steps: int = 1000            # optimizer updates
-    lr: float = 1e-3             # peak AdamW learning rate
-    min_lr: float = 0.0          # the cosine schedule's final learning rate
-    warmup_steps: int = 50       # linear warm-up, then cosine decay to min_lr at `steps`
+    steps: int = 1000  # optimizer updates
+    lr: float = 1e-3  # peak AdamW learning rate
+    min_lr: float = 0.0  # the cosine schedule's final learning rate
+    warmup_steps: int = 50  # linear warm-up, then cosine decay to min_lr at `steps`
     weight_decay: float = 0.0
-    grad_clip: float = 1.0       # total-norm clip (0 = off)
-    eval_every: int = 0          # call `evaluate` every N steps and after the last (0 = only after the last)
-    max_seconds: float = 0.0     # stop early after this much wall time (0 = no limit; the study's control)
+    grad_clip: float = 1.0  # total-norm clip (0 = off)
+    eval_every: int = 0  # call `evaluate` every N steps and after the last (0 = only after the last)
+    max_seconds: float = 0.0  # stop early after this much wall time (0 = no limit; the study's control)
     progress: bool = True
 
 
@@ -66,8 +66,9 @@ def sft_loss(model, batch: tuple[Tensor, Tensor, int, Tensor, Tensor]) -> Tensor
     return (nll * mask).sum() / mask.sum()
 
 
-def supervised_train(model, tok, examples: Examples, cfg: SFTConfig,
-                     evaluate: Callable[[int], dict] | None = None) -> list[dict]:
+def supervised_train(
+    model, tok, examples: Examples, cfg: SFTConfig, evaluate: Callable[[int], dict] | None = None
+) -> list[dict]:
     """Train `model` in place; returns one record per evaluation: {step, seconds, loss, **evaluate(step)}.
 
     Dropout is off (eval mode) so the supervised model is the same function the RL trainer samples from.
@@ -97,8 +98,9 @@ def supervised_train(model, tok, examples: Examples, cfg: SFTConfig,
         if evaluate is not None and (last or (cfg.eval_every and (step + 1) % cfg.eval_every == 0)):
             record = {"step": step, "seconds": elapsed, "loss": sum(losses) / len(losses), **evaluate(step)}
             history.append(record)
-            bar.write(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                               for k, v in record.items()))
+            bar.write(
+                " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items())
+            )
             losses = []
         if out_of_time:
             break

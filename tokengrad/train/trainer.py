@@ -75,13 +75,14 @@ class Trainer:
     def setup(self) -> "Trainer":
         cfg = self.cfg
         self.device = dist.process_device(cfg.device)
-        self.share = dist.shard(cfg.prompts_per_step, "prompts_per_step")   # this rank's prompts of a step
+        self.share = dist.shard(cfg.prompts_per_step, "prompts_per_step")  # this rank's prompts of a step
         self.owns_group = dist.init_from_env(self.device)
         self.run_dir = dist.on_main(lambda: resolve_run_dir(cfg))  # one name (and check) for all ranks
         self.task = get_task(cfg.task, **cfg.task_params)  # bad task params fail before the model loads
         self.rule, self.rule_params = get_weighting(cfg.weighting), _rule_kwargs(cfg)
-        for msg in check_rule(cfg.weighting, cfg.weighting_params, eps_low=cfg.eps_low,
-                              eps_high=cfg.eps_high):
+        for msg in check_rule(
+            cfg.weighting, cfg.weighting_params, eps_low=cfg.eps_low, eps_high=cfg.eps_high
+        ):
             warnings.warn(msg, UserWarning, stacklevel=2)
         # log-probs of the policy being trained describe the distribution the sampler draws from
         self.temperature = logprob_temperature(cfg.temperature)
@@ -113,10 +114,16 @@ class Trainer:
         # Dr. GRPO divides by a constant: the most generated tokens a completion can hold.
         self.max_len = cfg.max_new_tokens * (cfg.max_turns if self.task.tool_stop else 1)
         self.rec = Recorder(
-            self.run_dir, model=self.model, tokenizer=self.tok, config=cfg.to_dict(),
-            run_name=cfg.run_name or self.run_dir.name, model_name=cfg.model,
-            weighting=rule_meta(cfg.weighting, self.rule_params), bucket_every=cfg.bucket_every,
-            attribute_every=cfg.attribute_every, attribute_method=cfg.attribute_method,
+            self.run_dir,
+            model=self.model,
+            tokenizer=self.tok,
+            config=cfg.to_dict(),
+            run_name=cfg.run_name or self.run_dir.name,
+            model_name=cfg.model,
+            weighting=rule_meta(cfg.weighting, self.rule_params),
+            bucket_every=cfg.bucket_every,
+            attribute_every=cfg.attribute_every,
+            attribute_method=cfg.attribute_method,
             token_budget=cfg.token_budget or None,
             resume_step=self.start_step if cfg.resume else None,  # no checkpoint yet: from step 0
             temperature=self.temperature,
@@ -127,9 +134,14 @@ class Trainer:
     # ---- the loop ---------------------------------------------------------------------------------
     def train(self) -> Path:
         cfg = self.cfg
-        bar = tqdm(range(self.start_step, cfg.steps), initial=self.start_step, total=cfg.steps,
-                   disable=not cfg.progress or not dist.is_main(), desc=f"{cfg.task}/{cfg.weighting}",
-                   dynamic_ncols=True)
+        bar = tqdm(
+            range(self.start_step, cfg.steps),
+            initial=self.start_step,
+            total=cfg.steps,
+            disable=not cfg.progress or not dist.is_main(),
+            desc=f"{cfg.task}/{cfg.weighting}",
+            dynamic_ncols=True,
+        )
         with dist.ending(self.owns_group), self.rec:
             if cfg.eval_every and cfg.eval_at_start and self.start_step == 0:
                 self.evaluate(-1)  # the starting policy, logged as step -1: before step 0's update
@@ -144,8 +156,9 @@ class Trainer:
                 every = cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0
                 if cfg.checkpoint and (last or every):
                     # every rank's rows of steps <= step reach disk first; rank 0 writes it
-                    checkpoint_after_step(self.rec, self.run_dir, step, self.model, self.tok, self.opt,
-                                          cfg.to_dict())
+                    checkpoint_after_step(
+                        self.rec, self.run_dir, step, self.model, self.tok, self.opt, cfg.to_dict()
+                    )
         if dist.is_main():
             print(self.closing_line(), file=sys.stderr)
         return self.run_dir
@@ -170,18 +183,31 @@ class Trainer:
             t0 = time.perf_counter()
             cfg = self.cfg
             g = gather_rollout(
-                lambda k: self.generate_round(step, k), self.task, self.tok, prompts=cfg.prompts_per_step,
-                group_size=cfg.group_size, share=self.share, filter_groups=cfg.dynamic_sampling,
-                max_rounds=self.rounds, adv_scale=cfg.adv_scale,
+                lambda k: self.generate_round(step, k),
+                self.task,
+                self.tok,
+                prompts=cfg.prompts_per_step,
+                group_size=cfg.group_size,
+                share=self.share,
+                filter_groups=cfg.dynamic_sampling,
+                max_rounds=self.rounds,
+                adv_scale=cfg.adv_scale,
             )
             t1 = time.perf_counter()
             batch, mismatch = self.score(g)
             t2 = time.perf_counter()
             logged = self.update(st, batch, g)
             t3 = time.perf_counter()
-            logged.update(rollout_stats(g.scores), lr=lr, time_generate=t1 - t0, time_score=t2 - t1,
-                          time_update=t3 - t2, groups_generated=len(g.scores), groups_kept=g.n_kept,
-                          gen_rounds=g.n_rounds)
+            logged.update(
+                rollout_stats(g.scores),
+                lr=lr,
+                time_generate=t1 - t0,
+                time_score=t2 - t1,
+                time_update=t3 - t2,
+                groups_generated=len(g.scores),
+                groups_kept=g.n_kept,
+                gen_rounds=g.n_rounds,
+            )
             if mismatch is not None:  # None: no loss token has a sampler log-prob (greedy, no rows)
                 logged["rollout_mismatch"] = mismatch
             if not logged.get("grad_norm"):  # 0, or no update at all
@@ -195,8 +221,14 @@ class Trainer:
         problems = self.problems_for(step, k)
         with self.autocast():
             comps = generate_completions(
-                self.model, self.tok, [render_prompt(self.tok, p) for p in problems], self.cfg.group_size,
-                self.cfg.max_new_tokens, self.sampling, self.task, self.cfg.max_turns,
+                self.model,
+                self.tok,
+                [render_prompt(self.tok, p) for p in problems],
+                self.cfg.group_size,
+                self.cfg.max_new_tokens,
+                self.sampling,
+                self.task,
+                self.cfg.max_turns,
             )
         return comps, problems, score_completions(comps, self.task, problems)
 
@@ -227,7 +259,8 @@ class Trainer:
             kls += [p[1] for p in parts]
             # records the norms before clipping, then clips with that same norm (gradients read once)
             norms.append(
-                st.clip_grad_norm_(cfg.grad_clip, update_id) if cfg.grad_clip > 0
+                st.clip_grad_norm_(cfg.grad_clip, update_id)
+                if cfg.grad_clip > 0
                 else st.record_grad_norms(update_id)
             )
             self.opt.step()
@@ -256,8 +289,10 @@ class Trainer:
             current = self.score_rows(self.model, b, [rows[m] for m in u.micro])
         weights = tb.update_weights(self.rule, self.rule_params, b, rows, current)
         # under DDP only the last micro-batch's backward all-reduces the gradients
-        return [self.loss_pass(st, b, u, m, weights, update_id, rank_scale, i == len(u.micro) - 1)
-                for i, m in enumerate(u.micro)]
+        return [
+            self.loss_pass(st, b, u, m, weights, update_id, rank_scale, i == len(u.micro) - 1)
+            for i, m in enumerate(u.micro)
+        ]
 
     def plan(self, b: tb.Batch | None) -> list[tb.Update]:
         """The step's optimizer updates; none without rows."""
@@ -270,8 +305,17 @@ class Trainer:
         phases = phase_masks(first, b.loss_mask)  # each [N, T]
         return tb.plan_updates(self.layout(len(b.sample_ids)), phases, self.cfg.num_iterations)
 
-    def loss_pass(self, st, b: tb.Batch, u: tb.Update, micro: Tensor, weights, update_id: int,
-                  rank_scale: float = 1.0, sync: bool = True) -> tuple[float, float]:
+    def loss_pass(
+        self,
+        st,
+        b: tb.Batch,
+        u: tb.Update,
+        micro: Tensor,
+        weights,
+        update_id: int,
+        rank_scale: float = 1.0,
+        sync: bool = True,
+    ) -> tuple[float, float]:
         """Forward, weighting rule, GRPO loss and backward of one micro-batch (positions `micro` within the
         update's rows); returns (loss, kl). `weights`: the update's weights over its rows (None: the rule
         is pointwise and runs here). `rank_scale`: this rank's `dist.rank_scale`; `sync`: the backward
@@ -280,8 +324,13 @@ class Trainer:
         with dist.sync_grads(self.policy, sync):  # DDP decides in the forward
             # log pi and the recorder's softmax statistics from one pass over the vocabulary
             logprobs, stats, hidden = token_logprobs(
-                self.policy, b.input_ids[rows], b.attention_mask[rows], b.prompt_len, b.completion_ids[rows],
-                self.temperature, self.autocast,
+                self.policy,
+                b.input_ids[rows],
+                b.attention_mask[rows],
+                b.prompt_len,
+                b.completion_ids[rows],
+                self.temperature,
+                self.autocast,
             )  # [n, T]
         old, adv, loss_mask = b.old_logprobs[rows], b.advantages[rows], b.loss_mask[rows]
         ref = b.ref_logprobs[rows] if b.ref_logprobs is not None else None
@@ -290,18 +339,45 @@ class Trainer:
         else:
             w = tb.slice_weights(weights, micro)
         out = policy_loss(
-            logprobs, old, adv, u.phase[rows], w, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
-            beta=cfg.beta, ref_logprobs=ref, aggregation=cfg.aggregation, max_len=self.max_len,
-            norm_mask=loss_mask, ppo_clip=getattr(self.rule, "ppo_clip", True), clip_ratio_c=cfg.clip_ratio_c,
+            logprobs,
+            old,
+            adv,
+            u.phase[rows],
+            w,
+            eps_low=cfg.eps_low,
+            eps_high=cfg.eps_high,
+            beta=cfg.beta,
+            ref_logprobs=ref,
+            aggregation=cfg.aggregation,
+            max_len=self.max_len,
+            norm_mask=loss_mask,
+            ppo_clip=getattr(self.rule, "ppo_clip", True),
+            clip_ratio_c=cfg.clip_ratio_c,
         )
         st.track(
-            logprobs, token_ids=b.completion_ids[rows], mask=b.mask[rows], loss_mask=u.phase[rows],
-            old_logprobs=old, ref_logprobs=ref, advantages=adv, weights=w.effective(logprobs),
-            sample_ids=b.sample_ids[rows], group_ids=b.group_ids[rows], stats=stats, hidden=hidden,
-            clipped=out.clipped, update_id=update_id, rollout_logprobs=b.rollout_logprobs[rows],
+            logprobs,
+            token_ids=b.completion_ids[rows],
+            mask=b.mask[rows],
+            loss_mask=u.phase[rows],
+            old_logprobs=old,
+            ref_logprobs=ref,
+            advantages=adv,
+            weights=w.effective(logprobs),
+            sample_ids=b.sample_ids[rows],
+            group_ids=b.group_ids[rows],
+            stats=stats,
+            hidden=hidden,
+            clipped=out.clipped,
+            update_id=update_id,
+            rollout_logprobs=b.rollout_logprobs[rows],
             recompute=lambda: directional_logprobs(  # attribution's second look at the same rows
-                self.model, b.input_ids[rows], b.attention_mask[rows], b.prompt_len, b.completion_ids[rows],
-                self.temperature, self.autocast,
+                self.model,
+                b.input_ids[rows],
+                b.attention_mask[rows],
+                b.prompt_len,
+                b.completion_ids[rows],
+                self.temperature,
+                self.autocast,
             ),
         )
         share = micro_batch_share(cfg.aggregation, loss_mask, b.loss_mask[u.rows]) * rank_scale
@@ -313,8 +389,15 @@ class Trainer:
         evaluates every world_size-th problem; rank 0 writes the summed counts)."""
         with self.autocast():
             cfg, mine = self.cfg, self.eval_problems[dist.rank() :: dist.world_size()]
-            mine = evaluate(self.model, self.tok, self.task, mine, cfg.max_new_tokens, cfg.max_turns,
-                            cfg.prompts_per_step * cfg.group_size)
+            mine = evaluate(
+                self.model,
+                self.tok,
+                self.task,
+                mine,
+                cfg.max_new_tokens,
+                cfg.max_turns,
+                cfg.prompts_per_step * cfg.group_size,
+            )
         results = dist.merge_accuracies(mine, sorted({str(p.difficulty) for p in self.eval_problems}))
         for difficulty, (accuracy, n) in results.items() if dist.is_main() else ():
             self.rec.log_eval(step, task=self.cfg.task, difficulty=difficulty, accuracy=accuracy, n=n)
@@ -356,8 +439,16 @@ class Trainer:
     def score_rows(self, model, b: tb.Batch, chunks: list[Tensor] | None = None) -> Tensor:
         """[N, T] log pi of the batch under `model` (rows in `chunks`, default all in the loss's chunks)."""
         chunks = chunks if chunks is not None else tb.score_chunks(self.layout(len(b.sample_ids)))
-        return score_logprobs(model, b.input_ids, b.attention_mask, b.prompt_len, b.completion_ids, chunks,
-                              self.temperature, self.autocast)
+        return score_logprobs(
+            model,
+            b.input_ids,
+            b.attention_mask,
+            b.prompt_len,
+            b.completion_ids,
+            chunks,
+            self.temperature,
+            self.autocast,
+        )
 
 
 def _rule_kwargs(cfg: TrainConfig) -> dict:

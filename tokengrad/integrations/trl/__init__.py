@@ -45,17 +45,39 @@ from tokengrad.objective.gradient_scale import (
 )
 from tokengrad.record.recorder import Recorder
 
-__all__ = ["attach", "check_trl_version", "check_trainer", "resolve_weighting", "supported_weightings",
-           "unsupported_fields", "TRLRecording", "SAMPLE_KEY", "NOT_A_GRADIENT_SCALE", "TESTED_TRL"]
+__all__ = [
+    "attach",
+    "check_trl_version",
+    "check_trainer",
+    "resolve_weighting",
+    "supported_weightings",
+    "unsupported_fields",
+    "TRLRecording",
+    "SAMPLE_KEY",
+    "NOT_A_GRADIENT_SCALE",
+    "TESTED_TRL",
+]
 
 TESTED_TRL = ("1.16", "1.17")  # [lowest, first untested) minor versions; keep in step with the `trl` extra
-_HOOKED = ("compute_loss", "_get_per_token_logps_and_entropies", "_generate_and_score_completions",
-           "_calculate_rewards")
+_HOOKED = (
+    "compute_loss",
+    "_get_per_token_logps_and_entropies",
+    "_generate_and_score_completions",
+    "_calculate_rewards",
+)
 
 
-def attach(trainer, run_dir, *, weighting: str | None = None, weighting_params: dict | None = None,
-           run_name: str | None = None, bucket_every: int = 0, allow_untested_trl: bool = False,
-           **recorder_kwargs) -> "TRLRecording":
+def attach(
+    trainer,
+    run_dir,
+    *,
+    weighting: str | None = None,
+    weighting_params: dict | None = None,
+    run_name: str | None = None,
+    bucket_every: int = 0,
+    allow_untested_trl: bool = False,
+    **recorder_kwargs,
+) -> "TRLRecording":
     """Record `trainer` (a `trl.GRPOTrainer`, before `train()`) into `run_dir`; returns the recording.
 
     Args:
@@ -134,5 +156,10 @@ def _run_config(trainer, trl_version: str) -> dict:
     args = trainer.args.to_dict() if hasattr(trainer.args, "to_dict") else dict(vars(trainer.args))
     ds = deepspeed_setup(trainer)
     extra = {} if ds is None else {"deepspeed": {"zero_stage": ds.zero_stage, "config": ds.config}}
-    return {"integration": "trl", "trl_version": trl_version, "trainer": type(trainer).__name__, "args": args,
-            **extra}
+    return {
+        "integration": "trl",
+        "trl_version": trl_version,
+        "trainer": type(trainer).__name__,
+        "args": args,
+        **extra,
+    }

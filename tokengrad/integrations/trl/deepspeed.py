@@ -62,7 +62,7 @@ def check_deepspeed(setup: DeepSpeedSetup | None, bucket_every: int) -> None:
         raise ValueError(
             "DeepSpeed fp16 is on: DeepSpeed multiplies the loss by its dynamic loss scale before backward, "
             "so the per-token gradients tokengrad reads (coef) would carry that scale. Use bf16 "
-            "(\"bf16\": {\"enabled\": true}) or fp32 to record with DeepSpeed."
+            '("bf16": {"enabled": true}) or fp32 to record with DeepSpeed.'
         )
 
 
@@ -106,6 +106,9 @@ def full_grad_norms(module, layers=None) -> tuple[float, dict[str, float]]:
     ZeRO-3: every rank must call it)."""
     from deepspeed.utils import safe_get_full_grad
 
-    named = [(n, SimpleNamespace(grad=safe_get_full_grad(p))) for n, p in module.named_parameters()
-             if p.requires_grad]
+    named = [
+        (n, SimpleNamespace(grad=safe_get_full_grad(p)))
+        for n, p in module.named_parameters()
+        if p.requires_grad
+    ]
     return grad_norms(named, layers)

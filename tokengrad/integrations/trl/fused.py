@@ -16,8 +16,13 @@ import torch
 
 from tokengrad.record.stats import CHUNK_ROWS, TokenStats, _chunk_stats
 
-_LOGIT_SCALES = ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier",
-                 "logits_scaling")
+_LOGIT_SCALES = (
+    "final_logit_softcapping",
+    "logit_scale",
+    "output_multiplier",
+    "lm_head_multiplier",
+    "logits_scaling",
+)
 
 
 class FusedCapture:
@@ -56,9 +61,12 @@ class FusedCapture:
         if add is None or "outputs" not in inspect.signature(add).parameters:
             return False
         self.old_forward = vars(self.model)["forward"]
-        add(self.model, temperature=self.trainer.temperature,
+        add(
+            self.model,
+            temperature=self.trainer.temperature,
             cast_lm_head_to_fp32=getattr(self.trainer.args, "cast_lm_head_to_fp32", False),
-            outputs=("log_probs", "entropy", "log_sum_sq_probs"))
+            outputs=("log_probs", "entropy", "log_sum_sq_probs"),
+        )
         return True
 
     def remove(self) -> None:
@@ -83,10 +91,10 @@ class FusedCapture:
         self.on = False
         sum_p2 = hidden = None
         if self.outputs and all(o is not None for o in self.outputs):
-            sum_p2 = torch.cat([o[:, -keep:] for o in self.outputs]).detach().float().exp()   # [B, K]
+            sum_p2 = torch.cat([o[:, -keep:] for o in self.outputs]).detach().float().exp()  # [B, K]
         if self.hidden and all(h is not None for h in self.hidden):
             # position t of the completion is scored from the hidden state one step earlier
-            hidden = torch.cat([x[:, -keep - 1:-1] for x in self.hidden]).detach()           # [B, K, D]
+            hidden = torch.cat([x[:, -keep - 1 : -1] for x in self.hidden]).detach()  # [B, K, D]
         self.outputs, self.hidden = [], []
         head = self.model.get_output_embeddings() if hidden is not None else None
         fp32 = bool(getattr(self.trainer.args, "cast_lm_head_to_fp32", False))
@@ -94,11 +102,11 @@ class FusedCapture:
 
 
 class Captured(NamedTuple):
-    sum_p2: torch.Tensor | None    # [B, K] sum_j p_j^2 from the fused head
-    hidden: torch.Tensor | None    # [B, K, D] LM-head input (only for heads without logit scaling)
-    head: torch.nn.Module | None   # the output projection
+    sum_p2: torch.Tensor | None  # [B, K] sum_j p_j^2 from the fused head
+    hidden: torch.Tensor | None  # [B, K, D] LM-head input (only for heads without logit scaling)
+    head: torch.nn.Module | None  # the output projection
     temperature: float
-    fp32_head: bool = False        # TRL runs the head in fp32 (cast_lm_head_to_fp32), else in its dtype
+    fp32_head: bool = False  # TRL runs the head in fp32 (cast_lm_head_to_fp32), else in its dtype
 
     @property
     def head_input(self) -> torch.Tensor | None:
@@ -106,21 +114,22 @@ class Captured(NamedTuple):
         return None if self.hidden is None else self.hidden / self.temperature
 
 
-def fused_token_stats(logps: torch.Tensor, entropies, captured: Captured, token_ids: torch.Tensor,
-                      mask: torch.Tensor) -> TokenStats | None:
+def fused_token_stats(
+    logps: torch.Tensor, entropies, captured: Captured, token_ids: torch.Tensor, mask: torch.Tensor
+) -> TokenStats | None:
     """TokenStats of TRL's loss pass: its log-probs and entropies, sum_j p_j^2 of the fused head, and the
     gradient unit; rows with p > 1/2 get exact entropy, sum_p2 and unit from their logits taken again."""
     sum_p2 = captured.sum_p2
     if entropies is None or sum_p2 is None:
         return None
-    lp = logps.detach().float()                                                     # [B, T]
+    lp = logps.detach().float()  # [B, T]
     p = lp.exp()
-    ent = entropies.detach().float().clone()                                        # [B, T]
+    ent = entropies.detach().float().clone()  # [B, T]
     sum_p2 = sum_p2.clone()
     unit = (1.0 - 2.0 * p + sum_p2).clamp_min(0.0).sqrt()  # exact while p <= 1/2 (no cancellation)
     weight = _head_weight(captured)
     if weight is not None:
-        rows = (p > 0.5) & mask.bool()                                              # [B, T]
+        rows = (p > 0.5) & mask.bool()  # [B, T]
         h, s2, u = _confident_stats(captured, weight, captured.hidden[rows], token_ids[rows])
         ent[rows], sum_p2[rows], unit[rows] = h, s2, u
     return TokenStats(lp, p, ent, sum_p2, unit)
@@ -139,20 +148,25 @@ def _head_weight(captured: Captured) -> torch.Tensor | None:
 
 
 @torch.no_grad()
-def _confident_stats(captured: Captured, weight: torch.Tensor, hidden: torch.Tensor, ids: torch.Tensor,
-                     chunk_rows: int = CHUNK_ROWS):
+def _confident_stats(
+    captured: Captured,
+    weight: torch.Tensor,
+    hidden: torch.Tensor,
+    ids: torch.Tensor,
+    chunk_rows: int = CHUNK_ROWS,
+):
     """(entropy, sum_p2, unit) [M] of M rows from their LM-head input [M, D], a [chunk, V] block at a time.
 
     The logits are W h (+ b) in the head's compute dtype, as TRL's fused head forms them, then fp32 / T."""
-    bias = captured.head.bias                                                       # [V] or None
+    bias = captured.head.bias  # [V] or None
     M, V = hidden.shape[0], weight.shape[0]
-    out = torch.empty(3, M, dtype=torch.float32, device=hidden.device)             # [3, M]
+    out = torch.empty(3, M, dtype=torch.float32, device=hidden.device)  # [3, M]
     c = max(1, min(chunk_rows, M))
-    d = torch.empty(c, V, dtype=torch.float32, device=hidden.device)               # [c, V] reused buffers
+    d = torch.empty(c, V, dtype=torch.float32, device=hidden.device)  # [c, V] reused buffers
     e = torch.empty_like(d)
     for s in range(0, M, c):
         k = min(c, M - s)
-        z = torch.mm(hidden[s : s + k].to(weight.dtype), weight.t())               # [k, V]
+        z = torch.mm(hidden[s : s + k].to(weight.dtype), weight.t())  # [k, V]
         if bias is not None:
             z = z + bias.to(z.dtype)
         z = z.float().div_(captured.temperature)

@@ -12,8 +12,14 @@ from __future__ import annotations
 import re
 
 # TRL metric -> run-format steps column; every other numeric metric becomes `trl_<name>`.
-STEP_COLUMNS = {"loss": "loss", "reward": "reward_mean", "reward_std": "reward_std", "kl": "kl",
-                "learning_rate": "lr", "clip_ratio/region_mean": "clip_frac"}
+STEP_COLUMNS = {
+    "loss": "loss",
+    "reward": "reward_mean",
+    "reward_std": "reward_std",
+    "kl": "kl",
+    "learning_rate": "lr",
+    "clip_ratio/region_mean": "clip_frac",
+}
 LAST_VALUE = ("trl_global_step", "trl_epoch", "trl_num_tokens")  # counters: the step's last value
 SUMMARY_KEYS = ("train_", "eval_", "total_flos")  # end-of-training summaries and evaluations: not a step
 

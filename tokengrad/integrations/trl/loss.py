@@ -48,8 +48,9 @@ class ClipSettings:
         )
 
 
-def importance_weights(logps: torch.Tensor, old: torch.Tensor, mask: torch.Tensor,
-                       level: str) -> torch.Tensor:
+def importance_weights(
+    logps: torch.Tensor, old: torch.Tensor, mask: torch.Tensor, level: str
+) -> torch.Tensor:
     """TRL's coef_1: exp(log pi - log pi_old) per token [B, T], or per sequence [B, 1] of the masked mean."""
     log_ratio = logps.detach() - old.detach()  # [B, T]
     if level == "sequence":
@@ -75,8 +76,9 @@ for _name in PPO_LOSS_TYPES:
 CLIP_DEFINITIONS.add("cispo", cispo_clipped)
 
 
-def clipped_tokens(cfg: ClipSettings, logps: torch.Tensor, old: torch.Tensor, adv: torch.Tensor,
-                   mask: torch.Tensor) -> torch.Tensor | None:
+def clipped_tokens(
+    cfg: ClipSettings, logps: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor | None:
     """[B, T] bool: TRL's clip removed the token's policy gradient (None for loss types without a clip).
 
     Args:

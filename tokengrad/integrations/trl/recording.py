@@ -176,8 +176,9 @@ class TRLRecording:
             self._inputs = None  # one tracked pass per compute_loss call
         return out
 
-    def _track(self, logps: torch.Tensor, stats: TokenStats | None, hidden: torch.Tensor | None,
-               recompute=None) -> None:
+    def _track(
+        self, logps: torch.Tensor, stats: TokenStats | None, hidden: torch.Tensor | None, recompute=None
+    ) -> None:
         inp = self._inputs
         mask = inp["completion_mask"]  # [B, T]
         loss_mask = mask * inp["tool_mask"] if "tool_mask" in inp else mask  # [B, T]

@@ -44,5 +44,3 @@ def warn_if_kl_scaled(name: str | None, trainer) -> None:
             UserWarning,
             stacklevel=3,
         )
-
-

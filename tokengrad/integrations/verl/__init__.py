@@ -17,6 +17,16 @@ from tokengrad.integrations.verl.losses import (
 )
 
 __all__ = [
-    "BUDGET_ENV", "DEFAULT_RUN_DIR", "LOSS_PREFIX", "RUN_DIR_ENV", "TESTED_VERL", "VerlRecording",
-    "check_verl_version", "close_recording", "loss_name", "make_policy_loss", "recording", "register_losses",
+    "BUDGET_ENV",
+    "DEFAULT_RUN_DIR",
+    "LOSS_PREFIX",
+    "RUN_DIR_ENV",
+    "TESTED_VERL",
+    "VerlRecording",
+    "check_verl_version",
+    "close_recording",
+    "loss_name",
+    "make_policy_loss",
+    "recording",
+    "register_losses",
 ]

@@ -109,15 +109,27 @@ def make_policy_loss(rule: str | None):
 
     resolved = resolve_weighting(rule, None)
 
-    def policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-                    config=None, rollout_is_weights=None):
+    def policy_loss(
+        old_log_prob,
+        log_prob,
+        advantages,
+        response_mask,
+        loss_agg_mode="token-mean",
+        config=None,
+        rollout_is_weights=None,
+    ):
         from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla
 
         weights = _weights(resolved, log_prob, old_log_prob, advantages, response_mask)  # [B, T] or None
         if torch.is_grad_enabled() and log_prob.requires_grad:
             recording(rule).track(log_prob, old_log_prob, advantages, response_mask, weights)
         pg_loss, metrics = compute_policy_loss_vanilla(
-            old_log_prob, log_prob, advantages, response_mask, loss_agg_mode=loss_agg_mode, config=config,
+            old_log_prob,
+            log_prob,
+            advantages,
+            response_mask,
+            loss_agg_mode=loss_agg_mode,
+            config=config,
             rollout_is_weights=rollout_is_weights,
         )
         if weights is not None:

@@ -33,15 +33,21 @@ from tokengrad.train.tasks.base import (
     register_task,
 )
 
-SYSTEM = ("You are a helpful assistant. You first thinks about the reasoning process in the mind and then "
-          "provides the user with the answer.")
+SYSTEM = (
+    "You are a helpful assistant. You first thinks about the reasoning process in the mind and then "
+    "provides the user with the answer."
+)
 RESPONSE_PREFIX = "Ok let me think about it.\n<think>"
-PROMPT = ("Give me the answer of the following equation: {a} {op} {b} = ? Show your work in <think> </think> "
-          "tags. And return the final answer as an integer in <answer> </answer> tags, for example "
-          "<answer> 17 </answer>.")
+PROMPT = (
+    "Give me the answer of the following equation: {a} {op} {b} = ? Show your work in <think> </think> "
+    "tags. And return the final answer as an integer in <answer> </answer> tags, for example "
+    "<answer> 17 </answer>."
+)
 # No worked example here: a 135M model copies an example's number as its answer.
-PROMPT_DIRECT = ("Give me the answer of the following equation: {a} {op} {b} = ? Return only the final "
-                 "answer as an integer in <answer> </answer> tags.")
+PROMPT_DIRECT = (
+    "Give me the answer of the following equation: {a} {op} {b} = ? Return only the final "
+    "answer as an integer in <answer> </answer> tags."
+)
 PREFIX_DIRECT = "<answer>"
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 MAX_DIGITS = 12
@@ -58,13 +64,19 @@ def score_arithmetic(response: str, answer: int) -> float:
 
 def sample_arithmetic(rng: np.random.Generator, digits: int, ops: str, think: bool = True) -> Problem:
     low = 0 if digits == 1 else 10 ** (digits - 1)
-    a, b = (int(x) for x in rng.integers(low, 10 ** digits, size=2))
+    a, b = (int(x) for x in rng.integers(low, 10**digits, size=2))
     op = str(rng.choice(list(ops)))
     if op == "-" and a < b:
-        a, b = b, a                      # keep answers non-negative
+        a, b = b, a  # keep answers non-negative
     prompt, prefix = (PROMPT, RESPONSE_PREFIX) if think else (PROMPT_DIRECT, PREFIX_DIRECT)
-    return Problem(prompt=prompt.format(a=a, op=op, b=b), answer=OPS[op](a, b), difficulty=str(digits),
-                   system=SYSTEM, response_prefix=prefix, meta={"expression": f"{a} {op} {b}"})
+    return Problem(
+        prompt=prompt.format(a=a, op=op, b=b),
+        answer=OPS[op](a, b),
+        difficulty=str(digits),
+        system=SYSTEM,
+        response_prefix=prefix,
+        meta={"expression": f"{a} {op} {b}"},
+    )
 
 
 def _key(problem: Problem) -> str:

@@ -33,10 +33,10 @@ from tokengrad.registry import Registry
 
 @dataclass(frozen=True)
 class Problem:
-    prompt: str                 # user message text; the trainer applies the tokenizer's chat template
-    answer: Any                 # ground truth the reward compares against
-    difficulty: str             # difficulty label, e.g. "3" (K&K people), "2" (arithmetic digits), "1-hop"
-    system: str | None = None   # optional system message
+    prompt: str  # user message text; the trainer applies the tokenizer's chat template
+    answer: Any  # ground truth the reward compares against
+    difficulty: str  # difficulty label, e.g. "3" (K&K people), "2" (arithmetic digits), "1-hop"
+    system: str | None = None  # optional system message
     meta: dict = field(default_factory=dict)  # small task fields; scalar values go into the samples table
     # Text the model's turn starts with (e.g. "<think>"): the trainer appends it after the chat template's
     # generation prompt, so the model continues from it. `reward`/`is_correct` receive only the generated
@@ -46,7 +46,7 @@ class Problem:
 
 class Task(Protocol):
     name: str
-    tool_stop: str | None       # generation stop string that triggers `tool` (None: no tools)
+    tool_stop: str | None  # generation stop string that triggers `tool` (None: no tools)
 
     def train_problems(self, n: int, seed: int) -> list[Problem]: ...
     def eval_problems(self, n_per_difficulty: int, seed: int) -> list[Problem]: ...
@@ -72,8 +72,9 @@ def get_task(name: str, **params: Any) -> Task:
         inspect.signature(factory).bind(**params)
     except TypeError as err:
         known = [p for p in inspect.signature(factory).parameters if p not in ("self", "args", "kwargs")]
-        raise ValueError(f"task {name!r}: bad task_params {sorted(params)} ({err}); it takes {known}"
-                         ) from None
+        raise ValueError(
+            f"task {name!r}: bad task_params {sorted(params)} ({err}); it takes {known}"
+        ) from None
     return factory(**params)
 
 
@@ -81,7 +82,7 @@ def get_task(name: str, **params: Any) -> Task:
 # Helpers shared by the task factories
 # ---------------------------------------------------------------------------------------------------
 
-EVAL_BUCKETS = 10   # one problem key in ten is held out for evaluation
+EVAL_BUCKETS = 10  # one problem key in ten is held out for evaluation
 
 
 def parse_int_range(name: str, value: Any, lo: int, hi: int) -> tuple[int, ...]:
@@ -90,8 +91,11 @@ def parse_int_range(name: str, value: Any, lo: int, hi: int) -> tuple[int, ...]:
         raise ValueError(f"{name} must be an int or an (a, b) pair in {lo}..{hi}, got {value!r}")
     if isinstance(value, int):
         value = (value, value)
-    if not (isinstance(value, (tuple, list)) and len(value) == 2
-            and all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
+    if not (
+        isinstance(value, (tuple, list))
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ):
         raise ValueError(f"{name} must be an int or an (a, b) pair in {lo}..{hi}, got {value!r}")
     a, b = value
     if not lo <= a <= b <= hi:
@@ -117,8 +121,13 @@ def is_held_out(key: str) -> bool:
     return int.from_bytes(digest, "big") % EVAL_BUCKETS == 0
 
 
-def draw_split(sample: Callable[[], Problem], key: Callable[[Problem], str], n: int, held_out: bool,
-               max_tries: int | None = None) -> list[Problem]:
+def draw_split(
+    sample: Callable[[], Problem],
+    key: Callable[[Problem], str],
+    n: int,
+    held_out: bool,
+    max_tries: int | None = None,
+) -> list[Problem]:
     """n problems from `sample()` whose keys fall on the requested side of `is_held_out`.
 
     Training draws (held_out=False) may repeat. Evaluation draws (held_out=True) are distinct; when the
@@ -154,18 +163,20 @@ def last_answer(text: str) -> str | None:
 # Seed streams: numpy SeedSequence entropy (seed, stream[, difficulty index]) keeps the training and
 # evaluation generators independent for the same user seed; `is_held_out` then guarantees disjointness.
 TRAIN_STREAM, EVAL_STREAM = 0, 1
-Sampler = Callable[[np.random.Generator, int], Problem]   # (rng, difficulty value) -> Problem
+Sampler = Callable[[np.random.Generator, int], Problem]  # (rng, difficulty value) -> Problem
 
 
-def procedural_train(sample: Sampler, key: Callable[[Problem], str], levels: tuple[int, ...], n: int,
-                     seed: int) -> list[Problem]:
+def procedural_train(
+    sample: Sampler, key: Callable[[Problem], str], levels: tuple[int, ...], n: int, seed: int
+) -> list[Problem]:
     """n training problems, each at a difficulty level drawn uniformly from `levels`."""
     rng = np.random.default_rng([check_int("seed", seed, 0), TRAIN_STREAM])
     return draw_split(lambda: sample(rng, int(rng.choice(levels))), key, n, held_out=False)
 
 
-def procedural_eval(sample: Sampler, key: Callable[[Problem], str], levels: tuple[int, ...],
-                    n_per_difficulty: int, seed: int) -> list[Problem]:
+def procedural_eval(
+    sample: Sampler, key: Callable[[Problem], str], levels: tuple[int, ...], n_per_difficulty: int, seed: int
+) -> list[Problem]:
     """n_per_difficulty held-out problems per level, deterministic in (n_per_difficulty, seed); a smaller
     n_per_difficulty gives a prefix of each level's list."""
     check_int("n_per_difficulty", n_per_difficulty, 1)

@@ -32,8 +32,9 @@ class CharsetTask:
     def __init__(self, classes: tuple[str, ...] | list[str] = ("lower", "digit")):
         unknown = sorted(set(classes) - set(CLASSES))
         if unknown or not classes:
-            raise ValueError(f"charset classes must be a non-empty subset of {sorted(CLASSES)}, "
-                             f"got {classes}")
+            raise ValueError(
+                f"charset classes must be a non-empty subset of {sorted(CLASSES)}, got {classes}"
+            )
         self.classes = tuple(classes)
 
     def _problem(self, rng: np.random.Generator, cls: str) -> Problem:

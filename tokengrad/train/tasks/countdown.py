@@ -39,8 +39,10 @@ from tokengrad.train.tasks.base import (
     register_task,
 )
 
-SYSTEM = ("You are a helpful assistant. You first thinks about the reasoning process in the mind and then "
-          "provides the user with the answer.")
+SYSTEM = (
+    "You are a helpful assistant. You first thinks about the reasoning process in the mind and then "
+    "provides the user with the answer."
+)
 RESPONSE_PREFIX = "Let me solve this step by step.\n<think>"
 PROMPT = (
     "Using the numbers {numbers}, create an equation that equals {target}. You can use basic arithmetic "

@@ -35,29 +35,30 @@ from tokengrad.train.tasks.kk_format import (
     score_response,
 )
 
-DEPTH = 2           # statement nesting depth of the published data (the wording supports no deeper)
-WIDTH = 2           # operands of and/or
-MAX_RETRY = 1000    # candidates tried per list slot before the slot is left empty
+DEPTH = 2  # statement nesting depth of the published data (the wording supports no deeper)
+WIDTH = 2  # operands of and/or
+MAX_RETRY = 1000  # candidates tried per list slot before the slot is left empty
 PUBLISHED_SEED = 1234
-EVAL_SIZE = 100     # list indices 0..99: the published K&K test split
-TRAIN_SIZE = 900    # list indices 100..999: Logic-RL's training puzzles
+EVAL_SIZE = 100  # list indices 0..99: the published K&K test split
+TRAIN_SIZE = 900  # list indices 100..999: Logic-RL's training puzzles
 # Only 399 two-person puzzles have a unique solution (30 x 30 statement pairs, counted in the tests); the
 # first 400 list slots yield 398 of them, and every later slot burns MAX_RETRY candidates to find at most
 # one more, so two-person lists stop after 400 slots.
 MAX_SLOTS = {2: 400}
 LEAF_KINDS = ("telling-truth", "lying")
-MAX_PEOPLE = 8      # the benchmark's range is 2..8 (and 2^8 assignments keep brute force trivial)
+MAX_PEOPLE = 8  # the benchmark's range is 2..8 (and 2^8 assignments keep brute force trivial)
 
 
 @dataclass(frozen=True)
 class KKPuzzle:
-    statements: tuple           # one nested statement tuple per person
+    statements: tuple  # one nested statement tuple per person
     solution: tuple[bool, ...]  # the unique consistent assignment
 
 
 # ---------------------------------------------------------------------------------------------------
 # Brute-force solver: every assignment at once, as bitmasks over the 2^N assignments.
 # ---------------------------------------------------------------------------------------------------
+
 
 @functools.lru_cache(maxsize=None)
 def _assignments(n: int) -> tuple[tuple[bool, ...], ...]:
@@ -112,6 +113,7 @@ def solve(statements: tuple) -> list[tuple[bool, ...]]:
 # Sampler: the published generator's random call order, one numpy Generator for the whole list.
 # ---------------------------------------------------------------------------------------------------
 
+
 class _Sampler:
     def __init__(self, n_people: int, seed: int):
         self.n = n_people
@@ -136,14 +138,14 @@ class _Sampler:
             # tests pin the equivalence).
             kind = LEAF_KINDS[int(self.rng.integers(0, 2))]
             target = int(self.rng.integers(0, self.n))
-            if not (kind == "lying" and target == person):   # "I am a knave" is a paradox
+            if not (kind == "lying" and target == person):  # "I am a knave" is a paradox
                 return (kind, target)
 
     def children(self, person: int, depth: int, count: int) -> tuple:
         out: list[tuple] = []
         while len(out) < count:
             child = self.statement(person, depth - 1)
-            if child not in out:                              # operands of one operator differ
+            if child not in out:  # operands of one operator differ
                 out.append(child)
         return tuple(out)
 
@@ -206,10 +208,19 @@ def make_problem(puzzle: KKPuzzle, index: int, seed: int = PUBLISHED_SEED) -> Pr
     """A Logic-RL problem: the quiz as user message, Logic-RL's system message and "<think>" prefix."""
     text = format_puzzle(puzzle.statements, puzzle.solution, index, seed)
     n = len(puzzle.statements)
-    return Problem(prompt=text.quiz + "\n", answer=text.solution_text_format, difficulty=str(n),
-                   system=LOGIC_RL_SYSTEM, response_prefix=LOGIC_RL_RESPONSE_PREFIX,
-                   meta={"index": index, "n_people": n, "n_knights": sum(puzzle.solution),
-                         "statements": str(puzzle.statements)})
+    return Problem(
+        prompt=text.quiz + "\n",
+        answer=text.solution_text_format,
+        difficulty=str(n),
+        system=LOGIC_RL_SYSTEM,
+        response_prefix=LOGIC_RL_RESPONSE_PREFIX,
+        meta={
+            "index": index,
+            "n_people": n,
+            "n_knights": sum(puzzle.solution),
+            "statements": str(puzzle.statements),
+        },
+    )
 
 
 def published_problems(n_people: int, start: int, stop: int, seed: int = PUBLISHED_SEED) -> list[Problem]:
@@ -227,11 +238,13 @@ def published_problems(n_people: int, start: int, stop: int, seed: int = PUBLISH
 # The task
 # ---------------------------------------------------------------------------------------------------
 
+
 class KKTask:
     """Logic-RL K&K. Held-out split: list indices [0, eval_size) of each N's list (the published K&K test
     split by default); training uses indices [eval_size, eval_size + train_size). The generator never repeats
     a puzzle within a list, so the two never overlap, whatever seeds the methods are given.
     """
+
     name = "kk"
     tool_stop = None
 

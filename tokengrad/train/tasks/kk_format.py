@@ -21,25 +21,71 @@ import numpy as np
 
 # The name list of the K&K benchmark; order matters because `rng.choice` indexes into it.
 COMMON_NAMES = (
-    "Emma", "Liam", "Olivia", "Noah", "Ava", "Ethan", "Sophia", "Mason", "Isabella", "William", "Mia",
-    "James", "Charlotte", "Benjamin", "Amelia", "Lucas", "Harper", "Henry", "Evelyn", "Alexander",
-    "Abigail", "Michael", "Emily", "Daniel", "Elizabeth", "Jacob", "Sofia", "Logan", "Avery", "Jackson",
-    "Ella", "Sebastian", "Scarlett", "Jack", "Grace", "Aiden", "Chloe", "Owen", "Victoria", "Samuel",
-    "Riley", "Matthew", "Aria", "Joseph", "Lily", "Luke", "Aurora", "David", "Zoey", "Oliver", "Penelope",
+    "Emma",
+    "Liam",
+    "Olivia",
+    "Noah",
+    "Ava",
+    "Ethan",
+    "Sophia",
+    "Mason",
+    "Isabella",
+    "William",
+    "Mia",
+    "James",
+    "Charlotte",
+    "Benjamin",
+    "Amelia",
+    "Lucas",
+    "Harper",
+    "Henry",
+    "Evelyn",
+    "Alexander",
+    "Abigail",
+    "Michael",
+    "Emily",
+    "Daniel",
+    "Elizabeth",
+    "Jacob",
+    "Sofia",
+    "Logan",
+    "Avery",
+    "Jackson",
+    "Ella",
+    "Sebastian",
+    "Scarlett",
+    "Jack",
+    "Grace",
+    "Aiden",
+    "Chloe",
+    "Owen",
+    "Victoria",
+    "Samuel",
+    "Riley",
+    "Matthew",
+    "Aria",
+    "Joseph",
+    "Lily",
+    "Luke",
+    "Aurora",
+    "David",
+    "Zoey",
+    "Oliver",
+    "Penelope",
 )
 
 # The 18 ways a statement is reported; order matters for the same reason.
 TEMPLATES = (
-    '{name} said that {content}.',
-    '{name} told you that {content}.',
+    "{name} said that {content}.",
+    "{name} told you that {content}.",
     '{name} said, "{content}."',
     '{name} stated, "{content}".',
     'According to {name}, "{content}".',
-    "In {name}'s words: \"{content}\".",
+    'In {name}\'s words: "{content}".',
     '{name} remarked, "{content}".',
     '"{content}," {name} declared.',
     '{name} was heard saying, "{content}".',
-    '{name} expressed that {content}.',
+    "{name} expressed that {content}.",
     '"{content}" - {name}.',
     'As {name} put it, "{content}".',
     '{name} asserted: "{content}".',
@@ -50,8 +96,10 @@ TEMPLATES = (
     '"{content}," {name} claimed.',
 )
 
-QUIZ_PREFIX = ("A very special island is inhabited only by knights and knaves. "
-               "Knights always tell the truth, and knaves always lie. ")
+QUIZ_PREFIX = (
+    "A very special island is inhabited only by knights and knaves. "
+    "Knights always tell the truth, and knaves always lie. "
+)
 QUIZ_SUFFIX = " So who is a knight and who is a knave?"
 
 # Logic-RL's qwen-instruct system message. The missing space in "and<answer>", the double space and the
@@ -73,10 +121,10 @@ LEAF_ROLE = {"telling-truth": True, "lying": False}
 
 @dataclass(frozen=True)
 class KKText:
-    quiz: str                   # the puzzle as published
-    names: tuple[str, ...]      # names[i] is person i
-    solution_text: str          # "A is a knight, B is a knave, and C is a knight."
-    solution_text_format: str   # "(1) A is a knight\n(2) B is a knave\n(3) C is a knight"
+    quiz: str  # the puzzle as published
+    names: tuple[str, ...]  # names[i] is person i
+    solution_text: str  # "A is a knight, B is a knave, and C is a knight."
+    solution_text_format: str  # "(1) A is a knight\n(2) B is a knave\n(3) C is a knight"
 
 
 def _leaf_text(leaf: tuple, names: tuple[str, ...], negated: bool = False) -> str:
@@ -127,13 +175,25 @@ def format_puzzle(statements: tuple, solution: tuple[bool, ...], index: int, see
     rng = np.random.default_rng(seed + index)
     n = len(statements)
     names = tuple(str(x) for x in rng.choice(COMMON_NAMES, size=n, replace=False))
-    said = [" " + str(rng.choice(TEMPLATES)).format(name=names[i], content=render_statement(s, names))
-            for i, s in enumerate(statements)]
-    quiz = (QUIZ_PREFIX + f"You meet {n} inhabitants: " + _comma_list(list(names)) + "."
-            + "".join(said) + QUIZ_SUFFIX)
+    said = [
+        " " + str(rng.choice(TEMPLATES)).format(name=names[i], content=render_statement(s, names))
+        for i, s in enumerate(statements)
+    ]
+    quiz = (
+        QUIZ_PREFIX
+        + f"You meet {n} inhabitants: "
+        + _comma_list(list(names))
+        + "."
+        + "".join(said)
+        + QUIZ_SUFFIX
+    )
     parts = [f"{name} is {ROLE[bool(k)]}" for name, k in zip(names, solution)]
-    return KKText(quiz=quiz, names=names, solution_text=_comma_list(parts) + ".",
-                  solution_text_format="\n".join(f"({i + 1}) {p}" for i, p in enumerate(parts)))
+    return KKText(
+        quiz=quiz,
+        names=names,
+        solution_text=_comma_list(parts) + ".",
+        solution_text_format="\n".join(f"({i + 1}) {p}" for i, p in enumerate(parts)),
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -147,8 +207,8 @@ _TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 
 @dataclass(frozen=True)
 class KKScore:
-    format_score: float         # +1 / -1
-    answer_score: float         # +2 / -1.5 / -2
+    format_score: float  # +1 / -1
+    answer_score: float  # +2 / -1.5 / -2
 
     @property
     def total(self) -> float:

@@ -52,7 +52,7 @@ def sloppy_sum(a: int, b: int, drop: float, rng: np.random.Generator) -> int:
         digits += (s % 10) * place
         carry = int(s >= 10)
         if carry and rng.random() < drop:
-            carry = 0                      # the teacher forgets this carry
+            carry = 0  # the teacher forgets this carry
         a, b, place = a // 10, b // 10, place * 10
     return digits
 
@@ -63,8 +63,12 @@ def _sample(rng: np.random.Generator, digits: int, carries: int) -> Problem:
     while True:
         a, b = (int(x) for x in rng.integers(low, high, size=2))
         if sum(column_carries(a, b)) == carries:
-            return Problem(prompt=f"{spaced(a)} + {spaced(b)} =", answer=spaced(a + b),
-                           difficulty=str(carries), meta={"a": a, "b": b, "carries": carries})
+            return Problem(
+                prompt=f"{spaced(a)} + {spaced(b)} =",
+                answer=spaced(a + b),
+                difficulty=str(carries),
+                meta={"a": a, "b": b, "carries": carries},
+            )
 
 
 def _key(problem: Problem) -> str:
@@ -77,7 +81,7 @@ class LabAddTask:
 
     def __init__(self, digits: int):
         self.digits = digits
-        self.levels = tuple(range(digits + 1))      # carry counts 0..digits
+        self.levels = tuple(range(digits + 1))  # carry counts 0..digits
 
     def _sample(self, rng: np.random.Generator, carries: int) -> Problem:
         return _sample(rng, self.digits, carries)
