@@ -181,9 +181,9 @@ def timed(fn) -> tuple[float, object]:
 
 def part_run(args) -> None:
     from tokengrad import load_run
-    from tokengrad.read import share_queries
     from tokengrad.figures.overview import make_grad_norm_figure, make_overview_figure
     from tokengrad.figures.summary import summarize_run
+    from tokengrad.read import share_queries
 
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp())
     run_dir = root / "scale100m"

@@ -6,8 +6,8 @@ import plotly.graph_objects as go
 import pytest
 from test_queries import make_tiny_run
 
-from tokengrad.figures import export
 from tokengrad.cli.export import cli_export
+from tokengrad.figures import export
 from tokengrad.figures.export import figure_to_bytes, find_browser
 
 MAGIC = {"png": b"\x89PNG\r\n\x1a\n", "svg": b"<svg", "pdf": b"%PDF-"}

@@ -128,7 +128,7 @@ def test_public_imports_stay():
         "list_runs, SCHEMA_VERSION, __version__;"
         "from tokengrad.record import StepRecorder; assert callable(tokengrad.train);"
         "from tokengrad.read import load_run as lr2; assert lr2 is load_run;"
-        "import tokengrad.objective.loss, tokengrad.cli, tokengrad.integrations.verl.plugin as _p; print('ok')"
+        "import tokengrad.objective.loss, tokengrad.cli, tokengrad.integrations.trl; print('ok')"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]

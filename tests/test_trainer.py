@@ -11,6 +11,7 @@ import torch
 from letters_task import LettersTask
 
 from tokengrad import load_run, schema
+from tokengrad.cli.train import cli_train
 from tokengrad.objective.loss import micro_batch_share
 from tokengrad.objective.weighting import WEIGHTINGS
 from tokengrad.train.models import load_model
@@ -23,7 +24,6 @@ from tokengrad.train.rollout import (
     sampling_kwargs,
 )
 from tokengrad.train.tasks import Problem
-from tokengrad.cli.train import cli_train
 from tokengrad.train.trainer import train
 
 TIMING = ["time_step", "time_record", "time_generate", "time_score", "time_update"]

@@ -1,4 +1,4 @@
-"""`tokengrad train CONFIG [key=value ...] [--run-dir DIR] [--resume]`: the built-in trainer from a config file."""
+"""`tokengrad train CONFIG [key=value ...] [--run-dir DIR] [--resume]`: the built-in trainer on a config."""
 
 from __future__ import annotations
 

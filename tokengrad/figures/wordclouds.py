@@ -1,7 +1,7 @@
 """Word clouds of token frequencies: high- vs low-probability tokens side by side (TR-GRPO arXiv 2511.00066
 Fig. 1 style).
 
-    high = token_frequencies(run, prob_lo=0.75, prob_hi=1.0)     # tokengrad.read.queries, aggregated in DuckDB
+    high = token_frequencies(run, prob_lo=0.75, prob_hi=1.0)  # tokengrad.read.queries (DuckDB)
     low = token_frequencies(run, prob_lo=0.0, prob_hi=0.25)
     fig = make_high_low_wordcloud_figure(high, low)              # plotly, two go.Image panels
     png = wordcloud_png(prepare_frequencies(high))               # or PNG bytes

@@ -76,7 +76,8 @@ def token_weights(rule, logps, old, adv, loss_mask) -> torch.Tensor | None:
     bad = [f for f in NOT_A_GRADIENT_SCALE if getattr(tw, f) is not None]
     if bad:  # attach() probed the rule; a rule whose output depends on the batch can still get here
         raise ValueError(
-            f"the weighting rule returned {bad} for this batch; only a per-token scale can act on a host trainer's loss"
+            f"the weighting rule returned {bad} for this batch; only a per-token scale can act on a host "
+            "trainer's loss"
         )
     if all(w is None for w in (tw.loss_weight, tw.advantage_weight)):
         return None

@@ -27,8 +27,8 @@ importance_sampling_level="token"; the entropy bonus is not scaled). Parameters 
 penalty or extra update phases are refused (weighting.py). docs/api.md has the details.
 
 Modules: this one (attach and its checks), recording (the hooks), fused (the fused LM head's
-statistics), loss (TRL's clip definitions), logs (step scalars), weighting (the trainer's clip parameters for a rule; the rule as a gradient scale is
-tokengrad.objective.gradient_scale).
+statistics), loss (TRL's clip definitions), logs (step scalars), weighting (a rule's parameters from the
+trainer; the rule as a gradient scale is tokengrad.objective.gradient_scale).
 """
 
 from __future__ import annotations
