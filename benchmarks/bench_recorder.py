@@ -55,6 +55,7 @@ from recorder_report import (  # noqa: E402
 )
 
 import tokengrad.record.step_recorder as tg_step  # noqa: E402
+from tokengrad.record import Buckets  # noqa: E402
 from tokengrad.record import bucket_analysis as bk  # noqa: E402
 from tokengrad.record.recorder import Recorder  # noqa: E402
 from tokengrad.record.stats import token_stats  # noqa: E402
@@ -264,7 +265,7 @@ def _quantile_edges(su: Setup, k: int) -> tuple[float, ...]:
 def bench_buckets(su: Setup, n_buckets: int, reps: int, tmp: Path) -> dict:
     """Bucket analysis (one extra backward per non-empty bucket) against the backward of a plain step."""
     edges, sp, b = _quantile_edges(su, n_buckets), Splits(), su.batch
-    with Recorder(tmp / f"buckets-{su.name}", model=su.model, bucket_every=1, bucket_edges=edges) as rec:
+    with Recorder(tmp / f"buckets-{su.name}", model=su.model, buckets=Buckets(every=1, edges=edges)) as rec:
         for i in range(reps):
             plain_step(su.model, su.opt, b, sp)
             st = rec.begin_step(i)

@@ -59,7 +59,7 @@ def step_child(spec: dict) -> dict:
     run = Path(spec["dir"]) / ("budget" if spec["budget"] else "full")
     before = status_kb("VmRSS")
     reset_peak_rss()
-    with Recorder(run, token_budget=spec["budget"]) as rec:
+    with Recorder(run, budget=spec["budget"]) as rec:
         t0 = time.perf_counter()
         with rec.step(0) as st:
             x = st.track(lp, token_ids=ids, mask=mask, advantages=adv, stats=stats, old_logprobs=lp.detach())

@@ -9,6 +9,7 @@ import torch
 from conftest import TINY_V, forward_logprobs
 
 from tokengrad import Recorder, load_run
+from tokengrad.record import Attribution
 from tokengrad.record.attribution import ATTRIBUTION_METHODS, directional_logprobs
 
 
@@ -64,7 +65,9 @@ def _run(tmp_path, tied, method="jvp", n_updates=2, micro=2, lr=1e-3, brute=True
         old = forward_logprobs(model, ids)[1] + 0.05 * torch.randn(4, 8, generator=g)
     chunks = list(torch.arange(4).chunk(micro))
     ref, measured = {}, {}
-    with Recorder(tmp_path / "run", model=model, attribute_every=1, attribute_method=method, **rec_kw) as rec:
+    with Recorder(
+        tmp_path / "run", model=model, attribution=Attribution(every=1, method=method), **rec_kw
+    ) as rec:
         with rec.step(0) as st:
             for u in range(n_updates):
                 before = {}
@@ -157,7 +160,7 @@ def test_central_difference_within_stated_error(tmp_path):
 
 def test_bucket_shares_are_token_sums_and_match_exact_passes(tmp_path):
     run, _, _, _ = _run(tmp_path / "a", tied=True, n_updates=1, micro=1, brute=False)
-    exact, _, _, _ = _run(tmp_path / "b", tied=True, n_updates=1, micro=1, brute=False, bucket_every=1)
+    exact, _, _, _ = _run(tmp_path / "b", tied=True, n_updates=1, micro=1, brute=False, buckets=1)
     sums = run.buckets.set_index("bucket")["update_share"]
     ref = exact.buckets.set_index("bucket")["update_share"]
     assert sums.index.tolist() == ref.index.tolist()
@@ -201,16 +204,16 @@ def test_directional_methods_agree_in_double_precision():
 
 def test_bad_attribution_arguments(tmp_path):
     with pytest.raises(ValueError, match="attribution method"):
-        Recorder(tmp_path / "x", attribute_every=1, attribute_method="nope")
-    with pytest.raises(ValueError, match="attribute_every"):
-        Recorder(tmp_path / "x", attribute_every=-1)
+        Recorder(tmp_path / "x", attribution=Attribution(every=1, method="nope"))
+    with pytest.raises(ValueError, match="attribution"):
+        Recorder(tmp_path / "x", attribution=-1)
 
 
 def test_recompute_of_another_batch_warns(tmp_path):
     model = _model(tied=True)
     ids = torch.randint(0, TINY_V, (2, 9), generator=torch.Generator().manual_seed(3))
     other = (ids + 1) % TINY_V
-    with Recorder(tmp_path / "run", model=model, attribute_every=1, attribute_applied=False) as rec:
+    with Recorder(tmp_path / "run", model=model, attribution=Attribution(every=1, applied=False)) as rec:
         with rec.step(0) as st:
             lp = forward_logprobs(model, ids)[1]
             st.track(

@@ -12,6 +12,7 @@ from conftest import TINY_V, forward_logprobs, make_model
 
 from tokengrad import Recorder, load_run, schema
 from tokengrad.read import queries, share_queries
+from tokengrad.record import Attribution
 
 N, L = 8, 13  # sequences, ids per sequence (T = 12 scored tokens)
 
@@ -31,9 +32,8 @@ def _record(path, budget=None, attribute=True, seed=0):
         Recorder(
             path,
             model=model,
-            attribute_every=1 if attribute else 0,
-            token_budget=budget,
-            attribute_applied=False,
+            attribution=Attribution(every=1 if attribute else 0, applied=False),
+            budget=budget,
         ) as rec,
         rec.step(0) as st,
     ):
@@ -173,6 +173,6 @@ def test_run_written_at_the_previous_schema_version_loads(tmp_path, runs):
 
 def test_bad_budgets_raise():
     with pytest.raises(ValueError, match="token_budget"):
-        Recorder("unused", token_budget=0)
+        Recorder("unused", budget=0)
     with pytest.raises(ValueError, match="token_budget"):
-        Recorder("unused", token_budget=2.5)
+        Recorder("unused", budget=2.5)

@@ -19,6 +19,7 @@ from tokengrad.read.queries import (
     top_samples,
     top_tokens,
 )
+from tokengrad.record import RunInfo
 
 # Step 0, update 0: two completions of four tokens. Token 7 of sample 1 is not in the loss.
 #            sample  pos token    prob  adv   coef  in_loss
@@ -275,7 +276,9 @@ def test_recorded_run_obeys_the_one_minus_p_wedge(tmp_path, tiny_model):
     from tokengrad import Recorder
 
     g = torch.Generator().manual_seed(0)
-    with Recorder(tmp_path / "rec", model=tiny_model, weighting={"name": "grpo", "params": {}}) as rec:
+    with Recorder(
+        tmp_path / "rec", model=tiny_model, info=RunInfo(weighting={"name": "grpo", "params": {}})
+    ) as rec:
         for step in range(2):
             with rec.step(step) as st:
                 ids = torch.randint(0, TINY_V, (3, 8), generator=g)

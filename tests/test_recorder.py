@@ -8,6 +8,7 @@ import torch
 from conftest import forward_logprobs
 
 from tokengrad import Recorder, load_run
+from tokengrad.record import Buckets
 
 EPS_LOW, EPS_HIGH, BETA = 0.2, 0.28, 0.05
 
@@ -82,7 +83,10 @@ def test_coef_head_norm_and_grad_norm_match_autograd(tmp_path, tiny_model, batch
 
 def _bucket_step(tmp_path, model, ids, mask, adv, entropy_coef=0.0):
     edges = (0.0, 0.02, 0.04, 1.0)  # a random tiny model puts p ~ 1/64: split around it
-    with Recorder(tmp_path / "b", model=model, bucket_every=1, bucket_edges=edges) as rec, rec.step(0) as st:
+    with (
+        Recorder(tmp_path / "b", model=model, buckets=Buckets(every=1, edges=edges)) as rec,
+        rec.step(0) as st,
+    ):
         logits, lp, _, tgt = forward_logprobs(model, ids)
         old, ref = _off_policy(lp)
         st.track(
@@ -137,7 +141,7 @@ def test_residual_from_terms_not_built_on_logprobs(tmp_path, tiny_model, batch):
 def test_grad_accumulation_two_passes_one_update(tmp_path, tiny_model, batch):
     ids, mask, adv = batch
     with (
-        Recorder(tmp_path / "ga", model=tiny_model, bucket_every=1, bucket_edges=(0, 0.02, 1)) as rec,
+        Recorder(tmp_path / "ga", model=tiny_model, buckets=Buckets(every=1, edges=(0, 0.02, 1))) as rec,
         rec.step(0) as st,
     ):
         for half in (slice(0, 2), slice(2, 4)):  # two micro-batches

@@ -16,6 +16,7 @@ import torch
 
 from tokengrad import Recorder, faults, load_run, schema
 from tokengrad.read import layout
+from tokengrad.record import Output, RunInfo
 from tokengrad.record.rows import scalar_table
 
 N, T = 2, 5  # two sequences of five tokens per step; the second one masks its last two
@@ -31,7 +32,7 @@ def _no_faults(monkeypatch):
 
 def record(run_dir, steps, **kw) -> Path:
     """Steps with 8 token rows, 1 steps row, 2 samples rows and 1 evals row each (no model needed)."""
-    with Recorder(run_dir, config={"lr": 1.0}, run_name="r", **kw) as rec:
+    with Recorder(run_dir, config={"lr": 1.0}, info=RunInfo(name="r"), **kw) as rec:
         for step in steps:
             record_step(rec, step)
     return Path(run_dir)
@@ -59,7 +60,7 @@ def test_partially_overlapping_files_are_read_once_and_repaired(tmp_path):
     """Files an older writer left after compaction + kill + compaction: s0-2 holds steps 0-2 and s1-5
     (built from leftover small files) holds steps 1-5. Both were read before; each step is read once now
     (the wider file wins), and the next writer rewrites the other one to its own range."""
-    run_dir = record(tmp_path / "r", range(6), compact_every=1000)
+    run_dir = record(tmp_path / "r", range(6), output=Output(compact_every=1000))
     folder = run_dir / "steps" / "rank000"
     make = lambda steps: scalar_table("steps", [{"step": s, "rank": 0, "loss": float(s)} for s in steps])  # noqa
     for p in folder.glob("*.parquet"):
@@ -69,7 +70,7 @@ def test_partially_overlapping_files_are_read_once_and_repaired(tmp_path):
     run = load_run(run_dir)
     assert run.steps["step"].tolist() == [0, 1, 2, 3, 4, 5]
     assert run.sql("SELECT count(*) AS n, count(DISTINCT step) AS d FROM steps").values.tolist() == [[6, 6]]
-    with Recorder(run_dir, config={"lr": 1.0}, run_name="r"):  # re-open: repairs on the way in
+    with Recorder(run_dir, config={"lr": 1.0}, info=RunInfo(name="r")):  # re-open: repairs on the way in
         pass
     names = sorted(p.name for p in folder.glob("*.parquet"))
     assert names == [schema.file_name(0, 0), schema.file_name(1, 5)]
@@ -83,7 +84,7 @@ def test_small_files_left_by_a_cut_compaction_are_removed_on_reopen(tmp_path, mo
     that overlaps the first merge, and every step is read once."""
     run_dir = tmp_path / "r"
     monkeypatch.setenv(faults.ENV, "unlinked:crash@1")
-    rec = Recorder(run_dir, config={"lr": 1.0}, run_name="r", compact_every=3).open()
+    rec = Recorder(run_dir, config={"lr": 1.0}, info=RunInfo(name="r"), output=Output(compact_every=3)).open()
     for step in range(3):  # commits 0, 2, 4 (the evals take 1, 3): the third one merges
         record_step(rec, step)
     rec._writer._thread.join(10)
@@ -93,7 +94,7 @@ def test_small_files_left_by_a_cut_compaction_are_removed_on_reopen(tmp_path, mo
     widest = max(found, key=lambda e: e[1] - e[0])
     assert widest[0] == 0 and len(found) >= 2  # the merge and the small files it did not remove
     assert all(widest[0] <= a and b <= widest[1] for a, b, _ in found)
-    record(run_dir, range(3, 9), compact_every=3)
+    record(run_dir, range(3, 9), output=Output(compact_every=3))
     run = load_run(run_dir)
     assert step_counts(run) == {"steps": list(range(9)), "tokens": [TOKENS_PER_STEP] * 9}
     evals = run.evals["step"].tolist()  # step 2's eval may have been committed with step 2 or not
@@ -182,7 +183,9 @@ def test_on_error_raise_raises_at_the_failing_step_and_counts_its_rows(tmp_path,
     run_dir = tmp_path / "r"
     record(run_dir, [])
     monkeypatch.setenv(faults.ENV, "commit:raise@1")
-    rec = Recorder(run_dir, config={"lr": 1.0}, run_name="r", on_error="raise").open()
+    rec = Recorder(
+        run_dir, config={"lr": 1.0}, info=RunInfo(name="r"), output=Output(on_error="raise")
+    ).open()
     with pytest.warns(RuntimeWarning), pytest.raises(RuntimeError, match="writer failed.*No space left"):
         record_step(rec, 0)  # the step's own end raises, not the next step's
     with pytest.warns(RuntimeWarning, match="8 rows could not be written"):
@@ -249,7 +252,7 @@ def _log(rec, **kw):
 
 def test_steps_must_increase_also_across_reopen(tmp_path):
     run_dir = record(tmp_path / "r", [0, 1])
-    with Recorder(run_dir, config={"lr": 1.0}, run_name="r") as rec:
+    with Recorder(run_dir, config={"lr": 1.0}, info=RunInfo(name="r")) as rec:
         with pytest.raises(ValueError, match="step 1 does not come after step 1.*resume_step=1"):
             rec.begin_step(1)
         record_step(rec, 2)
@@ -277,12 +280,12 @@ def test_recorder_refuses_another_run_and_a_newer_schema(tmp_path):
     run_dir = record(tmp_path / "r", [0])
     before = (run_dir / "meta.json").read_text()
     with pytest.raises(ValueError, match="already holds another run \\(run_name, config differ"):
-        Recorder(run_dir, config={"lr": 2.0}, run_name="other").open()
+        Recorder(run_dir, config={"lr": 2.0}, info=RunInfo(name="other")).open()
     assert (run_dir / "meta.json").read_text() == before
     meta = json.loads(before)
     (run_dir / "meta.json").write_text(json.dumps({**meta, "schema_version": schema.SCHEMA_VERSION + 1}))
     with pytest.raises(ValueError, match="will not downgrade"):
-        Recorder(run_dir, config={"lr": 1.0}, run_name="r", resume_step=1).open()
+        Recorder(run_dir, config={"lr": 1.0}, info=RunInfo(name="r"), resume_step=1).open()
     assert json.loads((run_dir / "meta.json").read_text())["schema_version"] == schema.SCHEMA_VERSION + 1
     (run_dir / "meta.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match="must hold a JSON object, got list"):
@@ -293,8 +296,8 @@ def test_resuming_may_change_the_config(tmp_path):
     run_dir = record(tmp_path / "r", [0, 1])
     created = json.loads((run_dir / "meta.json").read_text())["created"]
     with pytest.warns(RuntimeWarning, match="resuming at step 1"):
-        record(run_dir, [1], resume_step=1, compact_every=7)
-    with Recorder(run_dir, config={"lr": 1.0, "steps": 9}, run_name="r", resume_step=2):
+        record(run_dir, [1], resume_step=1, output=Output(compact_every=7))
+    with Recorder(run_dir, config={"lr": 1.0, "steps": 9}, info=RunInfo(name="r"), resume_step=2):
         pass
     meta = json.loads((run_dir / "meta.json").read_text())
     assert meta["config"] == {"lr": 1.0, "steps": 9} and meta["created"] == created

@@ -19,12 +19,17 @@ from conftest import forward_logprobs
 
 from tokengrad import Recorder, list_runs, load_run, schema
 from tokengrad.read.runs import SchemaVersionError
+from tokengrad.record import Output, RunInfo
 
 
 def _record(run_dir, model, n_steps=3, **kw):
     g = torch.Generator().manual_seed(0)
     with Recorder(
-        run_dir, model=model, config={"lr": 1e-3}, weighting={"name": "grpo", "params": {}}, **kw
+        run_dir,
+        model=model,
+        config={"lr": 1e-3},
+        info=RunInfo(weighting={"name": "grpo", "params": {}}),
+        **kw,
     ) as rec:
         for step in range(n_steps):
             with rec.step(step) as st:
@@ -92,7 +97,7 @@ def test_direct_readers_pandas_duckdb_polars(tmp_path, tiny_model):
 
 
 def test_compaction_keeps_every_row_and_reader_dedupes(tmp_path, tiny_model):
-    d = _record(tmp_path / "c", tiny_model, n_steps=9, compact_every=4)
+    d = _record(tmp_path / "c", tiny_model, n_steps=9, output=Output(compact_every=4))
     files = load_run(d).files("tokens")
     assert len(files) < 9
     assert len(load_run(d).tokens()) == 9 * 10
@@ -151,7 +156,7 @@ def test_writer_failure_can_raise(tmp_path, tiny_model, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with pytest.raises(RuntimeError, match="disk full"):
-            _record(tmp_path / "x", tiny_model, on_error="raise")
+            _record(tmp_path / "x", tiny_model, output=Output(on_error="raise"))
 
 
 def test_two_ranks_merge(tmp_path, tiny_model, monkeypatch):
@@ -207,7 +212,9 @@ def test_sigkill_mid_run_leaves_completed_steps_readable(tmp_path):
 
 
 def test_resume_step_drops_rows_recorded_after_the_checkpoint(tmp_path, tiny_model):
-    d = _record(tmp_path / "res", tiny_model, n_steps=5, compact_every=2)  # compacted and small files
+    d = _record(
+        tmp_path / "res", tiny_model, n_steps=5, output=Output(compact_every=2)
+    )  # compacted and small files
     with pytest.warns(RuntimeWarning, match="resuming at step 3: removed"):
         with Recorder(d, model=tiny_model, resume_step=3) as rec:
             for step in (3, 4):

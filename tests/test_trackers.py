@@ -11,6 +11,7 @@ from conftest import forward_logprobs
 from tokengrad import Recorder, load_run
 from tokengrad.cli import main
 from tokengrad.integrations.trackers.scalars import Scalar, table_scalars
+from tokengrad.record import Buckets, Output
 
 tb_reader = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 
@@ -19,7 +20,9 @@ ADVS = {0: [1.0, -0.5, 0.25, -1.5], 1: [0.0, 0.0, 0.0, 0.0], 2: [0.5, -0.5, 1.0,
 
 
 def _record(run_dir, model, ids, mask, trackers=()):
-    with Recorder(run_dir, model=model, bucket_every=2, bucket_edges=EDGES, trackers=trackers) as rec:
+    with Recorder(
+        run_dir, model=model, buckets=Buckets(every=2, edges=EDGES), output=Output(trackers=trackers)
+    ) as rec:
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         for step, adv in ADVS.items():
             adv = torch.tensor(adv)

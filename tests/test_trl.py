@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+from tokengrad.record import Attribution
+
 trl = pytest.importorskip("trl")
 
 from tokengrad import load_run  # noqa: E402
@@ -342,7 +344,7 @@ def test_train_end_restores_the_trainer(tmp_path):
 @pytest.mark.parametrize("entropy_coef", [0.0, 0.5])
 def test_bucket_analysis_inside_trl(tmp_path, entropy_coef):
     trainer = make_trainer(tmp_path, "dapo", max_steps=1, entropy_coef=entropy_coef, temperature=0.1)
-    tg_trl.attach(trainer, tmp_path / "run", bucket_every=1)
+    tg_trl.attach(trainer, tmp_path / "run", buckets=1)
     trainer.train()
     run = load_run(tmp_path / "run")
     b = run.buckets
@@ -378,7 +380,7 @@ def test_failing_train_keeps_finished_steps_and_restores_the_trainer(tmp_path):
 
 def test_update_shares_inside_trl(tmp_path):
     trainer = make_trainer(tmp_path, "dapo", max_steps=1, temperature=0.1)
-    tg_trl.attach(trainer, tmp_path / "run", attribute_every=1)
+    tg_trl.attach(trainer, tmp_path / "run", attribution=1)
     trainer.train()
     run = load_run(tmp_path / "run")
     tok = run.tokens()
@@ -388,5 +390,5 @@ def test_update_shares_inside_trl(tmp_path):
     assert tok["dlogprob"].notna().all() and tok["dlogprob_pred"].notna().all()
     with pytest.raises(RuntimeError, match="central_difference"):
         trainer = make_trainer(tmp_path / "jvp", "dapo", max_steps=1, temperature=0.1)
-        tg_trl.attach(trainer, tmp_path / "jvp" / "run", attribute_every=1, attribute_method="jvp")
+        tg_trl.attach(trainer, tmp_path / "jvp" / "run", attribution=Attribution(every=1, method="jvp"))
         trainer.train()

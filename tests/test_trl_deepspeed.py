@@ -68,7 +68,7 @@ def test_no_deepspeed_is_none():
 @pytest.mark.parametrize("stage", [2, 3])
 def test_bucket_analysis_is_refused(stage):
     setup = tds.deepspeed_setup(_trainer_with(_plugin(stage)))
-    with pytest.raises(ValueError, match=rf"bucket_every=4.*ZeRO stage {stage}.*bucket_every=0"):
+    with pytest.raises(ValueError, match=rf"buckets=4.*ZeRO stage {stage}.*buckets=0"):
         tds.check_deepspeed(setup, bucket_every=4)
 
 
@@ -90,7 +90,7 @@ def test_attach_refuses_buckets_on_a_deepspeed_trainer(tmp_path, monkeypatch):
     setup = tds.deepspeed_setup(_trainer_with(_plugin(3)))
     monkeypatch.setattr(tg_trl, "deepspeed_setup", lambda t: setup)  # as accelerate would report it
     with pytest.raises(ValueError, match="not exact under DeepSpeed"):
-        tg_trl.attach(trainer, tmp_path / "run", bucket_every=1)
+        tg_trl.attach(trainer, tmp_path / "run", buckets=1)
     assert getattr(trainer, "_tokengrad_recording", None) is None
     assert not (tmp_path / "run").exists()
 

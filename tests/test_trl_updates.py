@@ -127,7 +127,7 @@ def test_buckets_of_an_update_spanning_generation_batches(tmp_path, loss_type):
         beta=beta,
         temperature=0.1,
     )
-    tg_trl.attach(trainer, tmp_path / "run", bucket_every=1)
+    tg_trl.attach(trainer, tmp_path / "run", buckets=1)
     trainer.train()
     run = load_run(tmp_path / "run")
     assert run.steps.step.tolist() == [0, 1]
@@ -142,7 +142,7 @@ def test_buckets_of_an_update_spanning_generation_batches(tmp_path, loss_type):
 
 @pytest.mark.slow
 def test_spanning_update_keeps_the_bucket_schedule_of_its_first_step(tmp_path):
-    # bucket_every=2 analyses steps 0 and 2; the updates begun there end in steps 1 and 3, analysed too
+    # buckets=2 analyses steps 0 and 2; the updates begun there end in steps 1 and 3, analysed too
     trainer = make_trainer(
         tmp_path,
         "dapo",
@@ -152,7 +152,7 @@ def test_spanning_update_keeps_the_bucket_schedule_of_its_first_step(tmp_path):
         num_iterations=2,
         temperature=0.1,
     )
-    tg_trl.attach(trainer, tmp_path / "run", bucket_every=2)
+    tg_trl.attach(trainer, tmp_path / "run", buckets=2)
     trainer.train()
     run = load_run(tmp_path / "run")
     b = run.buckets

@@ -6,8 +6,20 @@ into the run format (`tokengrad.schema`). Needs torch; never imports the trainer
 
 from tokengrad.record.budget import Budget
 from tokengrad.record.fused_logprobs import logprobs_with_stats
+from tokengrad.record.options import Attribution, Buckets, Output, RunInfo
 from tokengrad.record.recorder import Recorder
 from tokengrad.record.stats import TokenStats, token_stats
 from tokengrad.record.step_recorder import StepRecorder
 
-__all__ = ["Budget", "Recorder", "StepRecorder", "TokenStats", "logprobs_with_stats", "token_stats"]
+__all__ = [
+    "Attribution",
+    "Budget",
+    "Buckets",
+    "Output",
+    "Recorder",
+    "RunInfo",
+    "StepRecorder",
+    "TokenStats",
+    "logprobs_with_stats",
+    "token_stats",
+]

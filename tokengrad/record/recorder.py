@@ -1,6 +1,6 @@
 """The recorder: a training loop drives it step by step; it writes the run format in the background.
 
-    with Recorder("runs/demo", model=model, tokenizer=tok, bucket_every=10) as rec:
+    with Recorder("runs/demo", model=model, tokenizer=tok, buckets=10) as rec:
         for step in range(n_steps):
             with rec.step(step) as st:
                 logprobs = ...                                    # [N, T] log pi the loss is built from
@@ -33,10 +33,18 @@ import torch
 from tokengrad import schema
 from tokengrad._version import __version__
 from tokengrad.read import layout
-from tokengrad.record.attribution import ATTRIBUTION_METHODS
-from tokengrad.record.bucket_analysis import validate_edges
 from tokengrad.record.budget import Budget
 from tokengrad.record.gradnorms import NamesFilter
+from tokengrad.record.options import (
+    Attribution,
+    Buckets,
+    Output,
+    RunInfo,
+    as_attribution,
+    as_buckets,
+    as_budget,
+    grouped_options,
+)
 from tokengrad.record.rows import TokenDecoder, scalar_table
 from tokengrad.record.step_recorder import StepRecorder
 from tokengrad.record.writer import Rows, RunWriter, atomic_write_json
@@ -69,32 +77,19 @@ class Recorder:
         model: the model being trained (for gradient norms and bucket analysis); DDP wrappers are fine.
         tokenizer: decodes token ids into the `token` column (optional).
         config: the full training config (stored in meta.json).
-        run_name, model_name: labels for meta.json (defaults: directory name, model class).
-        weighting: {"name": ..., "params": {...}, "curve": {"p": [...], "w": [...]}} of the
-            token-weighting rule.
-        bucket_every: bucket analysis every N steps (0 = never; it costs one extra backward per bucket).
-        bucket_edges: probability bucket edges (default AR-Lopti's 0, .25, .5, .75, 1).
+        info: `RunInfo`: the run's name, the model's name, the weighting rule, the sampling temperature.
+        buckets: `Buckets(every, edges)`, or N: the probability-bucket analysis every N steps (0 = never).
+        attribution: `Attribution(every, method, eps, applied)`, or N: each token's exact share of the
+            update every N steps (passes tracked with `recompute=`; record/step_attribution.py).
+        budget: `Budget(k, ...)`, or k: at most k token rows per step and rank (None = all): whole sampled
+            sequences plus the largest |update_share| (else gradient norm) tokens, flagged in
+            `selected_by`; steps, buckets, prob_bins and vocab stay exact over all tokens (record/budget.py).
+        output: `Output(on_error, compact_every, trackers)`: writer failures, compaction, live trackers.
         layers: which top-level blocks get a grad-norm row (None = all; a name, list, or predicate).
-        on_error: "count" (writer failures drop and count rows, training goes on) or "raise" (each step
-            waits for its own commit, so a writer failure raises at the end of the step that lost rows).
-        compact_every: merge small per-step files after this many steps.
-        temperature: the T the recorded log-probs divide the logits by (the sampler's; meta.json).
         resume_step: continuing a run from a checkpoint taken before this step: rows already recorded for
             steps >= resume_step (after the checkpoint) are removed on open, so no step appears twice.
             Without it, a directory that holds another run (a different run_name, config, model or
             weighting in meta.json) is refused, and so is one written by a newer run-format version.
-        attribute_every: every N steps (0 = never) each token gets `update_share`, its exact share of the
-            update, and the applied update's dlogprob_pred / dlogprob (record/step_attribution.py); passes
-            must be tracked with `recompute=`. Costs one directional pass per tracked pass and update.
-        attribute_method: a name of record.attribution.ATTRIBUTION_METHODS ("jvp" exact, or
-            "central_difference" for models without forward-mode AD); attribute_eps its step (None: auto).
-        attribute_applied: also attribute the applied update (one parameter-sized copy).
-        token_budget: at most this many token rows per step and rank (None = all): whole sampled
-            sequences plus the largest |update_share| (else gradient norm) tokens, flagged in
-            `selected_by`; steps, buckets, prob_bins and vocab stay exact over all tokens (record/budget.py).
-            A `tokengrad.record.budget.Budget` sets the sequence fraction, bins and vocab size too.
-        trackers: `tokengrad.integrations.trackers` backends (TensorBoard, W&B) that get each step's
-            aggregates live, from rank 0 only (docs/trackers.md).
     """
 
     def __init__(
@@ -103,47 +98,45 @@ class Recorder:
         model: torch.nn.Module | None = None,
         tokenizer=None,
         config: dict | None = None,
-        run_name: str | None = None,
-        model_name: str | None = None,
-        weighting: dict | None = None,
-        bucket_every: int = 0,
-        bucket_edges=schema.DEFAULT_BUCKET_EDGES,
+        *,
+        info: RunInfo | None = None,
+        buckets: Buckets | int = 0,
+        attribution: Attribution | int = 0,
+        budget: Budget | int | None = None,
+        output: Output | None = None,
         layers: NamesFilter = None,
-        on_error: str = "count",
-        compact_every: int = 64,
         resume_step: int | None = None,
-        attribute_every: int = 0,
-        attribute_method: str = "jvp",
-        attribute_eps: float | None = None,
-        attribute_applied: bool = True,
-        token_budget: "int | Budget | None" = None,
-        trackers=(),
-        temperature: float | None = None,
+        **legacy,
     ):
-        if bucket_every < 0:
-            raise ValueError(f"bucket_every must be >= 0, got {bucket_every}")
+        if legacy:
+            groups = dict(info=info, buckets=buckets, attribution=attribution, budget=budget, output=output)
+            groups = grouped_options(legacy, groups)
+            info, buckets, attribution, budget, output = (groups[k] for k in groups)
+        info, output = info or RunInfo(), output or Output()
+        self.buckets, self.attribution = as_buckets(buckets), as_attribution(attribution)
+        self.budget = as_budget(budget)
         self.run_dir = Path(run_dir)
         self.model = model
-        self.bucket_every = int(bucket_every)
-        self.attribute_every, self.attribute_method = _attribution_args(attribute_every, attribute_method)
-        self.attribute_eps, self.attribute_applied = attribute_eps, bool(attribute_applied)
-        self.budget = (
-            token_budget if isinstance(token_budget, Budget) or token_budget is None else Budget(token_budget)
-        )
-        self.bucket_edges = validate_edges(bucket_edges)
         self.layers = layers
         self.rank, self.world_size = _dist_rank_world()
         self.decode = TokenDecoder(tokenizer)
-        self._meta = self._make_meta(config, run_name, model_name, model, tokenizer, weighting)
-        self._meta["temperature"] = temperature
+        self._meta = self._make_meta(config, info, model, tokenizer)
         self._writer: RunWriter | None = None
-        self._on_error, self._compact_every = on_error, compact_every
+        self._on_error, self._compact_every = output.on_error, output.compact_every
         self._resume_step = resume_step
-        self._trackers = list(trackers) if self.rank == 0 else []
+        self._trackers = list(output.trackers) if self.rank == 0 else []
         self._step: StepRecorder | None = None
         self.last_step: int | None = None
         self._floor: int | None = None  # the last step already on disk when opened: new steps come after it
         self._last_seq: int | None = None
+
+    # The recorder's settings as the step recorder reads them.
+    bucket_every = property(lambda self: self.buckets.every)
+    bucket_edges = property(lambda self: self.buckets.edges)
+    attribute_every = property(lambda self: self.attribution.every)
+    attribute_method = property(lambda self: self.attribution.method)
+    attribute_eps = property(lambda self: self.attribution.eps)
+    attribute_applied = property(lambda self: self.attribution.applied)
 
     # ---- lifecycle --------------------------------------------------------------------------------
     def __enter__(self) -> "Recorder":
@@ -295,15 +288,15 @@ class Recorder:
         """A copy of what meta.json holds for this run (config, weighting, temperature, ...)."""
         return dict(self._meta)
 
-    def _make_meta(self, config, run_name, model_name, model, tokenizer, weighting) -> dict:
+    def _make_meta(self, config, info: RunInfo, model, tokenizer) -> dict:
         return {
             "schema_version": schema.SCHEMA_VERSION,
             "tokengrad_version": __version__,
-            "run_name": run_name or self.run_dir.name,
+            "run_name": info.name or self.run_dir.name,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "config": config or {},
-            "weighting": weighting or {"name": "none", "params": {}},
-            "model": model_name or (type(model).__name__ if model is not None else None),
+            "weighting": info.weighting or {"name": "none", "params": {}},
+            "model": info.model_name or (type(model).__name__ if model is not None else None),
             "tokenizer": _label(getattr(tokenizer, "name_or_path", None))
             or (type(tokenizer).__name__ if tokenizer else None),
             "world_size": self.world_size,
@@ -314,6 +307,7 @@ class Recorder:
             "token_budget": self.budget.k if self.budget else None,
             "rows_dropped": {},
             "finished": False,
+            "temperature": info.temperature,
         }
 
     def _claim(self) -> dict | None:
@@ -411,10 +405,3 @@ class Recorder:
 def _plain_json(value):
     """A value as JSON would give it back (tuples become lists), to compare meta.json with a new run's."""
     return json.loads(json.dumps(value, default=str))
-
-
-def _attribution_args(every: int, method: str) -> tuple[int, str]:
-    if int(every) < 0:
-        raise ValueError(f"attribute_every must be >= 0, got {every}")
-    ATTRIBUTION_METHODS[method]  # an unknown name raises ValueError listing the known ones
-    return int(every), method

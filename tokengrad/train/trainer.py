@@ -41,6 +41,7 @@ from tqdm.auto import tqdm
 from tokengrad.objective.advantages import keep_groups
 from tokengrad.objective.loss import micro_batch_share, normaliser, phase_masks, policy_loss
 from tokengrad.objective.weighting import TokenBatch, check_rule, get_weighting, rule_meta, rule_params
+from tokengrad.record import Attribution, RunInfo
 from tokengrad.record.recorder import Recorder
 from tokengrad.train import batch as tb
 from tokengrad.train import distributed as dist
@@ -118,15 +119,16 @@ class Trainer:
             model=self.model,
             tokenizer=self.tok,
             config=cfg.to_dict(),
-            run_name=cfg.run_name or self.run_dir.name,
-            model_name=cfg.model,
-            weighting=rule_meta(cfg.weighting, self.rule_params),
-            bucket_every=cfg.bucket_every,
-            attribute_every=cfg.attribute_every,
-            attribute_method=cfg.attribute_method,
-            token_budget=cfg.token_budget or None,
+            info=RunInfo(
+                name=cfg.run_name or self.run_dir.name,
+                model_name=cfg.model,
+                weighting=rule_meta(cfg.weighting, self.rule_params),
+                temperature=self.temperature,
+            ),
+            buckets=cfg.bucket_every,
+            attribution=Attribution(every=cfg.attribute_every, method=cfg.attribute_method),
+            budget=cfg.token_budget or None,
             resume_step=self.start_step if cfg.resume else None,  # no checkpoint yet: from step 0
-            temperature=self.temperature,
         )
         self.dead_steps = {"tied": 0, "other": 0}  # steps without a gradient, by cause
         return self

@@ -43,6 +43,7 @@ from tokengrad.objective.gradient_scale import (
     unsupported_fields,
     weighting_meta,
 )
+from tokengrad.record.options import LEGACY, Attribution, Buckets, RunInfo, as_buckets, grouped_options
 from tokengrad.record.recorder import Recorder
 
 __all__ = [
@@ -74,7 +75,8 @@ def attach(
     weighting: str | None = None,
     weighting_params: dict | None = None,
     run_name: str | None = None,
-    bucket_every: int = 0,
+    buckets: Buckets | int = 0,
+    attribution: Attribution | int = 0,
     allow_untested_trl: bool = False,
     **recorder_kwargs,
 ) -> "TRLRecording":
@@ -83,36 +85,50 @@ def attach(
     Args:
         weighting, weighting_params: a rule of `tokengrad.objective.weighting` applied as a per-token gradient
             scale (see the module docs for what that equals); None records plain TRL.
-        bucket_every: probability-bucket gradient analysis every N steps (0 = off; one extra backward per
-            bucket on those steps).
+        buckets: probability-bucket gradient analysis every N steps, or a `tokengrad.record.Buckets`
+            (0 = off; one extra backward per bucket on those steps).
+        attribution: each token's exact share of the update every N steps, or a
+            `tokengrad.record.Attribution` (default method here: the central difference, since TRL's fused
+            LM head has no forward-mode derivative).
         allow_untested_trl: try a TRL version outside `TESTED_TRL` instead of refusing it.
-        recorder_kwargs: passed to `tokengrad.Recorder` (layers, on_error, compact_every, attribute_every,
-            attribute_method, token_budget, ...).
+        recorder_kwargs: passed to `tokengrad.Recorder` (budget, output, layers, resume_step).
     """
     import trl
 
+    legacy = {k: recorder_kwargs.pop(k) for k in list(recorder_kwargs) if k in LEGACY}
+    if legacy:
+        groups = grouped_options(legacy, dict(buckets=buckets, attribution=attribution), caller="attach")
+        buckets, attribution = groups.pop("buckets"), groups.pop("attribution")
+        recorder_kwargs.update({k: v for k, v in groups.items() if v is not None})
+    buckets = as_buckets(buckets)
+    if not isinstance(attribution, Attribution):
+        # TRL's fused LM head is a custom autograd.Function without a forward-mode derivative, so update
+        # shares inside TRL come from the central difference (two plain forwards) unless asked otherwise
+        attribution = Attribution(every=attribution or 0, method="central_difference")
     check_trl_version(trl.__version__, allow_untested_trl)
     check_trainer(trainer)
-    check_deepspeed(deepspeed_setup(trainer), bucket_every)  # docs/deepspeed.md
+    check_deepspeed(deepspeed_setup(trainer), buckets.every)  # docs/deepspeed.md
     weighting_params = trainer_params(weighting, weighting_params, trainer)
     rule = resolve_weighting(weighting, weighting_params)
     warn_if_kl_scaled(weighting, trainer)
-    # TRL's fused LM head is a custom autograd.Function without a forward-mode derivative, so update
-    # shares inside TRL come from the central difference (two plain forwards) unless asked otherwise
-    recorder_kwargs.setdefault("attribute_method", "central_difference")
     tokenizer = getattr(trainer, "_tokenizer", None) or trainer.processing_class
     model_cfg = getattr(trainer.model, "config", None)
+    info = RunInfo(
+        name=run_name,
+        model_name=getattr(model_cfg, "_name_or_path", None) or None,
+        weighting=weighting_meta(weighting, weighting_params),
+        # TRL divides the logits by its sampling temperature before every log-prob (as the recorder's values)
+        temperature=float(getattr(trainer, "temperature", 1.0) or 1.0),
+    )
     rec = Recorder(
         run_dir,
         model=trainer.model,
         tokenizer=tokenizer,
         config=_run_config(trainer, trl.__version__),
-        run_name=run_name,
-        model_name=getattr(model_cfg, "_name_or_path", None) or None,
-        weighting=weighting_meta(weighting, weighting_params),
-        bucket_every=bucket_every,
-        # TRL divides the logits by its sampling temperature before every log-prob (as the recorder's values)
-        **{"temperature": float(getattr(trainer, "temperature", 1.0) or 1.0), **recorder_kwargs},
+        info=info,
+        buckets=buckets,
+        attribution=attribution,
+        **recorder_kwargs,
     )
     return TRLRecording(trainer, rec, rule).install()
 

@@ -51,10 +51,10 @@ def check_deepspeed(setup: DeepSpeedSetup | None, bucket_every: int) -> None:
         return
     if bucket_every:
         raise ValueError(
-            f"bucket_every={bucket_every}: probability-bucket analysis is not exact under DeepSpeed "
+            f"buckets={bucket_every}: probability-bucket analysis is not exact under DeepSpeed "
             f"(ZeRO stage {setup.zero_stage}): accelerate runs DeepSpeed's engine.step() inside backward, "
             f"which reduces, partitions and clears the gradients before the bucket passes could be compared "
-            f"with them. Record with bucket_every=0 (token columns, coef, per-block norms through "
+            f"with them. Record with buckets=0 (token columns, coef, per-block norms through "
             f"deepspeed.utils.safe_get_full_grad and DeepSpeed's global norm stay exact), or run the "
             f"bucket analysis under DDP/FSDP."
         )

@@ -31,6 +31,7 @@ import threading
 import torch
 
 from tokengrad.objective.weighting import TokenBatch
+from tokengrad.record import RunInfo
 from tokengrad.record.recorder import Recorder
 
 TESTED_VERL = ("0.9", "0.10")  # [lowest, first untested) minor versions; keep in step with the `verl` extra
@@ -163,8 +164,8 @@ class VerlRecording:
         self.recorder = Recorder(
             run_dir,
             config={"integration": "verl", "verl_version": verl.__version__, "loss_mode": loss_name(rule)},
-            weighting=meta,
-            token_budget=int(budget) if budget else None,
+            info=RunInfo(weighting=meta),
+            budget=int(budget) if budget else None,
         ).open()
         self.rule = rule
         self.step = None

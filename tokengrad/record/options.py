@@ -1,0 +1,159 @@
+"""The Recorder's option groups: what a run is called (`RunInfo`), the probability-bucket analysis
+(`Buckets`), per-token attribution of the update (`Attribution`), where rows go (`Output`); the token budget
+is `tokengrad.record.budget.Budget`. Each group also takes a plain number where that says enough:
+`Recorder(dir, buckets=10, attribution=5, budget=65536)`.
+
+The flat keywords of earlier releases (`bucket_every=`, `attribute_every=`, `token_budget=`, ...) still work
+for now and warn with the grouped form that replaces them (`grouped_options`).
+"""
+
+from __future__ import annotations
+
+import operator
+import warnings
+from dataclasses import dataclass, field, replace
+
+from tokengrad import schema
+from tokengrad.record.attribution import ATTRIBUTION_METHODS
+from tokengrad.record.bucket_analysis import validate_edges
+from tokengrad.record.budget import Budget
+
+ON_ERROR = ("count", "raise")
+
+
+def _every(name: str, value) -> int:
+    """A step interval: an int >= 0 (0 = never). A string or float is refused, not parsed."""
+    try:
+        every = operator.index(value)
+    except TypeError:
+        raise ValueError(
+            f"{name} must be an integer >= 0 (0 = never), got {type(value).__name__} {value!r}"
+        ) from None
+    if isinstance(value, bool) or every < 0:
+        raise ValueError(f"{name} must be an integer >= 0 (0 = never), got {value!r}")
+    return every
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """Labels of the run in meta.json: its name (default: the directory's), the model's name (default: the
+    model class), the token-weighting rule ({"name", "params", "curve"}), and the temperature T the recorded
+    log-probs divide the logits by (the sampler's)."""
+
+    name: str | None = None
+    model_name: str | None = None
+    weighting: dict | None = None
+    temperature: float | None = None
+
+
+@dataclass(frozen=True)
+class Buckets:
+    """The probability-bucket analysis (AR-Lopti arXiv 2505.12929 Fig. 1): every `every` steps (0 = never;
+    one extra backward per bucket), over the probability intervals `edges`."""
+
+    every: int = 0
+    edges: tuple = schema.DEFAULT_BUCKET_EDGES
+
+    def __post_init__(self):
+        object.__setattr__(self, "every", _every("buckets.every", self.every))
+        object.__setattr__(self, "edges", tuple(validate_edges(self.edges)))
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """Each token's exact share of the update (`update_share`) and the applied update's dlogprob_pred /
+    dlogprob, every `every` steps (0 = never); passes must be tracked with `recompute=`. `method`: a name
+    of record.attribution.ATTRIBUTION_METHODS ("jvp" exact, "central_difference" for models without
+    forward-mode AD), `eps` its step (None: automatic); `applied`: also attribute the update the optimizer
+    applied (one parameter-sized copy)."""
+
+    every: int = 0
+    method: str = "jvp"
+    eps: float | None = None
+    applied: bool = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "every", _every("attribution.every", self.every))
+        ATTRIBUTION_METHODS[self.method]  # an unknown name raises ValueError listing the known ones
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where rows go. `on_error`: "count" (a writer failure drops and counts rows, training goes on) or
+    "raise" (each step waits for its commit and raises at the end of the step that lost rows);
+    `compact_every`: merge small per-step files after this many steps; `trackers`:
+    `tokengrad.integrations.trackers` backends that get each step's aggregates live (rank 0 only)."""
+
+    on_error: str = "count"
+    compact_every: int = 64
+    trackers: tuple = field(default_factory=tuple)
+
+    def __post_init__(self):
+        if self.on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be one of {ON_ERROR}, got {self.on_error!r}")
+        if _every("compact_every", self.compact_every) < 1:
+            raise ValueError(f"compact_every must be >= 1, got {self.compact_every}")
+        object.__setattr__(self, "trackers", tuple(self.trackers))
+
+
+def as_buckets(value) -> Buckets:
+    return value if isinstance(value, Buckets) else Buckets(every=0 if value is None else value)
+
+
+def as_attribution(value) -> Attribution:
+    return value if isinstance(value, Attribution) else Attribution(every=0 if value is None else value)
+
+
+def as_budget(value) -> Budget | None:
+    if value is None or isinstance(value, Budget):
+        return value
+    return Budget(value)
+
+
+# old flat keyword -> (group keyword, field of that group)
+LEGACY = {
+    "run_name": ("info", "name"),
+    "model_name": ("info", "model_name"),
+    "weighting": ("info", "weighting"),
+    "temperature": ("info", "temperature"),
+    "bucket_every": ("buckets", "every"),
+    "bucket_edges": ("buckets", "edges"),
+    "attribute_every": ("attribution", "every"),
+    "attribute_method": ("attribution", "method"),
+    "attribute_eps": ("attribution", "eps"),
+    "attribute_applied": ("attribution", "applied"),
+    "token_budget": ("budget", None),
+    "on_error": ("output", "on_error"),
+    "compact_every": ("output", "compact_every"),
+    "trackers": ("output", "trackers"),
+}
+GROUPS = {"info": RunInfo, "buckets": Buckets, "attribution": Attribution, "output": Output}
+
+
+def grouped_options(legacy: dict, groups: dict, caller: str = "Recorder") -> dict:
+    """The group keywords (`groups`: info, buckets, attribution, budget, output as given) with the flat
+    keywords of earlier releases folded in; each flat keyword warns with its grouped form. An unknown
+    keyword is a TypeError listing the known ones."""
+    unknown = sorted(set(legacy) - set(LEGACY))
+    if unknown:
+        known = ", ".join(
+            ["run_dir", "model", "tokenizer", "config", *GROUPS, "budget", "layers", "resume_step"]
+        )
+        raise TypeError(
+            f"{caller}() got unexpected keyword(s) {unknown}; the Recorder's options are: {known}"
+        )
+    out = dict(groups)
+    for key, value in legacy.items():
+        group, attr = LEGACY[key]
+        new = f"{group}={value!r}" if attr is None else f"{group}={GROUPS[group].__name__}({attr}=...)"
+        warnings.warn(f"{caller}({key}=...) is now {caller}({new})", FutureWarning, stacklevel=4)
+        if attr is None:
+            out[group] = value
+            continue
+        current = out.get(group)
+        if group == "buckets":
+            current = as_buckets(current)
+        elif group == "attribution":
+            current = as_attribution(current)
+        out[group] = replace(current or GROUPS[group](), **{attr: value})
+    return out
