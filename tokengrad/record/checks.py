@@ -110,3 +110,8 @@ def check_scalars(scalars: dict, numeric: set[str]) -> dict:
             raise ValueError(f"st.log(): {k!r} is a numeric column, got {type(v).__name__} {v!r}")
         out[k] = v
     return out
+
+
+def as_ids(ids: torch.Tensor | None, n: int, dev) -> torch.Tensor:
+    """[n] row ids as given, or 0..n-1."""
+    return torch.arange(n, device=dev) if ids is None else torch.as_tensor(ids, device=dev).long()

@@ -20,19 +20,16 @@ set on the user's modules.
 
 from __future__ import annotations
 
-import json
 import operator
 import os
-import time
 import warnings
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
 from tokengrad import schema
-from tokengrad._version import __version__
 from tokengrad.read import layout
+from tokengrad.record import run_meta
 from tokengrad.record.budget import Budget
 from tokengrad.record.gradnorms import NamesFilter
 from tokengrad.record.options import (
@@ -47,20 +44,9 @@ from tokengrad.record.options import (
 )
 from tokengrad.record.rows import TokenDecoder, scalar_table
 from tokengrad.record.step_recorder import StepRecorder
-from tokengrad.record.writer import Rows, RunWriter, atomic_write_json
+from tokengrad.record.writer import Rows, RunWriter
 
 MAX_STEP = 2**31 - 1  # the step column is int32
-# meta.json keys that say which run a directory holds: a Recorder that is not resuming refuses a directory
-# whose run differs in one of them (re-opening the same run to append is fine).
-IDENTITY_KEYS = ("run_name", "config", "model", "weighting")
-
-
-def _label(name: str | None) -> str | None:
-    """A tokenizer's name for meta.json: a hub-style id as it is, a local directory by its last component
-    (an absolute cache path means nothing on another machine)."""
-    if name and os.path.isabs(str(name)):
-        return Path(str(name).rstrip("/")).name
-    return name
 
 
 def _dist_rank_world() -> tuple[int, int]:
@@ -289,66 +275,23 @@ class Recorder:
         return dict(self._meta)
 
     def _make_meta(self, config, info: RunInfo, model, tokenizer) -> dict:
-        return {
-            "schema_version": schema.SCHEMA_VERSION,
-            "tokengrad_version": __version__,
-            "run_name": info.name or self.run_dir.name,
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "config": config or {},
-            "weighting": info.weighting or {"name": "none", "params": {}},
-            "model": info.model_name or (type(model).__name__ if model is not None else None),
-            "tokenizer": _label(getattr(tokenizer, "name_or_path", None))
-            or (type(tokenizer).__name__ if tokenizer else None),
-            "world_size": self.world_size,
-            "bucket_every": self.bucket_every,
-            "bucket_edges": list(self.bucket_edges),
-            "attribute_every": self.attribute_every,
-            "attribute_method": self.attribute_method,
-            "token_budget": self.budget.k if self.budget else None,
-            "rows_dropped": {},
-            "finished": False,
-            "temperature": info.temperature,
-        }
+        return run_meta.make_meta(
+            self.run_dir,
+            config,
+            info,
+            model,
+            tokenizer,
+            self.world_size,
+            self.buckets,
+            self.attribution,
+            self.budget,
+        )
 
     def _claim(self) -> dict | None:
-        """The directory's existing meta.json (None if there is none), after checking that this Recorder may
-        write there: not a newer run format, and the same run unless resuming."""
-        path = self.run_dir / schema.META_FILE
-        if not path.exists():
-            return None
-        try:
-            old = json.loads(path.read_text())
-        except ValueError as err:
-            raise ValueError(f"{path} is not valid JSON ({err}); refusing to overwrite it") from None
-        if not isinstance(old, dict):
-            raise ValueError(
-                f"{path} must hold a JSON object, got {type(old).__name__}; refusing to overwrite it"
-            )
-        version = old.get("schema_version")
-        if isinstance(version, int) and version > schema.SCHEMA_VERSION:
-            raise ValueError(
-                f"{self.run_dir} holds a run of run-format schema version {version}; this tokengrad writes "
-                f"version {schema.SCHEMA_VERSION} and will not downgrade it. Upgrade tokengrad."
-            )
-        if self._resume_step is None:
-            differ = [k for k in IDENTITY_KEYS if _plain_json(old.get(k)) != _plain_json(self._meta[k])]
-            if differ:
-                raise ValueError(
-                    f"{self.run_dir} already holds another run ({', '.join(differ)} differ from this "
-                    "Recorder's); choose another directory, or pass resume_step=... to continue that run"
-                )
-        return old
+        return run_meta.check_claim(self.run_dir, self._meta, resuming=self._resume_step is not None)
 
     def _carried_rows_dropped(self, old_meta: dict | None) -> dict[str, int]:
-        """rows_dropped of this rank before this session (rank status file, else meta.json for rank 0)."""
-        try:
-            status = json.loads((self.run_dir / schema.RANKS_DIR / f"rank{self.rank:03d}.json").read_text())
-            counts = status.get("rows_dropped")
-        except (OSError, ValueError, AttributeError):
-            counts = (old_meta or {}).get("rows_dropped") if self.rank == 0 else None
-        if not isinstance(counts, dict):
-            return {}
-        return {str(k): v for k, v in counts.items() if isinstance(v, int) and not isinstance(v, bool)}
+        return run_meta.carried_rows_dropped(self.run_dir, self.rank, old_meta)
 
     def _last_recorded_step(self) -> int | None:
         """The highest step this rank has in the steps table already (a re-opened run continues after it)."""
@@ -357,51 +300,14 @@ class Recorder:
         return max((r[1] for r in ranges if r), default=None)
 
     def _write_meta(self, finished: bool) -> bool:
-        """Write meta.json; False (and a warning) when the disk refuses."""
-        path = self.run_dir / schema.META_FILE
-        meta = dict(self._meta)
-        try:  # keep the creation time of a resumed run
-            meta["created"] = json.loads(path.read_text()).get("created", meta["created"])
-        except (OSError, ValueError, AttributeError):
-            pass
-        meta["finished"] = finished
-        meta["rows_dropped"] = dict(self._writer.rows_dropped) if self._writer else {}
-        try:
-            atomic_write_json(path, meta)
-        except OSError as err:
-            warnings.warn(f"tokengrad: could not write {path}: {err}", RuntimeWarning, stacklevel=2)
-            return False
-        return True
+        dropped = dict(self._writer.rows_dropped) if self._writer else {}
+        return run_meta.write_meta(self.run_dir, self._meta, finished, dropped)
 
     def _write_status(self, finished: bool) -> bool:
-        folder = self.run_dir / schema.RANKS_DIR
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            w = self._writer
-            atomic_write_json(
-                folder / f"rank{self.rank:03d}.json",
-                {
-                    "rank": self.rank,
-                    "finished": finished,
-                    "last_step": self.last_step if self.last_step is not None else self._floor,
-                    "rows_dropped": dict(w.rows_dropped) if w else {},
-                    "rows_written": dict(w.rows_written) if w else {},
-                    "time": time.time(),
-                },
-            )
-        except OSError as err:
-            warnings.warn(
-                f"tokengrad: could not write rank status to {folder}: {err}", RuntimeWarning, stacklevel=2
-            )
-            return False
-        return True
+        last = self.last_step if self.last_step is not None else self._floor
+        return run_meta.write_status(self.run_dir, self.rank, finished, last, self._writer)
 
     def _require_open(self) -> RunWriter:
         if self._writer is None:
             raise RuntimeError("Recorder is not open: use `with Recorder(...) as rec:` or call rec.open()")
         return self._writer
-
-
-def _plain_json(value):
-    """A value as JSON would give it back (tuples become lists), to compare meta.json with a new run's."""
-    return json.loads(json.dumps(value, default=str))

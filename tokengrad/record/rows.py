@@ -223,3 +223,15 @@ def scalar_table(table: str, rows: list[dict]) -> pa.Table | None:
 
 def _plain(v):
     return v.item() if hasattr(v, "item") else v
+
+
+def steps_row(step: int, rank: int, scalars: dict, captured: list[CapturedBatch]) -> dict:
+    """The step's steps-table row: derived token aggregates, then the logged scalars; warns on NaN/inf."""
+    derived = step_derived(captured)
+    if derived.get("n_nonfinite"):
+        warnings.warn(
+            f"tokengrad: step {step}: {derived['n_nonfinite']} NaN/inf token values recorded as they are",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return {**derived, **scalars, "step": step, "rank": rank}

@@ -132,3 +132,30 @@ def _chunk_stats(
     dot = d.mul_(e).sum(-1) if finite else torch.nansum(d.mul_(e), -1)  # [k] sum_{j != y} d_j e_j
     dot = dot + torch.where(e_y > 0, d_y * e_y, torch.zeros_like(e_y))  # [k] + the target's term
     return d_y - log_z, (log_z - dot / Z).clamp_min(0.0), s2, unit
+
+
+@torch.no_grad()
+def pass_values(logprobs, token_ids, mask, old, ref, adv, weights, logits, stats, hidden) -> dict:
+    """The detached [N, T] value columns of one tracked pass: logprob, the softmax statistics (from `stats`,
+    else from `logits`), prob, old/ref log-probs and ratio, advantage over tokens, weight, |h_t|."""
+    lp = logprobs.detach().float()  # [N, T]
+    if stats is None and logits is not None:
+        stats = token_stats(logits.detach(), token_ids, mask)
+    out = {"logprob": lp}
+    if stats is not None:  # fields left None (e.g. no sum_p2 available) stay null columns
+        fields = stats._asdict().items()
+        out.update({k: v.detach().float() for k, v in fields if k != "logprob" and v is not None})
+    if "prob" not in out:  # without logits the probability still follows from log pi
+        out["prob"] = lp.exp()
+    if old is not None:
+        out["old_logprob"] = old.detach().float()
+        out["ratio"] = (lp - out["old_logprob"]).exp()  # [N, T]
+    if ref is not None:
+        out["ref_logprob"] = ref.detach().float()
+    if adv is not None:
+        adv = adv.detach().float()
+        out["advantage"] = adv.unsqueeze(1).expand_as(lp) if adv.dim() == 1 else adv
+    out["weight"] = torch.ones_like(lp) if weights is None else weights.detach().float()
+    if hidden is not None:
+        out["_hidden_norm"] = hidden.detach().float().norm(dim=-1)  # [N, T] |h_t|
+    return out

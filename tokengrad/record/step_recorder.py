@@ -11,21 +11,21 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass
 
 import pyarrow as pa
 import torch
 
 from tokengrad import schema
-from tokengrad.record import bucket_analysis as bk
-from tokengrad.record.bucket_rows import BucketState, bucket_rows
+from tokengrad.record.bucket_rows import BucketState
 from tokengrad.record.budget import budgeted, capture_pass
-from tokengrad.record.checks import RESERVED, check_ids, check_scalars, check_track_inputs
+from tokengrad.record.checks import RESERVED, as_ids, check_ids, check_scalars, check_track_inputs
 from tokengrad.record.distributed import global_grad_norms, grads_are_sharded
 from tokengrad.record.gradnorms import grad_norms, trainable_params
-from tokengrad.record.rows import CapturedBatch, sample_rows, scalar_table, step_derived, tokens_table
-from tokengrad.record.stats import TokenStats, token_stats
+from tokengrad.record.rows import sample_rows, scalar_table, steps_row, tokens_table
+from tokengrad.record.stats import TokenStats, pass_values
 from tokengrad.record.step_attribution import StepAttribution, bucket_share_rows
+from tokengrad.record.step_buckets import StepBuckets
+from tokengrad.record.tracked_pass import TrackedPass, new_pass
 from tokengrad.record.writer import Rows
 
 _NUMERIC_STEP_COLUMNS = {
@@ -33,28 +33,6 @@ _NUMERIC_STEP_COLUMNS = {
     for f in schema.arrow_schema("steps")
     if pa.types.is_floating(f.type) or pa.types.is_integer(f.type)
 }
-
-
-@dataclass
-class _Pass:
-    """A tracked pass while the step is open (tensors stay on their device until the step ends)."""
-
-    pass_id: int
-    update_id: int
-    logprobs: torch.Tensor  # [N, T] with graph (dropped after the backward)
-    tensors: dict[str, torch.Tensor]  # [N, T] detached values
-    token_ids: torch.Tensor
-    mask: torch.Tensor  # [N, T] bool
-    in_loss: torch.Tensor  # [N, T] bool
-    sample_ids: torch.Tensor  # [N]
-    group_ids: torch.Tensor  # [N]
-    scale: torch.Tensor | None
-    clipped: torch.Tensor | None
-    extra: dict[str, torch.Tensor]
-    coef: torch.Tensor | None = None  # [N, T] filled by the hook
-    handle: object = None
-    bucketed: bool = False
-    recompute: object = None  # () -> [N, T] log pi again, for attribution steps
 
 
 class StepRecorder:
@@ -69,16 +47,14 @@ class StepRecorder:
             if attribute_step and recorder.model is not None
             else None
         )
-        self._passes: list[_Pass] = []
+        self._passes: list[TrackedPass] = []
         self._scalars: dict = {}
         self._samples: list[dict] = []
         self._layer_rows: list[dict] = []
-        self._bucket_rows: list[dict] = []
-        self._bucket_state: dict[int, BucketState] = {}
+        self.buckets = StepBuckets(recorder.bucket_edges, step, recorder.rank)
         self._update_norms: dict[int, float] = {}
         self._t0 = time.perf_counter()
         self._t_record = 0.0
-        self._in_bucket_backward = False
 
     def __enter__(self) -> "StepRecorder":
         return self
@@ -168,9 +144,9 @@ class StepRecorder:
         mask_b = torch.ones(N, T, dtype=torch.bool, device=dev) if mask is None else mask.to(torch.bool)
         # a model's vocabulary may be larger than its tokenizer's, so only logits give the bound
         vocab = logits.shape[-1] if logits is not None else None
-        check_ids(token_ids, mask_b, vocab, _ids(sample_ids, N, dev))
+        check_ids(token_ids, mask_b, vocab, as_ids(sample_ids, N, dev))
         in_loss = mask_b if loss_mask is None else (loss_mask.to(torch.bool) & mask_b)
-        tensors = self._values(
+        tensors = pass_values(
             logprobs,
             token_ids,
             mask_b,
@@ -184,20 +160,11 @@ class StepRecorder:
         )
         if rollout_logprobs is not None:
             tensors["rollout_logprob"] = rollout_logprobs.detach().float()
-        p = _Pass(
-            len(self._passes),
-            int(update_id),
-            logprobs,
-            tensors,
-            token_ids.detach(),
-            mask_b,
-            in_loss,
-            _ids(sample_ids, N, dev),
-            _ids(group_ids, N, dev),
-            None if scale_grad is None else scale_grad.detach().to(logprobs.dtype),
-            None if clipped is None else clipped.detach().to(torch.bool),
-            {k: v.detach() for k, v in (extra or {}).items()},
+        ids = (as_ids(sample_ids, N, dev), as_ids(group_ids, N, dev))
+        p = new_pass(
+            len(self._passes), logprobs, tensors, token_ids, mask_b, in_loss, ids, scale_grad, clipped, extra
         )
+        p.update_id = int(update_id)
         p.recompute = recompute if self.attribution is not None else None
         if logprobs.requires_grad:
             p.handle = logprobs.register_hook(self._make_hook(p))
@@ -211,33 +178,9 @@ class StepRecorder:
         self._t_record += time.perf_counter() - t
         return logprobs
 
-    @torch.no_grad()
-    def _values(self, logprobs, token_ids, mask, old, ref, adv, weights, logits, stats, hidden) -> dict:
-        lp = logprobs.detach().float()  # [N, T]
-        if stats is None and logits is not None:
-            stats = token_stats(logits.detach(), token_ids, mask)
-        out = {"logprob": lp}
-        if stats is not None:  # fields left None (e.g. no sum_p2 available) stay null columns
-            fields = stats._asdict().items()
-            out.update({k: v.detach().float() for k, v in fields if k != "logprob" and v is not None})
-        if "prob" not in out:  # without logits the probability still follows from log pi
-            out["prob"] = lp.exp()
-        if old is not None:
-            out["old_logprob"] = old.detach().float()
-            out["ratio"] = (lp - out["old_logprob"]).exp()  # [N, T]
-        if ref is not None:
-            out["ref_logprob"] = ref.detach().float()
-        if adv is not None:
-            adv = adv.detach().float()
-            out["advantage"] = adv.unsqueeze(1).expand_as(lp) if adv.dim() == 1 else adv
-        out["weight"] = torch.ones_like(lp) if weights is None else weights.detach().float()
-        if hidden is not None:
-            out["_hidden_norm"] = hidden.detach().float().norm(dim=-1)  # [N, T] |h_t|
-        return out
-
-    def _make_hook(self, p: _Pass):
+    def _make_hook(self, p: TrackedPass):
         def hook(grad: torch.Tensor):
-            if self._in_bucket_backward:  # bucket passes feed coef back in: leave them alone
+            if self.buckets.in_backward:  # bucket passes feed coef back in: leave them alone
                 return None
             g = grad if p.scale is None else grad * p.scale  # [N, T]
             c = g.detach()
@@ -258,36 +201,20 @@ class StepRecorder:
     def analyze_buckets(self) -> None:
         """Bucket gradients of the passes tracked since the last call (their graphs must still exist)."""
         t = time.perf_counter()
-        params = [p for _, p in trainable_params(self.rec.model)]
-        edges = self.rec.bucket_edges
-        nb = len(edges) - 1
-        for p in [p for p in self._passes if not p.bucketed]:
-            p.bucketed = True
-            if p.coef is None or p.logprobs.grad_fn is None:
-                continue
-            idx = bk.bucket_index(p.tensors["prob"], edges)  # [N, T]
-            self._in_bucket_backward = True
-            try:
-                grads = bk.bucket_gradients(p.logprobs, p.coef, p.in_loss, idx, nb, params)
-            finally:
-                self._in_bucket_backward = False
-            state = self._bucket_state.setdefault(p.update_id, BucketState([None] * nb, [0] * nb))
-            bk.accumulate(state.grads, grads)
-            for b in range(nb):
-                state.n_tokens[b] += int(((idx == b) & p.in_loss).sum())
+        self.buckets.analyze(self._passes, trainable_params(self.rec.model))
         self._t_record += time.perf_counter() - t
 
     def take_open_buckets(self, update_id: int) -> BucketState | None:
         """Hand over the bucket gradients of an update that has no optimizer step yet, for an update that
         spans steps (TRL accumulating over generation batches); `continue_buckets` on the next step."""
-        return self._bucket_state.pop(update_id, None)
+        return self.buckets.state.pop(update_id, None)
 
     def continue_buckets(self, analyze: bool, state: BucketState | None, update_id: int = 0) -> None:
         """Carry on an update begun in the previous step: its bucket analysis goes on (with the gradients
         `take_open_buckets` took) or stays off, whatever this step's own schedule says."""
         self.is_bucket_step = analyze and self.rec.model is not None
         if state is not None:
-            self._bucket_state[update_id] = state
+            self.buckets.state[update_id] = state
 
     def record_grad_norms(self, update_id: int = 0) -> float:
         """Total and per-block gradient norms of the update, read before clipping; returns the total."""
@@ -302,18 +229,14 @@ class StepRecorder:
         if self.attribution is not None:  # shares along g, read before clipping changes .grad
             self.attribution.on_gradient(self._passes, update_id, total * total)
         self.add_grad_norms(total, blocks, update_id)
-        if update_id in self._bucket_state:
-            self._finish_buckets(
+        if update_id in self.buckets.state:
+            self.buckets.finish_update(
                 update_id, [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in named]
             )
-        if self.attribution is not None and not any(r["update_id"] == update_id for r in self._bucket_rows):
-            self._bucket_rows += bucket_share_rows(
-                self._passes,
-                update_id,
-                self.rec.bucket_edges,
-                self.step,
-                self.rec.rank,
-                named[0][1].device if named else "cpu",
+        if self.attribution is not None and not self.buckets.has_rows(update_id):
+            device = named[0][1].device if named else "cpu"
+            self.buckets.rows += bucket_share_rows(
+                self._passes, update_id, self.rec.bucket_edges, self.step, self.rec.rank, device
             )
         self._t_record += time.perf_counter() - t
         return total
@@ -336,16 +259,6 @@ class StepRecorder:
             torch._foreach_mul_(grads, factor)
         return total
 
-    def _finish_buckets(self, update_id: int, total: list[torch.Tensor]) -> None:
-        self._bucket_rows += bucket_rows(
-            self._bucket_state.pop(update_id),
-            total,
-            self.rec.bucket_edges,
-            step=self.step,
-            rank=self.rec.rank,
-            update_id=update_id,
-        )
-
     def record_prob_change(self, new_logprobs: torch.Tensor, sample_ids: torch.Tensor | None = None) -> None:
         """After the step's updates: mean change of probability and correct ratio per pi_old bucket (AR-Lopti,
         arXiv 2505.12929, bins by pi_old), over the union of every tracked pass's in-loss tokens.
@@ -360,42 +273,8 @@ class StepRecorder:
         Written onto the bucket rows of the step's last update (rows with counts only when that update had
         no gradient analysis).
         """
-        N, _ = new_logprobs.shape
-        tracked = [
-            (p.sample_ids, p.in_loss, p.tensors["old_logprob"], p.tensors.get("advantage"))
-            for p in self._passes
-            if "old_logprob" in p.tensors
-        ]
-        rows_ids = _ids(sample_ids, N, new_logprobs.device)
-        in_loss, old, adv = bk.union_of_passes(rows_ids, tracked, new_logprobs)
-        edges = self.rec.bucket_edges
-        idx = bk.bucket_index(old.exp(), edges)  # [N, T] bucket of pi_old
-        dmean, correct = bk.prob_change(old, new_logprobs.detach().float(), adv, in_loss, idx, len(edges) - 1)
-        last = max(
-            [r["update_id"] for r in self._bucket_rows],
-            default=max([p.update_id for p in self._passes], default=0),
-        )
-        rows = [
-            r for r in self._bucket_rows if r["update_id"] == last and r["bucket"] != schema.RESIDUAL_BUCKET
-        ]
-        if not rows:  # no gradient analysis this step: rows with counts and the change only
-            n = [int(((idx == b) & in_loss).sum()) for b in range(len(edges) - 1)]
-            rows = [
-                dict(
-                    step=self.step,
-                    rank=self.rec.rank,
-                    update_id=last,
-                    bucket=schema.bucket_label(lo, hi),
-                    lo=lo,
-                    hi=hi,
-                    n_tokens=n[b],
-                    token_share=n[b] / max(sum(n), 1),
-                )
-                for b, (lo, hi) in enumerate(zip(edges, edges[1:]))
-            ]
-            self._bucket_rows += rows
-        for r, d, c in zip(rows, dmean, correct):
-            r["dprob_mean"], r["correct_ratio"] = d, c
+        rows_ids = as_ids(sample_ids, new_logprobs.shape[0], new_logprobs.device)
+        self.buckets.prob_change(self._passes, new_logprobs, rows_ids)
 
     # ---- scalars and samples -----------------------------------------------------------------------
     def log(self, **scalars) -> None:
@@ -443,7 +322,7 @@ class StepRecorder:
             p.logprobs = None
         if self.attribution is not None:  # the last update's applied change, at the parameters after it
             self.attribution.finish(self._passes)
-        self._bucket_state.clear()
+        self.buckets.state.clear()
         scalars, tables = dict(self._scalars), {}
         if self.rec.budget is not None and self._passes:
             captured = budgeted(
@@ -467,28 +346,13 @@ class StepRecorder:
             scalars.setdefault("grad_norm", max(self._update_norms.values()))
         scalars.setdefault("n_updates", len({p.update_id for p in self._passes}) or None)
         step, rank, decode = self.step, self.rec.rank, self.rec.decode
-        layer_rows, bucket_rows, sample_rows = self._layer_rows, self._bucket_rows, self._samples
+        layer_rows, bucket_rows, sample_rows = self._layer_rows, self.buckets.rows, self._samples
         # Rows(build, n): built on the writer thread; n counts them exactly if building fails there
         return {
             "tokens": Rows(lambda: tokens_table(step, rank, captured, decode), n_token_rows),
-            "steps": Rows(lambda: scalar_table("steps", [_steps_row(step, rank, scalars, captured)]), 1),
+            "steps": Rows(lambda: scalar_table("steps", [steps_row(step, rank, scalars, captured)]), 1),
             "layers": Rows(lambda: scalar_table("layers", layer_rows), len(layer_rows)),
             "buckets": Rows(lambda: scalar_table("buckets", bucket_rows), len(bucket_rows)),
             "samples": Rows(lambda: scalar_table("samples", sample_rows), len(sample_rows)),
             **tables,
         }
-
-
-def _steps_row(step: int, rank: int, scalars: dict, captured: list[CapturedBatch]) -> dict:
-    derived = step_derived(captured)
-    if derived.get("n_nonfinite"):
-        warnings.warn(
-            f"tokengrad: step {step}: {derived['n_nonfinite']} NaN/inf token values recorded as they are",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-    return {**derived, **scalars, "step": step, "rank": rank}
-
-
-def _ids(ids: torch.Tensor | None, n: int, dev) -> torch.Tensor:
-    return torch.arange(n, device=dev) if ids is None else torch.as_tensor(ids, device=dev).long()

@@ -140,6 +140,11 @@ def generate_world(
         for _ in range(n_companies)
     }
     lengths = {r: int(rng.integers(40, 3000)) for r in rivers}
+    return _entities(people, cities, companies, lengths)
+
+
+def _entities(people: dict, cities: dict, companies: dict, lengths: dict) -> dict[str, Entity]:
+    """Each entity with the passage the search tool returns for it."""
     world = {}
     for name, a in people.items():
         given = name.split()[0]
@@ -166,7 +171,7 @@ def generate_world(
             f"in {a['city']}. It was founded in {a['founded']}, and its "
             f"chief executive is {a['ceo']}.",
         )
-    for river in rivers:
+    for river in lengths:
         on = sorted(c for c, a in cities.items() if a["river"] == river)
         flows = f" It flows through {', '.join(on)}." if on else ""
         world[river] = Entity(
