@@ -10,6 +10,8 @@ Layers, bottom up:
   train         tokengrad.train: the built-in trainer
   integrations  tokengrad.integrations: other trainers (TRL, verl) and trackers; never the built-in trainer
   figures       tokengrad.figures: pure Plotly builders (never torch)
+  doctor        tokengrad.doctor: findings on runs, read through read/ (never torch); record/ may start its
+                live runner (tokengrad.doctor.live), which loads the detectors on its own thread
   cli, app      the entry points: the `tokengrad` command and the Streamlit app
 """
 
@@ -23,6 +25,7 @@ LAYOUT = ["tokengrad.read.layout"]  # the file layout: written by record/, resol
 TRAIN = ["tokengrad.train"]
 INTEGRATIONS = ["tokengrad.integrations"]
 FIGURES = ["tokengrad.figures"]
+DOCTOR = ["tokengrad.doctor"]
 FACE = "tokengrad"  # the package face: lazy names only, imported by nothing inside the package
 
 # module prefix -> tokengrad modules it may import (by prefix). The longest matching prefix wins.
@@ -37,8 +40,9 @@ ALLOWED = {
     "tokengrad.train": GROUND + OBJECTIVE + RECORD + TRAIN,
     "tokengrad.integrations": GROUND + OBJECTIVE + RECORD + INTEGRATIONS + READ,
     "tokengrad.figures": GROUND + READ + FIGURES,
-    "tokengrad.cli": GROUND + READ + FIGURES + TRAIN + INTEGRATIONS + ["tokengrad.cli"],
-    "app": GROUND + READ + FIGURES + ["app"],
+    "tokengrad.doctor": GROUND + READ + DOCTOR,
+    "tokengrad.cli": GROUND + READ + FIGURES + TRAIN + INTEGRATIONS + DOCTOR + ["tokengrad.cli"],
+    "app": GROUND + READ + FIGURES + DOCTOR + ["app"],
 }
 
 # module prefix -> third-party packages it must never import (statically, anywhere in the module)
@@ -50,6 +54,7 @@ THIRD_PARTY_FORBIDDEN = {
     "tokengrad.record": ["plotly", "streamlit", "trl"],
     "tokengrad.train": ["plotly", "streamlit", "trl"],
     "tokengrad.figures": ["torch", "streamlit", "transformers", "trl"],
+    "tokengrad.doctor": ["torch", "plotly", "streamlit", "transformers", "trl"],
     "app": ["torch", "transformers", "trl"],
 }
 
@@ -73,6 +78,8 @@ LOADED_FORBIDDEN = {
     "tokengrad.read.gradient_shares": DATA_LAYER_FORBIDDEN,
     "tokengrad.read.share_queries": DATA_LAYER_FORBIDDEN,
     "tokengrad.read.layout": DATA_LAYER_FORBIDDEN + ["pandas", "duckdb"],
+    "tokengrad.doctor": DATA_LAYER_FORBIDDEN + ["pandas", "duckdb", "scipy"],
+    "tokengrad.doctor.engine": DATA_LAYER_FORBIDDEN + ["tokengrad.integrations"],
     "tokengrad.record": [
         "tokengrad.train",
         "tokengrad.figures",

@@ -5,6 +5,7 @@
     tokengrad export sample_runs/* --out figures --format pdf
     tokengrad inspect sample_runs/lab_grpo        # summary of a run;  --schema prints the run format
     tokengrad publish sample_runs/lab_grpo --tensorboard tb   # aggregates to TensorBoard (--wandb PROJECT)
+    tokengrad doctor sample_runs/* --fail-on critical      # ranked findings, token evidence, CI gate
 
 Each subcommand's own options: `tokengrad SUBCOMMAND --help`.
 
@@ -39,6 +40,7 @@ SUBCOMMANDS = {
         "cli_publish",
         "write a run's aggregates to TensorBoard / W&B",
     ),
+    "doctor": ("tokengrad.cli.doctor", "cli_doctor", "ranked findings on runs, with the tokens behind them"),
 }
 
 

@@ -1,0 +1,215 @@
+"""Detectors of a run's health on the steps table and the rank status: reward-std death, non-finite values,
+gradient-norm drift, throughput decay, dead-step streaks, dropped rows. Defaults and sources: in
+tokengrad.doctor.detect_steps (one table of constants) and docs/doctor.md."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tokengrad.doctor import detect_steps as d
+from tokengrad.doctor.finding import Action, Finding
+from tokengrad.doctor.registry import detector, fmt, pct
+from tokengrad.doctor.stats import confidence_from_p, longest_run, trend
+from tokengrad.doctor.view import RunView
+
+_DAPO_DS = Action(
+    "use dynamic sampling (drop groups with one reward, refill the batch)", "DAPO, arXiv 2503.14476 Sec. 3.2"
+)
+
+
+def _streak(mask: np.ndarray, warn: int, crit: int) -> tuple[int, int, str] | None:
+    """The longest run of True values as (start, stop, severity) if it is at least `warn` long."""
+    run = longest_run(mask)
+    if run is None or run[1] - run[0] < warn:
+        return None
+    return run[0], run[1], "critical" if run[1] - run[0] >= crit else "warning"
+
+
+@detector("reward_std_death", tables=("steps",))
+def reward_std_death(view: RunView) -> list[Finding]:
+    """The batch reward std stays below 0.01 for 5 steps (critical: 20): no learning signal."""
+    col = view.column("reward_std")
+    if col is None:
+        return []
+    steps, x = col
+    found = _streak(x < d.REWARD_STD_FLOOR, d.REWARD_STD_SUSTAIN, d.REWARD_STD_CRITICAL_SUSTAIN)
+    if found is None:
+        return []
+    a, b, level = found
+    msg = (
+        f"reward_std below {d.REWARD_STD_FLOOR} for {b - a} steps in a row (steps {int(steps[a])}-"
+        f"{int(steps[b - 1])}, max {fmt(float(x[a:b].max()))}): the rewards carry no signal"
+    )
+    evidence = {
+        "statistic": "longest run of steps with reward_std below the floor",
+        "values": {"streak": b - a, "max_in_streak": float(x[a:b].max())},
+        "thresholds": {
+            "floor": d.REWARD_STD_FLOOR,
+            "sustain": d.REWARD_STD_SUSTAIN,
+            "critical_sustain": d.REWARD_STD_CRITICAL_SUSTAIN,
+        },
+    }
+    actions = (
+        _DAPO_DS,
+        Action("make the task harder or easier so groups disagree", "arXiv 2402.03300 Eq. 3"),
+    )
+    conf = min(0.99, 0.5 + 0.025 * (b - a))
+    return [
+        Finding(
+            "reward_std_death",
+            level,
+            conf,
+            int(steps[a]),
+            int(steps[b - 1]),
+            msg,
+            evidence,
+            actions=actions,
+        )
+    ]
+
+
+@detector("nonfinite", tables=("steps",))
+def nonfinite(view: RunView) -> list[Finding]:
+    """A NaN or inf in the loss, the gradient norm or the recorded token tensors (critical)."""
+    df = view.steps
+    if df.empty:
+        return []
+    bad = np.zeros(len(df), bool)
+    parts = {}
+    for col in ("loss", "grad_norm"):
+        if col in df.columns:
+            x = df[col].to_numpy(dtype=float)
+            hit = np.isinf(x) | (np.isnan(x) & df[col].notna().to_numpy())
+            parts[col] = int(hit.sum())
+            bad |= hit
+    if "n_nonfinite" in df.columns:
+        hit = df["n_nonfinite"].fillna(0).to_numpy(dtype=float) > 0
+        parts["n_nonfinite_steps"] = int(hit.sum())
+        bad |= hit
+    if not bad.any():
+        return []
+    steps = df["step"].to_numpy()[bad].astype(int)
+    msg = f"non-finite values at {bad.sum()} step(s) from step {steps[0]}: " + ", ".join(
+        f"{k} {v}" for k, v in parts.items() if v
+    )
+    evidence = {"statistic": "count of NaN/inf", "values": {**parts, "steps": steps[:20].tolist()}}
+    actions = (
+        Action(
+            "lower the learning rate; clip gradients; check log-probs of p = 0 tokens", "arXiv 2505.12929"
+        ),
+        Action("record with Output(on_error='raise') to stop at the first bad step", "docs/api.md"),
+    )
+    return [Finding("nonfinite", "critical", 1.0, steps[0], steps[-1], msg, evidence, actions=actions)]
+
+
+def _growth(name, steps, x, ratio, what, unit, actions, transform=None) -> list[Finding]:
+    """A finding when the end-window median of x is `ratio` times the start window's and x rises
+    (Mann-Kendall on transform(x), Theil-Sen slope); onset: the first step past ratio x the start."""
+    start, end, _ = d._ends(x)
+    tr = trend(x if transform is None else transform(x), steps)
+    if start <= 0 or end < ratio * start or not tr.rising(d.TREND_ALPHA):
+        return []
+    msg = (
+        f"{what} rose from {fmt(start)}{unit} to {fmt(end)}{unit} ({fmt(end / start)}x, window medians); "
+        f"Mann-Kendall tau {tr.tau:.2f}, p {tr.p_value:.1e}"
+    )
+    evidence = {
+        "statistic": f"end/start window medians of {what}; Mann-Kendall trend, Theil-Sen slope",
+        "values": {"start": start, "end": end, **tr.as_dict()},
+        "thresholds": {"ratio": ratio, "alpha": d.TREND_ALPHA},
+    }
+    first = int(steps[np.argmax(x > ratio * start)])
+    conf = confidence_from_p(tr.p_value)
+    return [Finding(name, "warning", conf, first, int(steps[-1]), msg, evidence, actions=actions)]
+
+
+@detector("grad_norm_drift", tables=("steps",))
+def grad_norm_drift(view: RunView) -> list[Finding]:
+    """The live steps' gradient norm grows tenfold over the run (Mann-Kendall on its log, rising)."""
+    col = view.column("grad_norm")
+    if col is None:
+        return []
+    live = np.isfinite(col[1]) & (col[1] > 0)
+    if live.sum() < 10:
+        return []
+    actions = (
+        Action("lower the learning rate; check the weighting rule's largest weights", "arXiv 2505.12929"),
+    )
+    return _growth(
+        "grad_norm_drift",
+        col[0][live],
+        col[1][live],
+        d.GRAD_DRIFT_RATIO,
+        "live grad_norm",
+        "",
+        actions,
+        np.log,
+    )
+
+
+@detector("throughput_decay", tables=("steps",))
+def throughput_decay(view: RunView) -> list[Finding]:
+    """Step wall time grows by half over the run (Mann-Kendall rising; the first step, warm-up, left out)."""
+    col = view.column("time_step")
+    if col is None or col[1].size < 11:
+        return []
+    actions = (
+        Action("check completion lengths, memory growth and the recorder's time_record", "docs/scale.md"),
+    )
+    return _growth("throughput_decay", col[0][1:], col[1][1:], d.THROUGHPUT_RATIO, "time_step", " s", actions)
+
+
+@detector("dead_steps", tables=("steps",))
+def dead_steps(view: RunView) -> list[Finding]:
+    """A streak of 5 steps (critical: 20) whose gradient is exactly 0 (every advantage 0)."""
+    col = view.column("grad_norm")
+    if col is None:
+        return []
+    steps, g = col
+    dead = g == 0
+    found = _streak(dead, d.DEAD_STREAK_WARNING, d.DEAD_STREAK_CRITICAL)
+    if found is None:
+        return []
+    a, b, level = found
+    msg = (
+        f"{b - a} steps in a row without a gradient (steps {int(steps[a])}-{int(steps[b - 1])}); "
+        f"{int(dead.sum())} of {dead.size} steps dead ({pct(dead.mean())})"
+    )
+    evidence = {
+        "statistic": "longest run of steps with grad_norm == 0",
+        "values": {"streak": b - a, "dead": int(dead.sum()), "steps": int(dead.size)},
+        "thresholds": {"warning": d.DEAD_STREAK_WARNING, "critical": d.DEAD_STREAK_CRITICAL},
+    }
+    conf = min(0.99, 0.5 + 0.025 * (b - a))
+    return [
+        Finding(
+            "dead_steps",
+            level,
+            conf,
+            int(steps[a]),
+            int(steps[b - 1]),
+            msg,
+            evidence,
+            actions=(_DAPO_DS,),
+        )
+    ]
+
+
+@detector("rows_dropped", tables=("ranks",))
+def rows_dropped(view: RunView) -> list[Finding]:
+    """The recorder dropped rows (a writer failure under Output(on_error='count')): the run is incomplete."""
+    status = view.run.rank_status
+    counts: dict[str, int] = {}
+    sources = [s.get("rows_dropped") for s in status] or [view.meta.get("rows_dropped")]
+    for src in sources:
+        for table, n in (src or {}).items() if isinstance(src, dict) else ():
+            if isinstance(n, int) and n > 0:
+                counts[table] = counts.get(table, 0) + n
+    if not counts:
+        return []
+    msg = "the recorder dropped " + ", ".join(f"{n} {t} rows" for t, n in sorted(counts.items()))
+    evidence = {"statistic": "rows_dropped of the rank status files", "values": counts}
+    actions = (
+        Action("check disk space and the writer warnings; record with on_error='raise'", "docs/api.md"),
+    )
+    return [Finding("rows_dropped", "warning", 1.0, None, None, msg, evidence, actions=actions)]

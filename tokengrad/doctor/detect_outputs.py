@@ -1,0 +1,276 @@
+"""Detectors on what the policy writes: length reward hacking, truncation at max_new_tokens, repetition,
+format gaming. Defaults and their sources: tokengrad.doctor.detect_samples."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from tokengrad.doctor import detect_samples as d
+from tokengrad.doctor.detect_steps import TREND_ALPHA
+from tokengrad.doctor.finding import Action, Finding, TokenEvidence
+from tokengrad.doctor.registry import detector, fmt, pct, window
+from tokengrad.doctor.stats import confidence_from_p, spearman, sustained, trend
+from tokengrad.doctor.view import RunView
+
+END_TOKEN_SHARE = 0.05  # a token id ending >= 5 % of the early-stopped completions counts as an end token
+
+
+def _per_step(s: pd.DataFrame, column: str) -> tuple[np.ndarray, np.ndarray]:
+    per = s.groupby("step")[column].mean()
+    return per.index.to_numpy().astype(int), per.to_numpy(dtype=float)
+
+
+def _ends(x: np.ndarray) -> tuple[float, float, int]:
+    """Medians of the start and end windows (tokengrad.doctor.registry.window) and the window size."""
+    w = window(x.size)
+    return float(np.median(x[:w])), float(np.median(x[-w:])), w
+
+
+def _correct_rising(s: pd.DataFrame) -> bool:
+    if "correct" not in s.columns or s["correct"].isna().all():
+        return False
+    steps, c = _per_step(s, "correct")
+    return trend(c, steps).rising(TREND_ALPHA)
+
+
+@detector("length_hacking", tables=("samples",), page="inspector")
+def length_hacking(view: RunView) -> list[Finding]:
+    """Completions grow by half while length predicts reward (Spearman > 0.2) and correctness stays flat."""
+    s = view.samples
+    if s.empty or s["length"].isna().all() or s["reward"].isna().all():
+        return []
+    steps, length = _per_step(s, "length")
+    if steps.size < 10:
+        return []
+    tr = trend(length, steps)
+    start, end, w = _ends(length)
+    per_step = [spearman(g["length"], g["reward"]) for _, g in s.groupby("step")]
+    rho = float(np.nanmedian(per_step)) if np.isfinite(per_step).any() else float("nan")
+    if not (tr.rising(TREND_ALPHA) and start > 0 and end >= (1 + d.LENGTH_GROWTH) * start):
+        return []
+    if not rho > d.LENGTH_RHO or _correct_rising(s):
+        return []
+    # onset: the first of 5 steps in a row above the start window by 3 robust sigmas (1.4826 MAD)
+    head = length[:w]
+    sigma = max(1.4826 * float(np.median(np.abs(head - start))), 0.01 * start)
+    run = sustained(length > start + 3 * sigma, 5)
+    onset = int(steps[run[0]]) if run else int(steps[np.argmax(length > (1 + d.LENGTH_GROWTH) * start)])
+    msg = (
+        f"mean completion length rose from {fmt(start)} to {fmt(end)} tokens from step {onset} while "
+        f"length predicts reward (Spearman {rho:.2f}) and correctness did not rise"
+    )
+    evidence = {
+        "statistic": "Mann-Kendall on per-step mean length; median over steps of Spearman(length, reward)",
+        "values": {"start": start, "end": end, "spearman": rho, **tr.as_dict()},
+        "thresholds": {"growth": d.LENGTH_GROWTH, "rho": d.LENGTH_RHO, "alpha": TREND_ALPHA},
+    }
+    longest = s[s["step"] >= onset].nlargest(3, ["length", "reward"])
+    tokens = tuple(
+        TokenEvidence(
+            step=int(r.step), sample_id=int(r.sample_id), text=str(r.completion)[-80:], share_of="count"
+        )
+        for r in longest.itertuples()
+    )
+    actions = (
+        Action("penalise length in the reward or normalise it (overlong shaping)", "DAPO, arXiv 2503.14476"),
+        Action("check the reward for a length bias", "Singhal et al., arXiv 2310.03716"),
+    )
+    return [
+        Finding(
+            "length_hacking",
+            "warning",
+            confidence_from_p(tr.p_value),
+            onset,
+            int(steps[-1]),
+            msg,
+            evidence,
+            tokens,
+            actions,
+        )
+    ]
+
+
+def _truncated(view: RunView, limit: int) -> tuple[pd.DataFrame, bool]:
+    """[step, sample_id, truncated] per completion and whether end tokens were read from the tokens table
+    (exact) or only the length is known (estimate: a completion at the limit may have ended there)."""
+    s = view.samples[["step", "sample_id", "length", "completion"]].dropna(subset=["length"])
+    if view.has_tokens:
+        last = view.sql(
+            "SELECT step, sample_id, arg_max(token_id, position) AS last_id, max(position) + 1 AS n "
+            "FROM tokens GROUP BY step, sample_id"
+        )
+        short = last[last["n"] < limit]["last_id"].value_counts(normalize=True)
+        ends = set(short[short >= END_TOKEN_SHARE].index)
+        if ends:
+            last["truncated"] = (last["n"] >= limit) & ~last["last_id"].isin(ends)
+            return s.merge(last[["step", "sample_id", "truncated"]], on=["step", "sample_id"]), True
+    return s.assign(truncated=s["length"] >= limit), False
+
+
+@detector("truncation", tables=("samples", "tokens"), page="inspector")
+def truncation(view: RunView) -> list[Finding]:
+    """Over 10 % of the completions (critical: 50 %) stop at max_new_tokens without an end token, 5 steps."""
+    limit = view.max_new_tokens
+    if limit is None or view.samples.empty:
+        return []
+    flags, exact = _truncated(view, limit)
+    if flags.empty:
+        return []
+    steps, share = _per_step(flags, "truncated")
+    for level, threshold in (("critical", d.TRUNC_CRITICAL), ("warning", d.TRUNC_WARNING)):
+        run = sustained(share > threshold, d.TRUNC_SUSTAIN)
+        if run is None:
+            continue
+        a, b = run
+        msg = (
+            f"{pct(float(share[a:b].mean()))} of the completions hit max_new_tokens = {limit} without an end "
+            f"token over steps {steps[a]}-{steps[b - 1]}" + ("" if exact else " (estimate: by length only)")
+        )
+        evidence = {
+            "statistic": f"share of truncated completions per step, {d.TRUNC_SUSTAIN} steps in a row",
+            "values": {"mean_share": float(share[a:b].mean()), "max_new_tokens": limit, "exact": exact},
+            "thresholds": {
+                "warning": d.TRUNC_WARNING,
+                "critical": d.TRUNC_CRITICAL,
+                "sustain": d.TRUNC_SUSTAIN,
+            },
+        }
+        hits = flags[flags["truncated"] & flags["step"].between(steps[a], steps[b - 1])].head(3)
+        tokens = tuple(
+            TokenEvidence(
+                step=int(r.step),
+                sample_id=int(r.sample_id),
+                text=str(r.completion)[-80:],
+                share_of="count",
+                exact=exact,
+            )
+            for r in hits.itertuples()
+        )
+        actions = (
+            Action("raise max_new_tokens or shape overlong completions", "DAPO, arXiv 2503.14476 Sec. 3.4"),
+        )
+        return [
+            Finding(
+                "truncation",
+                level,
+                min(0.99, 0.5 + 0.05 * (b - a)),
+                steps[a],
+                steps[b - 1],
+                msg,
+                evidence,
+                tokens,
+                actions,
+            )
+        ]
+    return []
+
+
+def seq_rep(text: str, n: int = d.REP_N) -> float:
+    """1 - distinct n-grams / n-grams of the whitespace words (Welleck et al., arXiv 1908.04319); NaN below
+    REP_MIN_WORDS words."""
+    words = str(text).split()
+    if len(words) < max(d.REP_MIN_WORDS, n):
+        return float("nan")
+    grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
+    return 1.0 - len(set(grams)) / len(grams)
+
+
+@detector("repetition", tables=("samples",), page="inspector")
+def repetition(view: RunView) -> list[Finding]:
+    """Over 20 % of a step's completions repeat over half of their 3-grams, 5 steps in a row."""
+    s = view.samples
+    if s.empty or s["completion"].isna().all():
+        return []
+    rep = s["completion"].map(seq_rep)
+    s = s.assign(rep=rep, repetitive=rep > d.REP_RATIO)[rep.notna()]
+    if s.empty:
+        return []
+    steps, share = _per_step(s, "repetitive")
+    run = sustained(share > d.REP_SHARE, d.REP_SUSTAIN)
+    if run is None:
+        return []
+    a, b = run
+    msg = (
+        f"{pct(float(share[a:b].mean()))} of the completions repeat themselves (seq-rep-{d.REP_N} > "
+        f"{d.REP_RATIO}) over steps {steps[a]}-{steps[b - 1]}"
+    )
+    evidence = {
+        "statistic": f"seq-rep-{d.REP_N} per completion; share above the ratio per step, sustained",
+        "values": {"mean_share": float(share[a:b].mean())},
+        "thresholds": {"ratio": d.REP_RATIO, "share": d.REP_SHARE, "sustain": d.REP_SUSTAIN, "n": d.REP_N},
+    }
+    worst = s[s["step"].between(steps[a], steps[b - 1])].nlargest(3, "rep")
+    tokens = tuple(
+        TokenEvidence(
+            step=int(r.step),
+            sample_id=int(r.sample_id),
+            text=str(r.completion)[:80],
+            share=float(r.rep),
+            share_of="count",
+        )
+        for r in worst.itertuples()
+    )
+    actions = (Action("add a repetition penalty or stop sequences; check the reward", "arXiv 1908.04319"),)
+    return [
+        Finding(
+            "repetition",
+            "warning",
+            min(0.99, 0.5 + 0.05 * (b - a)),
+            steps[a],
+            steps[b - 1],
+            msg,
+            evidence,
+            tokens,
+            actions,
+        )
+    ]
+
+
+@detector("format_gaming", tables=("samples",), page="inspector")
+def format_gaming(view: RunView) -> list[Finding]:
+    """Reward rises while correctness does not: the reward - correct gap grows by 0.2 (Mann-Kendall)."""
+    s = view.samples
+    if s.empty or "correct" not in s.columns or s["correct"].isna().all() or s["reward"].isna().all():
+        return []
+    s = s.assign(gap=s["reward"] - s["correct"].astype(float))
+    steps, gap = _per_step(s, "gap")
+    if steps.size < 10:
+        return []
+    tr = trend(gap, steps)
+    start, end, _ = _ends(gap)
+    if not tr.rising(TREND_ALPHA) or end - start < d.FORMAT_GAP or _correct_rising(s):
+        return []
+    onset = int(steps[np.argmax(gap > start + d.FORMAT_GAP)])
+    msg = (
+        f"reward rose {fmt(end - start)} above correctness (gap {fmt(start)} -> {fmt(end)}) from step "
+        f"{onset} while correctness did not rise: the reward pays for something else (format?)"
+    )
+    evidence = {
+        "statistic": "Mann-Kendall on per-step mean(reward - correct); correctness trend",
+        "values": {"start": start, "end": end, **tr.as_dict()},
+        "thresholds": {"gap": d.FORMAT_GAP, "alpha": TREND_ALPHA},
+    }
+    gamed = s[(s["step"] >= onset) & (s["correct"] == 0)].nlargest(3, "reward")
+    tokens = tuple(
+        TokenEvidence(
+            step=int(r.step), sample_id=int(r.sample_id), text=str(r.completion)[:80], share_of="count"
+        )
+        for r in gamed.itertuples()
+    )
+    actions = (
+        Action("lower the format reward's weight or gate it on correctness", "arXiv 2501.12948 Sec. 2.2.2"),
+    )
+    return [
+        Finding(
+            "format_gaming",
+            "warning",
+            confidence_from_p(tr.p_value),
+            onset,
+            int(steps[-1]),
+            msg,
+            evidence,
+            tokens,
+            actions,
+        )
+    ]

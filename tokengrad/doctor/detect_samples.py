@@ -1,0 +1,162 @@
+"""Detectors on the samples table: advantage collapse (all-correct vs all-wrong groups), degenerate groups,
+length reward hacking, truncation at max_new_tokens, repetition and format gaming."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from tokengrad.doctor.finding import Action, Finding, TokenEvidence
+from tokengrad.doctor.registry import detector, pct
+from tokengrad.doctor.stats import sustained
+from tokengrad.doctor.view import RunView
+
+# Advantage collapse: share of a step's groups whose rewards are all equal (zero advantage, GRPO arXiv
+# 2402.03300 Eq. 3); DAPO (arXiv 2503.14476 Sec. 3.2) reports the all-correct share growing during training.
+COLLAPSE_WARNING = 0.6  # tokengrad default
+COLLAPSE_CRITICAL = 0.9
+COLLAPSE_SUSTAIN = 5
+# Degenerate groups: every completion of the group is the same text (no exploration left).
+DEGENERATE_WARNING = 0.5  # tokengrad default
+DEGENERATE_SUSTAIN = 5
+# Length hacking (Singhal et al., arXiv 2310.03716: RLHF gains largely from length): mean length rises
+# LENGTH_GROWTH of its start, rank correlation of length and reward above LENGTH_RHO, correctness flat.
+LENGTH_GROWTH = 0.5
+LENGTH_RHO = 0.2
+# Truncation: completions that reach max_new_tokens without an end token (DAPO arXiv 2503.14476 Sec. 3.4:
+# truncated samples add reward noise; overlong shaping).
+TRUNC_WARNING = 0.1
+TRUNC_CRITICAL = 0.5
+TRUNC_SUSTAIN = 5
+# Repetition: seq-rep-n = 1 - distinct n-grams / n-grams of a completion (Welleck et al., arXiv 1908.04319).
+REP_N = 3
+REP_MIN_WORDS = 8
+REP_RATIO = 0.5
+REP_SHARE = 0.2
+REP_SUSTAIN = 5
+# Format gaming: reward rises (Mann-Kendall) while correctness does not; the gap grows by FORMAT_GAP.
+FORMAT_GAP = 0.2
+
+
+def _per_step_share(flags: pd.DataFrame, column: str) -> tuple[np.ndarray, np.ndarray]:
+    per = flags.groupby("step")[column].mean()
+    return per.index.to_numpy().astype(int), per.to_numpy(dtype=float)
+
+
+def _groups(view: RunView) -> pd.DataFrame:
+    s = view.samples
+    if s.empty or s["reward"].isna().all():
+        return pd.DataFrame()
+    s = s.assign(correct_=s["correct"] if "correct" in s.columns else np.nan)
+    top, bottom = float(s["reward"].max()), float(s["reward"].min())
+    g = s.groupby(["step", "group_id"]).agg(
+        n=("reward", "size"), lo=("reward", "min"), hi=("reward", "max"), c=("correct_", "mean")
+    )
+    g = g[g["n"] >= 2].reset_index()
+    g["zero"] = g["lo"] == g["hi"]
+    has_correct = g["c"].notna()
+    g["all_correct"] = g["zero"] & np.where(has_correct, g["c"] == 1, g["hi"] == top)
+    g["all_wrong"] = g["zero"] & np.where(has_correct, g["c"] == 0, g["lo"] == bottom)
+    return g
+
+
+@detector("advantage_collapse", tables=("samples",), page="inspector")
+def advantage_collapse(view: RunView) -> list[Finding]:
+    """Over 60 % of a step's groups (critical: 90 %) have one reward, 5 steps; all-correct vs all-wrong."""
+    g = _groups(view)
+    if g.empty:
+        return []
+    steps, share = _per_step_share(g, "zero")
+    for level, threshold in (("critical", COLLAPSE_CRITICAL), ("warning", COLLAPSE_WARNING)):
+        run = sustained(share > threshold, COLLAPSE_SUSTAIN)
+        if run is None:
+            continue
+        a, b = run
+        span = g[g["step"].between(steps[a], steps[b - 1])]
+        n_zero = int(span["zero"].sum())
+        ac, aw = int(span["all_correct"].sum()), int(span["all_wrong"].sum())
+        msg = (
+            f"{pct(float(share[a:b].mean()))} of the groups had one reward over steps "
+            f"{steps[a]}-{steps[b - 1]} (zero advantage): {ac} all-correct, {aw} all-wrong, "
+            f"{n_zero - ac - aw} other of {n_zero}"
+        )
+        evidence = {
+            "statistic": f"share of groups with equal rewards per step, {COLLAPSE_SUSTAIN} steps in a row",
+            "values": {"mean_share": float(share[a:b].mean()), "all_correct": ac, "all_wrong": aw},
+            "thresholds": {
+                "warning": COLLAPSE_WARNING,
+                "critical": COLLAPSE_CRITICAL,
+                "sustain": COLLAPSE_SUSTAIN,
+            },
+        }
+        kind = "too easy: all-correct" if ac >= aw else "too hard: all-wrong"
+        actions = (
+            Action(f"the prompts are {kind}; filter or re-balance the task's difficulty", "arXiv 2503.14476"),
+            Action(
+                "dynamic sampling refills the batch with informative groups",
+                "DAPO, arXiv 2503.14476 Sec. 3.2",
+            ),
+        )
+        tokens = _group_samples(view, span[span["zero"]])
+        conf = min(0.99, 0.5 + 0.05 * (b - a))
+        return [
+            Finding("advantage_collapse", level, conf, steps[a], steps[b - 1], msg, evidence, tokens, actions)
+        ]
+    return []
+
+
+def _group_samples(view: RunView, groups: pd.DataFrame, k: int = 3) -> tuple[TokenEvidence, ...]:
+    """One sample of each of the first k groups: where the dashboard can show them."""
+    s = view.samples
+    out = []
+    for row in groups.head(k).itertuples():
+        hit = s[(s["step"] == row.step) & (s["group_id"] == row.group_id)].head(1)
+        for r in hit.itertuples():
+            out.append(
+                TokenEvidence(
+                    step=int(r.step),
+                    sample_id=int(r.sample_id),
+                    text=str(r.completion)[:80],
+                    share=None,
+                    share_of="count",
+                )
+            )
+    return tuple(out)
+
+
+@detector("degenerate_groups", tables=("samples",), page="inspector")
+def degenerate_groups(view: RunView) -> list[Finding]:
+    """Over half of a step's groups answer with one identical completion, 5 steps in a row."""
+    s = view.samples
+    if s.empty or s["completion"].isna().all():
+        return []
+    g = s.groupby(["step", "group_id"]).agg(n=("completion", "size"), u=("completion", "nunique"))
+    g = g[g["n"] >= 2].reset_index()
+    g["same"] = g["u"] == 1
+    steps, share = _per_step_share(g, "same")
+    run = sustained(share > DEGENERATE_WARNING, DEGENERATE_SUSTAIN)
+    if run is None:
+        return []
+    a, b = run
+    span_txt = f"{steps[a]}-{steps[b - 1]}"
+    msg = f"{pct(float(share[a:b].mean()))} of the groups repeat one completion over steps {span_txt}"
+    evidence = {
+        "statistic": "share of groups with a single distinct completion text, sustained",
+        "values": {"mean_share": float(share[a:b].mean())},
+        "thresholds": {"warning": DEGENERATE_WARNING, "sustain": DEGENERATE_SUSTAIN},
+    }
+    span = g[g["step"].between(steps[a], steps[b - 1]) & g["same"]]
+    actions = (Action("raise the sampling temperature or the group size", "arXiv 2402.03300 Sec. 4"),)
+    return [
+        Finding(
+            "degenerate_groups",
+            "warning",
+            min(0.99, 0.5 + 0.05 * (b - a)),
+            steps[a],
+            steps[b - 1],
+            msg,
+            evidence,
+            _group_samples(view, span),
+            actions,
+        )
+    ]

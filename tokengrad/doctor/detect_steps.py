@@ -1,0 +1,157 @@
+"""Detectors on the steps table: entropy collapse, KL blow-up, clip saturation, reward-std death,
+non-finite values, gradient-norm drift, throughput decay, dead-step streaks and dropped rows.
+
+Every default is a module constant with its source; "tokengrad default" marks a value chosen here where no
+published number exists (docs/doctor.md lists them all).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tokengrad.doctor.finding import Action, Finding
+from tokengrad.doctor.registry import detector, fmt, pct, window
+from tokengrad.doctor.stats import confidence_from_p, sustained, trend
+from tokengrad.doctor.view import RunView
+
+TREND_ALPHA = 0.01  # Mann-Kendall two-sided p-value below which a trend counts (tokengrad default)
+# Entropy collapse (Cui et al., arXiv 2505.22617: entropy falls sharply early in RL and performance then
+# saturates, R = -a exp(H) + b): end-window median below ENTROPY_DROP x the start-window median, falling.
+ENTROPY_DROP = 0.5  # tokengrad default: half of the starting entropy
+ENTROPY_CRITICAL = 0.1  # tokengrad default: a tenth of it is left
+# KL to the reference, nats per token. PPO practice keeps the approximate KL per update near 0.01-0.05
+# (OpenAI Spinning Up PPO target_kl = 0.01; Huang et al. "The 37 implementation details of PPO", ICLR blog
+# track 2022); a per-token KL to the reference above 1 nat means the policy has left it.
+KL_WARNING = 0.1
+KL_CRITICAL = 1.0
+KL_SUSTAIN = 3  # consecutive steps (tokengrad default)
+# Clip fraction: healthy PPO runs clip about 0.1-0.2 of the tokens (Huang et al. 2022 above).
+CLIP_WARNING = 0.2
+CLIP_CRITICAL = 0.5
+CLIP_SUSTAIN = 5
+# Reward std of the batch: no learning signal left (GRPO, arXiv 2402.03300 Eq. 3: A = (r - mean) / std).
+REWARD_STD_FLOOR = 0.01
+REWARD_STD_SUSTAIN = 5
+REWARD_STD_CRITICAL_SUSTAIN = 20
+# Dead steps (grad_norm exactly 0: every advantage 0): DAPO (arXiv 2503.14476 Sec. 3.2) filters such
+# groups with dynamic sampling.
+DEAD_STREAK_WARNING = 5
+DEAD_STREAK_CRITICAL = 20
+# Gradient-norm drift: the end-window median this many times the start-window median, rising.
+GRAD_DRIFT_RATIO = 10.0
+# Throughput decay: the end-window median step time this many times the start window's, rising.
+THROUGHPUT_RATIO = 1.5
+
+_SPINNING_UP = "OpenAI Spinning Up, PPO (target_kl); Huang et al. 2022, The 37 implementation details of PPO"
+
+
+def _ends(values: np.ndarray) -> tuple[float, float, int]:
+    w = window(values.size)
+    return float(np.median(values[:w])), float(np.median(values[-w:])), w
+
+
+@detector("entropy_collapse", tables=("steps",))
+def entropy_collapse(view: RunView) -> list[Finding]:
+    """Mean token entropy falls to a fraction of its start (Mann-Kendall falling, end/start medians)."""
+    col = view.column("entropy_mean")
+    if col is None or col[1].size < 10:
+        return []
+    steps, h = col
+    start, end, w = _ends(h)
+    tr = trend(h, steps)
+    if start <= 0 or not tr.falling(TREND_ALPHA) or end >= ENTROPY_DROP * start:
+        return []
+    ratio = end / start
+    below = np.convolve(h < ENTROPY_DROP * start, np.ones(w), "valid") == w  # w steps in a row below
+    onset = int(steps[np.argmax(below)]) if below.any() else int(steps[-w])
+    projected = None
+    if tr.slope < 0:
+        projected = int(steps[0] + (ENTROPY_CRITICAL * start - h[0]) / tr.slope)
+    critical = ratio < ENTROPY_CRITICAL
+    msg = (
+        f"entropy fell from {fmt(start)} to {fmt(end)} nats ({pct(ratio)} of the start) from step {onset}; "
+        f"Mann-Kendall tau {tr.tau:.2f}, p {tr.p_value:.1e}"
+        + (f"; at this slope it reaches {pct(ENTROPY_CRITICAL)} at step {projected}" if not critical else "")
+    )
+    return [
+        Finding(
+            "entropy_collapse",
+            "critical" if critical else "warning",
+            confidence_from_p(tr.p_value),
+            onset,
+            int(steps[-1]),
+            msg,
+            {
+                "statistic": "end/start window medians of entropy_mean; Mann-Kendall trend, Theil-Sen slope",
+                "values": {"start": start, "end": end, "ratio": ratio, "window": w, **tr.as_dict()},
+                "thresholds": {"drop": ENTROPY_DROP, "critical": ENTROPY_CRITICAL, "alpha": TREND_ALPHA},
+                "projected_step": projected,
+            },
+            actions=(
+                Action(
+                    "add an entropy bonus or raise eps_high (clip-higher)", "DAPO, arXiv 2503.14476 Sec. 3.1"
+                ),
+                Action("clip or KL-penalise high-covariance tokens (Clip-Cov / KL-Cov)", "arXiv 2505.22617"),
+            ),
+        )
+    ]
+
+
+def _sustained_finding(view, name, column, warn, crit, k, unit, actions, source) -> list[Finding]:
+    """A finding when `column` stays above `warn` (critical: `crit`) for k consecutive recorded steps."""
+    col = view.column(column)
+    if col is None:
+        return []
+    steps, x = col
+    for level, threshold in (("critical", crit), ("warning", warn)):
+        run = sustained(x > threshold, k)
+        if run is None:
+            continue
+        a, b = run
+        peak = float(np.max(x[a:b]))
+        msg = (
+            f"{column} above {fmt(threshold)}{unit} for {b - a} steps in a row from step {int(steps[a])} "
+            f"(peak {fmt(peak)}{unit}, run median {fmt(float(np.median(x)))})"
+        )
+        evidence = {
+            "statistic": f"sustained threshold: {k} consecutive steps above the threshold",
+            "values": {"peak": peak, "streak": b - a, "median": float(np.median(x))},
+            "thresholds": {"warning": warn, "critical": crit, "sustain": k},
+            "source": source,
+        }
+        conf = min(0.99, 0.5 + 0.05 * (b - a))
+        return [Finding(name, level, conf, int(steps[a]), int(steps[b - 1]), msg, evidence, actions=actions)]
+    return []
+
+
+@detector("kl_blowup", tables=("steps",))
+def kl_blowup(view: RunView) -> list[Finding]:
+    """KL to the reference stays above 0.1 nats (critical: 1 nat) for 3 steps."""
+    actions = (
+        Action("raise beta or lower the learning rate", _SPINNING_UP),
+        Action("check the reference model and the KL estimator (k3)", "Schulman 2020, Approximating KL"),
+    )
+    return _sustained_finding(
+        view, "kl_blowup", "kl", KL_WARNING, KL_CRITICAL, KL_SUSTAIN, " nats", actions, _SPINNING_UP
+    )
+
+
+@detector("clip_saturation", tables=("steps",))
+def clip_saturation(view: RunView) -> list[Finding]:
+    """The PPO clip removes the gradient of over 20 % of the tokens (critical: 50 %) for 5 steps."""
+    actions = (
+        Action(
+            "lower the learning rate or num_iterations; widen eps_high", "DAPO, arXiv 2503.14476 Sec. 3.1"
+        ),
+    )
+    return _sustained_finding(
+        view,
+        "clip_saturation",
+        "clip_frac",
+        CLIP_WARNING,
+        CLIP_CRITICAL,
+        CLIP_SUSTAIN,
+        "",
+        actions,
+        _SPINNING_UP,
+    )

@@ -1,0 +1,247 @@
+"""Token-level detectors only a per-token record can make: a gradient spike with its culprit tokens,
+low-probability dominance of the update, high-probability drag, a weighting rule that zeroes gradients."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy import stats as sps
+
+from tokengrad.doctor.culprits import culprits, summarize
+from tokengrad.doctor.detect_steps import TREND_ALPHA
+from tokengrad.doctor.finding import Action, Finding
+from tokengrad.doctor.registry import detector, fmt, pct
+from tokengrad.doctor.stats import confidence_from_excess, robust_z, trend
+from tokengrad.doctor.view import RunView
+from tokengrad.schema import TOTAL_LAYER
+
+# Spike: modified z-score above 3.5 (Iglewicz & Hoaglin 1993; the dashboard's DEFAULT_SPIKE_K); critical
+# when also 10x the median live norm and z above 10 (tokengrad default: far past what gradient clipping at
+# 1.0 absorbs in the shipped runs, whose largest spike is 6x the median).
+SPIKE_Z = 3.5
+SPIKE_WARNING_RATIO = 3.0  # tokengrad default: below 3x the median a z > 3.5 step is reported as info
+SPIKE_MIN_STEPS = 10  # live steps needed for a median/MAD reference
+SPIKE_CRITICAL_Z = 10.0
+SPIKE_CRITICAL_RATIO = 10.0
+SPIKE_MAX_FINDINGS = 5  # the largest spikes get a finding each
+CULPRITS_K = 20
+# Low-probability dominance (AR-Lopti, arXiv 2505.12929 Fig. 1: the few low-probability tokens dominate
+# the gradient): the lowest bucket's median update share at least half, and at least 4x its token share.
+LOW_SHARE = 0.5
+LOW_RATIO = 4.0
+# High-probability drag (arXiv 2505.12929 Sec. 3): the share of A > 0 tokens with p >= 0.75 whose log-prob
+# rose over the step falls below one half: their update is dragged by the other tokens' gradients.
+HIGH_LO = 0.75
+HIGH_CORRECT = 0.5
+HIGH_MIN_STEPS = 3
+HIGH_ALPHA = 0.05  # sign test (more bucket steps below 0.5 than above): warning below it, info above
+# A weighting rule that zeroes gradients: loss tokens with A != 0, not clipped, whose coef or weight is 0.
+ZERO_WARNING = 0.05  # tokengrad default
+ZERO_CRITICAL = 0.5
+
+_LOPTI = "AR-Lopti, arXiv 2505.12929"
+
+
+def grad_norm_series(view: RunView) -> pd.DataFrame:
+    """[step, grad_norm]: the layers table's whole-model norm (max over updates), else the steps table's."""
+    lay = view.layers
+    if not lay.empty and (lay["layer"] == TOTAL_LAYER).any():
+        tot = lay[lay["layer"] == TOTAL_LAYER].groupby("step", as_index=False)["grad_norm"].max()
+        if tot["grad_norm"].notna().any():
+            return tot
+    st = view.steps
+    if st.empty or "grad_norm" not in st.columns:
+        return pd.DataFrame(columns=["step", "grad_norm"])
+    return st[["step", "grad_norm"]].dropna()
+
+
+def spikes(gn: pd.DataFrame) -> pd.DataFrame:
+    """[step, grad_norm, z, ratio] of the live steps whose robust z exceeds SPIKE_Z, largest first."""
+    g = gn["grad_norm"].to_numpy(dtype=float)
+    live = np.isfinite(g) & (g > 0)
+    if live.sum() < SPIKE_MIN_STEPS:
+        return pd.DataFrame(columns=["step", "grad_norm", "z", "ratio"])
+    z = robust_z(g[live])
+    out = gn[live].assign(z=z, ratio=g[live] / np.median(g[live]))
+    return out[out["z"] > SPIKE_Z].sort_values(["z", "step"], ascending=[False, True])
+
+
+@detector("gradient_spike", tables=("steps", "layers", "tokens"), page="inspector")
+def gradient_spike(view: RunView) -> list[Finding]:
+    """A live step's pre-clip gradient norm has robust z > 3.5 (critical: z > 10 and 10x the median), with
+    the tokens behind it."""
+    found = spikes(grad_norm_series(view))
+    out = []
+    for row in found.head(SPIKE_MAX_FINDINGS).itertuples():
+        step = int(row.step)
+        critical = row.z > SPIKE_CRITICAL_Z and row.ratio > SPIKE_CRITICAL_RATIO
+        level = "critical" if critical else "warning" if row.ratio >= SPIKE_WARNING_RATIO else "info"
+        tokens = culprits(view, step, CULPRITS_K)
+        who = summarize(tokens)
+        msg = (
+            f"step {step}: grad_norm {fmt(row.grad_norm)} = {fmt(row.ratio)}x the median live norm "
+            f"(robust z {row.z:.1f})" + (f"; {who} of step {step}" if who else "")
+        )
+        evidence = {
+            "statistic": "modified z-score 0.6745 (x - median) / MAD over the live steps",
+            "values": {
+                "grad_norm": float(row.grad_norm),
+                "z": float(row.z),
+                "ratio_to_median": float(row.ratio),
+            },
+            "thresholds": {
+                "z": SPIKE_Z,
+                "critical_z": SPIKE_CRITICAL_Z,
+                "critical_ratio": SPIKE_CRITICAL_RATIO,
+            },
+            "token_shares": "exact (update_share)"
+            if tokens and tokens[0].exact
+            else "estimate (logit_grad_norm)",
+        }
+        actions = (
+            Action("inspect the culprit tokens; down-weight low-probability tokens (Lopti)", _LOPTI),
+            Action("lower the learning rate or clip the gradient norm", "Pascanu et al., arXiv 1211.5063"),
+        )
+        conf = confidence_from_excess(float(row.z), SPIKE_Z)
+        out.append(Finding("gradient_spike", level, conf, step, step, msg, evidence, tokens, actions))
+    return out
+
+
+def _bucket_rows(view: RunView) -> pd.DataFrame:
+    b = view.buckets
+    if b.empty:
+        return b
+    return b[(b["bucket"] != "residual") & b["lo"].notna() & (b["n_tokens"] > 0)]
+
+
+@detector("low_prob_dominance", tables=("buckets",), page="buckets")
+def low_prob_dominance(view: RunView) -> list[Finding]:
+    """The lowest probability bucket's update share is >= 0.5 and >= 4x its token share (median over the
+    bucket steps; exact), with its trend."""
+    b = _bucket_rows(view)
+    if b.empty or b["update_share"].isna().all():
+        return []
+    low = b[b["lo"] == b["lo"].min()].dropna(subset=["update_share", "token_share"])
+    low = low[low["token_share"] > 0]
+    if len(low) < 2:
+        return []
+    share, tok = float(low["update_share"].median()), float(low["token_share"].median())
+    ratio = share / tok
+    if share < LOW_SHARE or ratio < LOW_RATIO:
+        return []
+    tr = trend(low["update_share"].to_numpy(), low["step"].to_numpy())
+    direction = "rising" if tr.rising(TREND_ALPHA) else "falling" if tr.falling(TREND_ALPHA) else "flat"
+    label = str(low["bucket"].iloc[0])
+    msg = (
+        f"tokens with p in {label} are {pct(tok)} of the loss tokens but carry {pct(share)} of the update "
+        f"({fmt(ratio)}x; median of {len(low)} bucket steps, exact), trend {direction} "
+        f"(Mann-Kendall p {tr.p_value:.2g})"
+    )
+    evidence = {
+        "statistic": "median over bucket steps of the lowest bucket's update_share and token_share",
+        "values": {"update_share": share, "token_share": tok, "ratio": ratio, **tr.as_dict()},
+        "thresholds": {"share": LOW_SHARE, "ratio": LOW_RATIO},
+        "exact": True,
+    }
+    last = int(low["step"].max())
+    tokens = tuple(
+        t for t in culprits(view, last, CULPRITS_K) if t.prob is not None and t.prob < low["hi"].iloc[0]
+    )
+    actions = (
+        Action("separate the low-probability tokens' update (Lopti) or reweight them", _LOPTI),
+        Action("compare with up-weighting them (Lp-Reg), the opposite prescription", "arXiv 2510.03222"),
+    )
+    return [
+        Finding(
+            "low_prob_dominance",
+            "warning",
+            confidence_from_excess(ratio, LOW_RATIO),
+            int(low["step"].min()),
+            last,
+            msg,
+            evidence,
+            tokens[:5],
+            actions,
+        )
+    ]
+
+
+@detector("high_prob_drag", tables=("buckets",), page="buckets")
+def high_prob_drag(view: RunView) -> list[Finding]:
+    """The p >= 0.75 bucket's correct ratio (A > 0 tokens whose log-prob rose) has median below 0.5."""
+    b = _bucket_rows(view)
+    if b.empty:
+        return []
+    high = b[b["lo"] >= HIGH_LO - 1e-6].dropna(subset=["correct_ratio"])
+    per = high.groupby("step")["correct_ratio"].mean()  # several high buckets (deciles): their mean
+    if len(per) < HIGH_MIN_STEPS:
+        return []
+    median = float(per.median())
+    if median >= HIGH_CORRECT:
+        return []
+    below = int((per < HIGH_CORRECT).sum())
+    p = float(sps.binomtest(below, len(per), 0.5, alternative="greater").pvalue)
+    msg = (
+        f"of the A > 0 tokens with p >= {HIGH_LO}, a median {pct(median)} rose over the step (below "
+        f"{pct(HIGH_CORRECT)} at {below} of {len(per)} bucket steps; exact): the rest of the update pulls "
+        f"confident correct tokens down"
+    )
+    evidence = {
+        "statistic": "median over bucket steps of correct_ratio of buckets with lo >= 0.75; sign test",
+        "values": {"median": median, "below": below, "steps": len(per), "sign_test_p": p},
+        "thresholds": {
+            "lo": HIGH_LO,
+            "correct_ratio": HIGH_CORRECT,
+            "min_steps": HIGH_MIN_STEPS,
+            "alpha": HIGH_ALPHA,
+        },
+        "exact": True,
+    }
+    actions = (Action("update low- and high-probability tokens separately (Lopti)", _LOPTI),)
+    first = int(per.index[np.argmax(per.to_numpy() < HIGH_CORRECT)])
+    level = "warning" if p < HIGH_ALPHA else "info"
+    return [
+        Finding("high_prob_drag", level, 1.0 - p, first, int(per.index.max()), msg, evidence, actions=actions)
+    ]
+
+
+@detector("zeroed_gradients", tables=("tokens",), page="inspector")
+def zeroed_gradients(view: RunView) -> list[Finding]:
+    """Over 5 % (critical: 50 %) of the unclipped A != 0 loss tokens get coef or weight 0: a weighting rule
+    silently removes their gradient."""
+    if not {"coef", "weight", "advantage", "clipped"} <= view.token_columns():
+        return []
+    per = view.sql(
+        "SELECT step, count(*) AS n, count(*) FILTER (WHERE coef = 0 OR weight = 0) AS zero, "
+        "max(prob) FILTER (WHERE coef = 0 OR weight = 0) AS p_max, "
+        "min(prob) FILTER (WHERE coef = 0 OR weight = 0) AS p_min FROM tokens "
+        "WHERE in_loss AND advantage != 0 AND NOT coalesce(clipped, false) GROUP BY step ORDER BY step"
+    )
+    if per.empty or per["zero"].sum() == 0:
+        return []
+    share = float(per["zero"].sum() / per["n"].sum())
+    if share < ZERO_WARNING:
+        return []
+    hit = per[per["zero"] > 0]
+    first, last = int(hit["step"].min()), int(hit["step"].max())
+    p_lo, p_hi = float(hit["p_min"].min()), float(hit["p_max"].max())
+    rule = (view.meta.get("weighting") or {}).get("name", "?")
+    msg = (
+        f"{pct(share)} of the unclipped A != 0 loss tokens got no gradient (coef or weight 0) under rule "
+        f"{rule!r}, steps {first}-{last}, at p in [{fmt(p_lo)}, {fmt(p_hi)}] (exact: autograd coef)"
+    )
+    evidence = {
+        "statistic": "share of in_loss, A != 0, unclipped tokens with coef == 0 or weight == 0",
+        "values": {"share": share, "tokens": int(per["zero"].sum()), "p_min": p_lo, "p_max": p_hi},
+        "thresholds": {"warning": ZERO_WARNING, "critical": ZERO_CRITICAL},
+        "exact": True,
+    }
+    actions = (
+        Action(
+            "check the rule's weight curve and its placement (TR-GRPO ratio vs loss placement)",
+            "arXiv 2509.21207",
+        ),
+    )
+    level = "critical" if share >= ZERO_CRITICAL else "warning"
+    conf = confidence_from_excess(share, ZERO_WARNING)
+    return [Finding("zeroed_gradients", level, conf, first, last, msg, evidence, actions=actions)]

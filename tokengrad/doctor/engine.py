@@ -1,0 +1,66 @@
+"""Run every registered detector on a run and rank the findings.
+
+    findings = diagnose("runs/demo")                        # all detectors, ranked, critical first
+    findings = diagnose(view, only=["gradient_spike"])      # a subset by name (unknown names raise)
+
+A detector that fails on a run's data does not hide the others: its error becomes an `info` finding
+`detector_error` naming it (so a damaged table shows up instead of silently passing).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import warnings
+from dataclasses import replace
+
+from tokengrad.doctor.finding import Finding, rank_findings
+from tokengrad.doctor.registry import DETECTORS
+from tokengrad.doctor.view import RunView
+
+# modules whose import registers the built-in detectors
+DETECTOR_MODULES = (
+    "detect_steps",
+    "detect_health",
+    "detect_samples",
+    "detect_outputs",
+    "detect_tokens",
+    "detect_mismatch",
+)
+
+
+def load_detectors() -> None:
+    for name in DETECTOR_MODULES:
+        importlib.import_module(f"tokengrad.doctor.{name}")
+
+
+def diagnose(
+    run: RunView | str | os.PathLike, only: list[str] | None = None, upto: int | None = None
+) -> list[Finding]:
+    """Findings of the detectors (all, or those named in `only`) on a run, ranked (rank_findings)."""
+    load_detectors()
+    view = run if isinstance(run, RunView) else RunView.open(run, upto)
+    names = list(DETECTORS) if only is None else [n for n in only if DETECTORS[n]]
+    out: list[Finding] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the reader's skipped-file warnings: in view.run
+        for name in names:
+            entry = DETECTORS[name]
+            try:
+                found = entry(view)
+            except Exception as err:  # noqa: BLE001 - one detector's failure must not hide the others
+                found = [_error(name, err)]
+            out += [replace(f, run=view.name, page=getattr(entry, "page", f.page)) for f in found]
+    return rank_findings(out)
+
+
+def _error(name: str, err: Exception) -> Finding:
+    return Finding(
+        "detector_error",
+        "info",
+        1.0,
+        None,
+        None,
+        f"detector {name} could not read this run: {type(err).__name__}: {err}",
+        {"detector": name},
+    )

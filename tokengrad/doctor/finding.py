@@ -1,0 +1,118 @@
+"""What a detector reports: a `Finding`, with its evidence, the tokens and samples behind it, and actions.
+
+    Finding(id="gradient_spike", severity="critical", confidence=0.99, first_step=142, last_step=142,
+            message="step 142: grad_norm 9.1 = robust z 14 over the median 1.2; 3 tokens of sample 17 ...",
+            evidence={"statistic": "modified z-score ...", "values": {...}, "thresholds": {...}},
+            tokens=(TokenEvidence(step=142, sample_id=17, position=4, token_id=9, text=" 5", share=0.71,
+                                  share_of="update", exact=True, prob=0.002),),
+            actions=(Action("lower the learning rate or clip harder", "arXiv 2505.12929 Sec. 4"),))
+
+A finding is plain data (frozen dataclasses, JSON through `as_dict`); `rank_findings` orders them critical
+first, then by confidence and onset.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+SEVERITIES = ("info", "warning", "critical")  # ascending
+# what each token-evidence share is a share of, and whether that share is exact
+SHARE_OF = {
+    "update": "exact share of the update's gradient, <g_token, g> / |g|^2 (attribution step)",
+    "bucket_update": "exact share of the update of the token's probability bucket (bucket-analysis step)",
+    "logit_grad_norm": "estimate: share of the step's summed logit-gradient norms (alignment ignored)",
+    "count": "share of the step's loss tokens",
+}
+
+
+@dataclass(frozen=True)
+class TokenEvidence:
+    """A token or sample behind a finding. `share` is its share of `share_of` (SHARE_OF names them);
+    `exact` is True only for shares measured on the update (attribution or bucket steps)."""
+
+    step: int
+    sample_id: int | None = None
+    position: int | None = None
+    token_id: int | None = None
+    text: str = ""
+    share: float | None = None
+    share_of: str = "logit_grad_norm"
+    exact: bool = False
+    prob: float | None = None
+    rank: int = 0
+
+    def __post_init__(self):
+        if self.share_of not in SHARE_OF:
+            raise ValueError(f"unknown share_of {self.share_of!r}; known: {sorted(SHARE_OF)}")
+
+
+@dataclass(frozen=True)
+class Action:
+    """Something to try, and where the advice comes from (a paper's arXiv id, a tool's documentation)."""
+
+    text: str
+    source: str
+
+
+@dataclass(frozen=True)
+class Finding:
+    id: str
+    severity: str
+    confidence: float
+    first_step: int | None
+    last_step: int | None
+    message: str
+    evidence: dict = field(default_factory=dict)
+    tokens: tuple[TokenEvidence, ...] = ()
+    actions: tuple[Action, ...] = ()
+    run: str = ""
+    page: str = "overview"  # the dashboard page that shows it (app/views/findings.py makes the link)
+
+    def __post_init__(self):
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"severity must be one of {SEVERITIES}, got {self.severity!r}")
+        if not (isinstance(self.confidence, float | int) and 0.0 <= self.confidence <= 1.0):
+            raise ValueError(f"confidence must be in [0, 1], got {self.confidence!r}")
+        object.__setattr__(self, "confidence", float(self.confidence))
+        object.__setattr__(self, "tokens", tuple(self.tokens))
+        object.__setattr__(self, "actions", tuple(self.actions))
+
+    @property
+    def level(self) -> int:
+        return SEVERITIES.index(self.severity)
+
+    def at_least(self, severity: str) -> bool:
+        if severity not in SEVERITIES:
+            raise ValueError(f"severity must be one of {SEVERITIES}, got {severity!r}")
+        return self.level >= SEVERITIES.index(severity)
+
+    def as_dict(self) -> dict:
+        return _jsonable(asdict(self))
+
+
+def rank_findings(findings: list[Finding]) -> list[Finding]:
+    """Critical first, then higher confidence, then earlier onset, then id (deterministic)."""
+    return sorted(
+        findings,
+        key=lambda f: (
+            -f.level,
+            -f.confidence,
+            f.first_step if f.first_step is not None else -1,
+            f.id,
+            f.run,
+        ),
+    )
+
+
+def _jsonable(value):
+    """NaN/inf -> None and numpy scalars -> Python numbers, recursively (JSON has no NaN)."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, str | bytes):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

@@ -1,0 +1,35 @@
+"""The detector registry and the few helpers every detector shares.
+
+    @detector("entropy_collapse", page="overview", tables=("steps",))
+    def entropy_collapse(view: RunView) -> list[Finding]: ...
+
+One fixed signature: a detector takes a `RunView` and returns a list of findings (empty when healthy or
+when the run lacks the data; `tables` names what it reads, for the docs and for `tokengrad doctor --list`).
+Detectors are deterministic: the same run gives the same findings.
+"""
+
+from __future__ import annotations
+
+from tokengrad.registry import Registry
+
+DETECTORS: Registry = Registry("detector")
+
+
+def detector(name: str, *, page: str = "overview", tables: tuple[str, ...] = ("steps",)):
+    """Register `fn(view) -> list[Finding]` under `name`; `page` is the dashboard page that shows it."""
+    return DETECTORS.register(name, page=page, tables=tuple(tables))
+
+
+def window(n: int, share: float = 0.1, least: int = 5) -> int:
+    """Size of the start and end windows of an n-step series: a tenth of it, at least `least` steps, at
+    most half of it."""
+    return max(1, min(n // 2, max(least, int(round(n * share)))))
+
+
+def fmt(x: float) -> str:
+    """A number for a one-line message: 3 significant digits."""
+    return f"{x:.3g}"
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.0f} %" if abs(x) >= 0.01 or x == 0 else f"{100 * x:.2g} %"

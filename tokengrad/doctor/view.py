@@ -1,0 +1,111 @@
+"""The run as the detectors see it: one row per step, the samples, buckets and token queries (read/ only).
+
+    view = RunView.open("runs/demo")            # or RunView(load_run(...), upto=120) for a live prefix
+    view.steps                                  # steps table, one row per step (ranks merged)
+    view.column("entropy_mean")                 # (steps, values) of a steps column; None when not recorded
+    view.sql("SELECT ... FROM tokens WHERE step = ?", [142])
+
+Every table is cut at `upto` (the last committed step the live doctor has seen), so a detector looking at a
+running run sees exactly the steps written so far.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cached_property
+
+import numpy as np
+import pandas as pd
+
+from tokengrad.read.runs import Run, load_run
+from tokengrad.schema import STEP
+
+# ranks of one step merge by: a sum for counts and times, a max for the gradient norm, else the mean
+_SUMMED = {"n_tokens", "n_nonfinite", "n_token_rows", "groups_generated", "groups_kept"}
+_MAXED = {"grad_norm", "ds_grad_norm", "time_step", "time_record", "weight_max"}
+
+
+class RunView:
+    def __init__(self, run: Run, upto: int | None = None):
+        self.run = run
+        self.upto = upto
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, upto: int | None = None) -> RunView:
+        return cls(load_run(path), upto)
+
+    @property
+    def name(self) -> str:
+        return self.run.name
+
+    @property
+    def meta(self) -> dict:
+        return self.run.meta
+
+    @property
+    def config(self) -> dict:
+        cfg = self.meta.get("config")
+        return cfg if isinstance(cfg, dict) else {}
+
+    def _cut(self, df: pd.DataFrame) -> pd.DataFrame:
+        if self.upto is None or df.empty or "step" not in df.columns:
+            return df
+        return df[df["step"] <= self.upto].reset_index(drop=True)
+
+    @cached_property
+    def steps(self) -> pd.DataFrame:
+        """One row per step: the ranks' rows merged (sums of counts, max of norms and times, else means)."""
+        df = self._cut(self.run.steps)
+        if df.empty or self.meta.get("world_size", 1) in (None, 1):
+            return df.drop_duplicates("step", keep="last").reset_index(drop=True) if not df.empty else df
+        numeric = [c for c in df.select_dtypes("number").columns if c not in ("step", "rank")]
+        how = {c: "sum" if c in _SUMMED else "max" if c in _MAXED else "mean" for c in numeric}
+        return df.groupby("step", as_index=False).agg(how)
+
+    @cached_property
+    def samples(self) -> pd.DataFrame:
+        return self._cut(self.run.samples)
+
+    @cached_property
+    def buckets(self) -> pd.DataFrame:
+        return self._cut(self.run.buckets)
+
+    @cached_property
+    def layers(self) -> pd.DataFrame:
+        return self._cut(self.run.layers)
+
+    def column(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """(steps, values) of a steps-table column over the steps that recorded it; None when no step did."""
+        df = self.steps
+        if df.empty or name not in df.columns:
+            return None
+        values = pd.to_numeric(df[name], errors="coerce").to_numpy(dtype=float)
+        keep = ~np.isnan(values)
+        if not keep.any():
+            return None
+        return df[STEP.step].to_numpy()[keep].astype(int), values[keep]
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        for key in ("max_new_tokens", "max_completion_length", "response_length"):
+            value = self.config.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+        return None
+
+    @cached_property
+    def has_tokens(self) -> bool:
+        return bool(self.run.files("tokens"))
+
+    def sql(self, query: str, params: list | None = None) -> pd.DataFrame:
+        """A DuckDB query over the run's tables; `tokens` is cut at `upto` like the other tables."""
+        if self.upto is not None:
+            query = query.replace(
+                "FROM tokens", f"FROM (SELECT * FROM tokens WHERE step <= {int(self.upto)})"
+            )
+        return self.run.sql(query, params)
+
+    def token_columns(self) -> set[str]:
+        if not self.has_tokens:
+            return set()
+        return set(self.run.sql("SELECT * FROM tokens LIMIT 0").columns)
