@@ -18,8 +18,10 @@ import pandas as pd
 import streamlit as st
 
 from tokengrad import schema
-from tokengrad.read import gradient_shares, queries, share_queries
-from tokengrad.read.runs import list_runs, load_run
+from tokengrad.read import gradient_shares, headline, queries, share_queries
+from tokengrad.read import status as run_state
+from tokengrad.read.runs import load_run
+from tokengrad.read.served_root import runs_below
 
 Signature = tuple[tuple[str, int, int], ...]
 SMALL_TABLES = ("steps", "layers", "buckets", "samples", "evals")
@@ -69,8 +71,9 @@ def signature(run_dir: str, tables: tuple[str, ...] | None = None) -> Signature:
 
 
 def runs_under(root: str) -> list[str]:
-    """Run directories at or directly below `root` (cheap: one directory listing, not cached)."""
-    return list_runs(root)
+    """Run directories at or up to served_root.RUN_DEPTH levels below `root` (directory listings, not
+    cached: live refresh must see new folders)."""
+    return runs_below(root)
 
 
 def _open(run_dir: str):
@@ -104,6 +107,11 @@ def _run_query(run_dir: str, name: str, sig: Signature, kwargs: tuple[tuple[str,
     return QUERIES[name](_open(run_dir), **dict(kwargs))
 
 
+@st.cache_data(show_spinner=False, max_entries=_CACHE_ENTRIES)
+def _headline(run_dir: str, sig: Signature, step_range: tuple[int, int] | None) -> headline.Headline:
+    return headline.low_prob_shares(_open(run_dir), step_range)
+
+
 # ---- façade used by the views -----------------------------------------------------------------------
 def meta(run_dir: str) -> dict:
     """The run's meta.json as a dict."""
@@ -133,6 +141,17 @@ def query(run_dir: str, name: str, **kwargs) -> Any:
         raise ValueError(f"unknown query {name!r}; known: {sorted(QUERIES)}")
     items = tuple(sorted((k, _hashable(v)) for k, v in kwargs.items()))
     return _run_query(run_dir, name, signature(run_dir, ("tokens", "samples")), items)
+
+
+def low_prob_shares(run_dir: str, step_range: tuple[int, int] | None = None) -> headline.Headline:
+    """The run's headline shares (tokengrad.read.headline.low_prob_shares: the one definition)."""
+    sig = signature(run_dir, ("buckets", "layers", "tokens", "prob_bins"))
+    return _headline(run_dir, sig, tuple(step_range) if step_range else None)
+
+
+def status(run_dir: str) -> run_state.RunStatus:
+    """running / finished / crashed (tokengrad.read.status; a few stat calls, not cached)."""
+    return run_state.run_status(run_dir)
 
 
 def _hashable(value: Any) -> Any:

@@ -48,6 +48,7 @@ import tokengrad  # noqa: E402
 from tokengrad import load_run  # noqa: E402
 from tokengrad.figures.smoothing import find_spikes  # noqa: E402
 from tokengrad.figures.summary import coefficient_of_variation  # noqa: E402
+from tokengrad.read.headline import low_prob_shares  # noqa: E402
 from tokengrad.train.config import load_config, parse_override  # noqa: E402
 
 RULES = ("grpo", "tr_grpo", "tr_grpo_reverse", "ar", "lopti", "ar_lopti", "cw_grpo")
@@ -183,23 +184,16 @@ def eval_metrics(ev: pd.DataFrame) -> dict:
     return out
 
 
-def bucket_metrics(buckets: pd.DataFrame, layers: pd.DataFrame, live_steps: set) -> dict:
-    """Low-probability shares of tokens and update, and correct ratio by bucket, on live bucket steps.
-
-    A step's updates u (Lopti makes two) combine as sum_u <g_B,u, g_u> / sum_u |g_u|^2 (|g_u| is the
-    layers table's total pre-clip norm), which is the bucket analysis' update_share for one update."""
-    b = buckets[buckets["step"].isin(live_steps) & (buckets["bucket"] != "residual")]
-    if b.empty:
+def bucket_metrics(run, live_steps: set) -> dict:
+    """Low-probability shares of tokens and update (tokengrad.read.headline.low_prob_shares, the one
+    definition the dashboard, export and README use: sum_u <g_B,u, g_u> / sum_u |g_u|^2 over the analysed
+    updates with a gradient), and the correct ratio by bucket on live bucket steps."""
+    head = low_prob_shares(run, threshold=LOW_EDGE)
+    b = run.buckets
+    b = b[b["step"].isin(live_steps) & (b["bucket"] != "residual")]
+    if b.empty or head.source != "bucket analysis":
         return {}
-    low = b[(b["lo"] == 0.0) & (b["hi"] <= LOW_EDGE + 1e-6)]
-    total = layers[layers["layer"] == "total"].groupby(["step", "update_id"])["grad_norm"].max()
-    g2 = total.reindex(list(zip(low["step"], low["update_id"]))).to_numpy() ** 2  # [rows]
-    share = low["update_share"].to_numpy()
-    ok = np.isfinite(share) & np.isfinite(g2)
-    out = {
-        "low_tokens": float(low["n_tokens"].sum() / b.groupby(["step", "update_id"])["n_tokens"].sum().sum()),
-        "low_update": float((share[ok] * g2[ok]).sum() / g2[ok].sum()) if g2[ok].sum() > 0 else np.nan,
-    }
+    out = {"low_tokens": head.token_share, "low_update": head.update_share}
     for label, g in b.groupby("bucket"):
         out[f"cr_{label}"] = float(g["correct_ratio"].mean())
     return out
@@ -225,7 +219,7 @@ def run_row(run_dir: Path) -> dict:
         "sampled_start": float(steps["sampled"].iloc[:tenth].mean()),
         "sampled_end": float(steps["sampled"].iloc[-tenth:].mean()),
         **eval_metrics(run.evals),
-        **bucket_metrics(run.buckets, run.layers, set(live.index)),
+        **bucket_metrics(run, set(live.index)),
     }
     study = run_dir / "study.json"
     row["wall_seconds"] = json.loads(study.read_text())["wall_seconds"] if study.exists() else np.nan

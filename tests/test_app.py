@@ -21,9 +21,12 @@ import pytest
 from streamlit.testing.v1 import AppTest
 from synthetic_runs import write_synthetic_run
 
+from app.views import hints
 from tokengrad import schema
 from tokengrad.cli import dashboard
 from tokengrad.read import served_root
+from tokengrad.read.headline import low_prob_shares
+from tokengrad.read.runs import load_run
 
 REPO = Path(__file__).resolve().parents[1]
 APP = REPO / "app" / "streamlit_app.py"
@@ -116,8 +119,13 @@ def test_overview_summary_finds_the_injected_spike(good_root, monkeypatch):
         assert summary.loc[name, "spike_steps"] == str(int(np.argmax(grad)))
         assert summary.loc[name, "steps"] == N_STEPS
         assert summary.loc[name, "rule"] == "synthetic"
-    # training curves, total grad norm, per-layer lines, heatmap
-    assert len(at.get("plotly_chart")) == 4
+        assert summary.loc[name, "status"] == "finished"
+        head = low_prob_shares(load_run(good_root / name))  # the one definition, read from the parquet
+        assert head.source == "bucket analysis" and 0 < head.update_share < 1
+        assert summary.loc[name, "low_update"] == pytest.approx(head.update_share)
+        assert summary.loc[name, "low_tokens"] == pytest.approx(head.token_share)
+    # headline (update share by bucket, runs overlaid), training curves, total grad norm, per-layer, heatmap
+    assert len(at.get("plotly_chart")) == 5
 
 
 def test_bucket_page_shows_recorded_token_shares(good_root, monkeypatch):
@@ -134,15 +142,15 @@ def test_bucket_page_headline_is_the_token_table_share_of_gradient(good_root, mo
     """The run-wide figure: each quarter of [0, 1]'s share of loss tokens and of Σ logit_grad_norm,
     recomputed from the parquet file with numpy."""
     at = _app(good_root, monkeypatch, "views/buckets.py")
-    fig = next(f for f in _charts(at) if any(t.get("name") == "share of tokens" for t in f["data"]))
+    fig = next(f for f in _charts(at) if any(t.get("name") == "share of loss tokens" for t in f["data"]))
     t = _tokens(good_root / "grpo")
     prob, grad = t.column("prob").to_numpy(), t.column("logit_grad_norm").to_numpy().astype(float)
     idx = np.minimum((prob * 4).astype(int), 3)  # [0, .25), ..., [.75, 1]
     counts = np.bincount(idx, minlength=4)
     sums = np.bincount(idx, weights=grad, minlength=4)
     bars = {tr["name"]: tr["y"] for tr in fig["data"]}
-    np.testing.assert_allclose(bars["share of tokens"], counts / counts.sum(), rtol=1e-6)
-    np.testing.assert_allclose(bars["share of Σ logit_grad_norm"], sums / sums.sum(), rtol=1e-4)
+    np.testing.assert_allclose(bars["share of loss tokens"], counts / counts.sum(), rtol=1e-6)
+    np.testing.assert_allclose(bars["share of summed per-token gradient norm"], sums / sums.sum(), rtol=1e-4)
     assert f"{N_STEPS} live of {N_STEPS} steps" in fig["layout"]["title"]["text"]
 
 
@@ -286,9 +294,37 @@ def test_missing_tables_say_how_to_record_them(broken_root, monkeypatch):
     at.multiselect(key="tg_pick").set_value(["partial"]).run()
     info = {p: " ".join(i.value for i in at.switch_page(p).run().info) for p in PAGES}
     assert "record_grad_norms" in info["views/overview.py"]
-    assert "bucket_every=N" in info["views/buckets.py"]
+    assert "Recorder(..., buckets=N)" in info["views/buckets.py"]  # a plain loop's run: the Recorder option
     assert "st.track" in info["views/wordclouds.py"] and "st.track" in info["views/inspector.py"]
     assert "log_eval" in info["views/evaluation.py"]
+
+
+def test_evaluation_opens_on_the_task_most_runs_share():
+    import pandas as pd
+
+    from app.views.evaluation import shared_tasks
+
+    ev = {
+        "a": pd.DataFrame({"task": ["zeta", "zeta", "alpha"]}),
+        "b": pd.DataFrame({"task": ["zeta"]}),
+        "c": pd.DataFrame({"task": ["beta"]}),
+    }
+    assert shared_tasks(ev) == ["zeta", "alpha", "beta"]  # 2 runs, then 1 run each by name
+
+
+def test_hints_match_how_the_run_was_made():
+    trl = {"config": {"integration": "trl", "args": {"max_steps": 5}}}
+    trainer = {"config": {"task": "lab_add", "prompts_per_step": 8, "group_size": 8, "bucket_every": 0}}
+    loop = {"config": {"lr": 1e-3}}
+    assert [hints.origin(m) for m in (trl, trainer, loop, {})] == ["trl", "trainer", "loop", "loop"]
+    assert "attach(trainer, dir, buckets=N)" in hints.hint(trl, "buckets")
+    assert "attach(trainer, dir, attribution=N)" in hints.hint(trl, "attribution")
+    assert "`bucket_every = N`" in hints.hint(trainer, "buckets")
+    assert "`attribute_every = N`" in hints.hint(trainer, "attribution")
+    assert "Recorder(..., buckets=N)" in hints.hint(loop, "buckets")
+    assert "Recorder(..., attribution=N)" in hints.hint(loop, "attribution")
+    with pytest.raises(ValueError, match="known"):
+        hints.hint(loop, "nope")
 
 
 def test_empty_root_says_there_are_no_runs(tmp_path, monkeypatch):

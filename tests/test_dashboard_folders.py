@@ -81,3 +81,33 @@ def test_the_runs_folder_box_refuses_a_folder_outside_the_root(served, monkeypat
     at.text_input(key=ROOT_KEY).set_value(str(outside)).run()
     assert not at.sidebar.error
     assert at.sidebar.multiselect[0].options == ["secret"]
+
+
+def test_the_runs_folder_box_names_a_missing_folder_and_takes_relative_names_inside_the_root(
+    tmp_path, monkeypatch
+):
+    from app.views.sidebar import ROOT_KEY, RUNS_KEY
+
+    root = tmp_path / "served"
+    write_synthetic_run(root / "sweep" / "lr1" / "seed0", n_steps=2, seed=0)  # two levels below
+    write_synthetic_run(root / "sweep" / "lr2", n_steps=2, seed=1)
+    at = _app(root, monkeypatch)
+    assert at.sidebar.multiselect[0].options == ["sweep/lr1/seed0", "sweep/lr2"]
+    at.text_input(key=ROOT_KEY).set_value("nope").run()
+    assert any(f"{root.resolve() / 'nope'} does not exist" in e.value for e in at.sidebar.error)
+    at.text_input(key=ROOT_KEY).set_value("sweep/lr1").run()  # relative: inside the served root
+    assert not at.sidebar.error
+    assert [Path(r).name for r in at.session_state[RUNS_KEY]] == ["seed0"]
+    assert served_root.runs_below(root, depth=1) == []  # only the first level: no run there
+
+
+def test_a_first_visit_picks_one_family_of_runs(tmp_path, monkeypatch):
+    from app.views.sidebar import PICK_KEY
+    from tests.synthetic_runs import write_meta
+
+    root = tmp_path / "served"
+    for name, steps in (("a_long", 6), ("b_short", 2), ("c_short", 2)):
+        write_synthetic_run(root / name, n_steps=steps, seed=0)
+        write_meta(root / name, name, steps, 2)  # config: {"steps": ..., "bucket_every": 2}
+    at = _app(root, monkeypatch)
+    assert at.session_state[PICK_KEY] == ["b_short", "c_short"]  # the larger family (same length)

@@ -26,7 +26,14 @@ def runs(tmp_path_factory):
     ]
 
 
-EXPECTED = {"reward", "entropy", "grad_norm", "accuracy_by_difficulty", "weight_curves"} | {
+EXPECTED = {
+    "headline_update_share",
+    "reward",
+    "entropy",
+    "grad_norm",
+    "accuracy_by_difficulty",
+    "weight_curves",
+} | {
     f"{kind}_{run}"
     for kind in (
         "gradient_share",
@@ -45,7 +52,8 @@ EXPECTED = {"reward", "entropy", "grad_norm", "accuracy_by_difficulty", "weight_
 def test_export_png_svg_pdf_with_one_browser(runs, tmp_path, capsys):
     argv = [str(runs[1]), "--out", str(tmp_path), "--format", "png", "svg", "pdf"]
     assert cli_export(argv) == 0
-    files = sorted(tmp_path.iterdir())
+    files = sorted(p for p in tmp_path.iterdir() if p.name != "headline.csv")
+    assert (tmp_path / "headline.csv").read_text().startswith("run,below,token_share,update_share")
     expected = {n for n in EXPECTED if not n.endswith("tr_grpo")} - {
         "weight_curves"
     }  # grpo has no w(p) curve
@@ -86,7 +94,7 @@ def test_no_browser_writes_html_and_says_how_to_install(runs, tmp_path, monkeypa
     err = capsys.readouterr().err
     assert "apt-get install -y chromium" in err and "BROWSER_PATH" in err and "Writing HTML instead" in err
     names = {p.name for p in tmp_path.iterdir()}
-    assert names == {f"{n}.html" for n in EXPECTED} | {"plotly.min.js"}
+    assert names == {f"{n}.html" for n in EXPECTED} | {"plotly.min.js", "headline.csv"}
     html = (tmp_path / "reward.html").read_text()
     assert '"name":"tr_grpo"' in html and '"name":"grpo"' in html  # both runs overlaid
     assert (

@@ -40,6 +40,7 @@ from tokengrad.figures import (
     summarize_run,
     token_html,
     top_layers,
+    with_update_shares,
 )
 from tokengrad.figures.evals import wilson_interval
 from tokengrad.figures.style import RUN_PALETTE
@@ -216,8 +217,11 @@ def test_summary_table_by_hand():
 
 
 def _buckets():
+    # |g| = 1 at step 0 and 2 at step 1; cos(g_B, g) = share * |g| / |g_B|, so that the buckets' norms and
+    # cosines give back |g| (tokengrad.read.headline.update_norms)
     rows = []
     for step, (n_lo, n_hi, u_lo, u_hi) in enumerate([(1, 3, 0.6, 0.5), (3, 3, 0.8, 0.3)]):
+        g = 1.0 + step
         rows += [
             {
                 "step": step,
@@ -229,6 +233,7 @@ def _buckets():
                 "n_tokens": n_hi,
                 "grad_norm": 1.0,
                 "update_share": u_hi,
+                "cos_to_total": u_hi * g / 1.0,
                 "dprob_mean": 0.02,
                 "correct_ratio": 0.4,
             },
@@ -242,6 +247,7 @@ def _buckets():
                 "n_tokens": n_lo,
                 "grad_norm": 3.0,
                 "update_share": u_lo,
+                "cos_to_total": u_lo * g / 3.0,
                 "dprob_mean": 0.1,
                 "correct_ratio": 0.6,
             },
@@ -261,13 +267,16 @@ def test_bucket_shares_by_hand():
     s = bucket_shares(_buckets())
     assert list(s["bucket"]) == ["[0.00,0.50)", "[0.50,1.00)", "residual"]  # by lower edge, residual last
     # tokens: low 1 + 3 = 4, high 3 + 3 = 6 -> shares .4, .6;
-    # update shares: mean(.6, .8) = .7, mean(.5, .3) = .4
+    # update shares pooled by |g|^2 = 1, 4: (.6 * 1 + .8 * 4) / 5 = .76, (.5 + .3 * 4) / 5 = .34, residual -.1
     np.testing.assert_allclose(s["token_share"], [0.4, 0.6, 0.0])
-    np.testing.assert_allclose(s["update_share"], [0.7, 0.4, -0.1])
+    np.testing.assert_allclose(s["update_share"], [0.76, 0.34, -0.1])
+    # without the norms (no cosines, no layers total) the updates count equally: the plain means
+    plain = bucket_shares(_buckets().drop(columns="cos_to_total"))
+    np.testing.assert_allclose(plain["update_share"], [0.7, 0.4, -0.1])
     np.testing.assert_allclose(bucket_shares(_buckets(), step_range=(1, 1))["token_share"], [0.5, 0.5, 0.0])
     fig = make_bucket_share_figure(_buckets())
     assert [t.name for t in fig.data] == ["token share", "update share"]
-    np.testing.assert_allclose(fig.data[1].y, [0.7, 0.4, -0.1])
+    np.testing.assert_allclose(fig.data[1].y, [0.76, 0.34, -0.1])
 
 
 def test_bucket_steps_figure_stacks_shares_per_step():
@@ -549,11 +558,22 @@ def test_gradient_share_figure_labels_and_empty_states():
         }
     )
     fig = make_gradient_share_figure(shares)
-    assert [t.name for t in fig.data] == ["share of tokens", "share of Σ logit_grad_norm"]
+    assert [t.name for t in fig.data] == ["share of loss tokens", "share of summed per-token gradient norm"]
     assert list(fig.data[0].x) == ["[0.00,0.50)", "[0.50,1.00)"]
     np.testing.assert_allclose(fig.data[1].y, [0.75, 0.25])
     with_update = make_gradient_share_figure(shares.assign(update_share=[0.9, 0.1]))
-    assert with_update.data[2].name == "share of Σ update_share"
+    assert with_update.data[2].name == "share of the update (per-token attribution)"
+    # the bucket analysis' pooled share replaces the attribution bar when it has the same buckets
+    pooled = pd.DataFrame(
+        {"bucket": ["[0.00,0.50)", "[0.50,1.00)", "residual"], "update_share": [0.7, 0.3, 0.0]}
+    )
+    both = with_update_shares(shares.assign(update_share=[0.9, 0.1]), pooled)
+    assert both.attrs["update_from"] == "bucket analysis" and "update_share" not in both
+    headline = make_gradient_share_figure(both)
+    assert headline.data[2].name == "share of the update"
+    np.testing.assert_allclose(headline.data[2].y, [0.7, 0.3])
+    other = with_update_shares(shares, pooled.assign(bucket=["[0.00,0.25)", "[0.25,1.00)", "residual"]))
+    assert other.attrs["update_from"] == "none" and "bucket_update_share" not in other  # buckets differ
     dead = make_gradient_share_figure(shares.assign(grad_sum=0.0, grad_share=np.nan))
     assert not dead.data and "every token's gradient is 0" in dead.layout.annotations[0].text
 

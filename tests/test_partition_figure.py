@@ -22,10 +22,10 @@ def _shares(update_share):
 def test_bars_carry_token_and_update_shares():
     fig = make_partition_share_figure(_shares([0.3, 0.0, 0.7]), "adv_sign", title="t")
     bars = {t.name: t for t in fig.data}
-    assert list(bars) == ["share of tokens", "share of Σ update_share"]
-    assert list(bars["share of tokens"].x) == ["A < 0", "A = 0", "A > 0"]
-    np.testing.assert_allclose(bars["share of Σ update_share"].y, [0.3, 0.0, 0.7])
-    np.testing.assert_allclose(bars["share of tokens"].y, [0.5, 0.25, 0.25])
+    assert list(bars) == ["share of loss tokens", "share of the update (per-token attribution)"]
+    assert list(bars["share of loss tokens"].x) == ["A < 0", "A = 0", "A > 0"]
+    np.testing.assert_allclose(bars["share of the update (per-token attribution)"].y, [0.3, 0.0, 0.7])
+    np.testing.assert_allclose(bars["share of loss tokens"].y, [0.5, 0.25, 0.25])
 
 
 def test_range_labels_and_empty_states():

@@ -4,10 +4,11 @@ analysis (runs with bucket_every), then per-token norms against probability and 
 
 from __future__ import annotations
 
+import numpy as np
 import streamlit as st
 
 from app import data
-from app.views import common
+from app.views import common, hints
 from tokengrad.figures.buckets import (
     BUCKET_LABELS,
     RESIDUAL_HELP,
@@ -23,15 +24,13 @@ from tokengrad.figures.probability import (
     make_partition_share_figure,
     make_prob_histogram_figure,
     scope_note,
+    with_update_shares,
 )
+from tokengrad.read.headline import DEFINITION, low_prob_label, pooled_bucket_shares
 from tokengrad.read.queries import ABS_COEF
 from tokengrad.read.share_queries import PARTITIONS
 from tokengrad.schema import BIN, BUCKET, DECILE_BUCKET_EDGES, DEFAULT_BUCKET_EDGES, TOK
 
-NO_BUCKETS = (
-    "Record it with `Recorder(..., bucket_every=N)` or train with `bucket_every=N` "
-    "(one extra backward per bucket on every N-th step)."
-)
 OVER_STEPS = (BUCKET.update_share, BUCKET.grad_norm, BUCKET.token_share, BUCKET.cos_to_total)
 EDGES = {"quarters": DEFAULT_BUCKET_EDGES, "tenths": DECILE_BUCKET_EDGES}
 GRAD_VALUES = {  # per-token norm -> how the (1 - p) references are scaled (see make_grad_vs_prob_figure)
@@ -41,29 +40,49 @@ GRAD_VALUES = {  # per-token norm -> how the (1 - p) references are scaled (see 
 
 
 def _headline(run: str, step_range: tuple[int, int] | None) -> None:
-    """Each bucket's share of tokens vs its share of the gradient, run-wide, live steps only."""
+    """Each bucket's share of the loss tokens, of the update (bucket analysis: the headline definition)
+    and of the summed per-token gradient norm, run-wide, live steps only."""
     name = common.run_name(run)
     if not data.has_table(run, "tokens"):
-        common.empty(f"No token table in {name}.", common.NO_TOKENS)
+        common.empty(f"No token table in {name}.", hints.hint(data.meta(run), "tokens"))
         return
     edges = st.radio("Buckets", list(EDGES), horizontal=True, key="bk_edges")
     shares = data.query(run, "gradient_by_bucket", edges=list(EDGES[edges]), step_range=step_range)
+    buckets = data.table(run, "buckets")
+    pooled = (
+        pooled_bucket_shares(buckets, step_range, layers=data.table(run, "layers")) if len(buckets) else None
+    )
+    shares = with_update_shares(shares, pooled)
     note = scope_note(shares.attrs.get("n_live", 0), shares.attrs.get("n_steps", 0), step_range)
-    if shares.attrs.get("source") == "prob_bins":
-        note += ", from the exact per-step histogram (prob_bins)"
     common.chart(
         make_gradient_share_figure(
-            shares, title=f"Share of tokens vs share of the gradient: {name}<br><sup>{note}</sup>"
+            shares, title=f"Which tokens make the update: {name}<br><sup>{note}</sup>"
         ),
         "bk_headline",
         f"gradient_share_{name}",
         table=shares,
     )
+    head = data.low_prob_shares(run, step_range)
+    said = {
+        "bucket analysis": f"share of the update from the bucket analysis ({DEFINITION})",
+        "per-token attribution": "share of the update: Σ update_share of the attributed updates",
+        "none": "no share of the update: "
+        + (
+            hints.hint(data.meta(run), "buckets")
+            if buckets.empty
+            else "the bucket analysis has other buckets; pick them above"
+        ),
+    }[shares.attrs["update_from"]]
+    headline_words = (
+        f"Tokens with {low_prob_label(head.below)}: {head.token_share:.1%} of the loss tokens, "
+        f"{head.update_share:.1%} of the update. "
+        if np.isfinite(head.update_share)
+        else ""
+    )
     st.caption(
-        "Per loss token, its gradient is |coef| · |p − e_y| at the logits (logit_grad_norm, exact); a "
-        "bucket's share is its sum over the sum for all tokens of the live steps (steps whose every "
-        "advantage is 0 have no gradient and are left out). With per-token attribution recorded, "
-        "Σ update_share is the bucket's share of the update itself."
+        f"{headline_words}Shown: {said}; a loss token's gradient norm is |coef| · |p − e_y| at the logits "
+        "(logit_grad_norm), summed per bucket over the live steps (steps whose every advantage is 0 have "
+        "no gradient). The summed gradient norm is not the update: tokens' gradients cancel and align."
     )
 
 
@@ -78,7 +97,7 @@ def _phase_options(run: str, buckets) -> dict:
     names = {0: "low-probability tokens", 1: "high-probability tokens"}
     if not low_first:
         names = {0: names[1], 1: names[0]}
-    out = {None: "all updates"}
+    out = {None: "all updates (the step's combined update)"}
     for u in ids:
         out[u] = f"update {u}" + (f" (Lopti phase {u + 1}: {names[u]})" if lopti and u in names else "")
     return out
@@ -88,7 +107,7 @@ def _bucket_sections(run: str, step_range: tuple[int, int] | None) -> None:
     buckets = data.table(run, "buckets")
     name = common.run_name(run)
     if buckets.empty:
-        common.empty(f"No bucket analysis in {name}.", NO_BUCKETS)
+        common.empty(f"No bucket analysis in {name}.", hints.hint(data.meta(run), "buckets"))
         return
     phases = _phase_options(run, buckets)
     update_id = None
@@ -115,7 +134,13 @@ def _bucket_sections(run: str, step_range: tuple[int, int] | None) -> None:
             "bk_norm",
             f"bucket_grad_norm_{name}",
         )
-    st.caption(f"{phases[update_id]}; {RESIDUAL_HELP}.")
+    combined = (
+        " A step's updates combine as Σ_u ⟨g_B,u, g_u⟩ / Σ_u |g_u|² (each phase's shares sum to 1; "
+        "the combination sums to 1 too)."
+        if update_id is None and len(phases) > 1
+        else ""
+    )
+    st.caption(f"{phases[update_id]}; {RESIDUAL_HELP}.{combined} {DEFINITION}.")
     value = st.selectbox("Over steps", OVER_STEPS, format_func=BUCKET_LABELS.get, key="bk_value")
     shown = buckets if step_range is None else buckets[buckets[BUCKET.step].between(*step_range)]
     common.chart(make_bucket_steps_figure(shown, value, **kw), "bk_steps", f"bucket_{value}_{name}")
@@ -132,21 +157,16 @@ PARTITION_NAMES = {
     "adv_sign": "advantage sign",
     "position": "position",
 }
-NO_ATTRIBUTION = (
-    "Record it with `Recorder(..., attribute_every=N)` or train with `attribute_every=N`: "
-    "every token of those steps gets update_share, its exact share of the update (one "
-    "directional pass)."
-)
 
 
 def _partition_section(run: str, step_range: tuple[int, int] | None) -> None:
     """Share of the update by any partition of the tokens: a sum of per-token update_share."""
     name = common.run_name(run)
     if not data.has_table(run, "tokens"):
-        common.empty(f"No token table in {name}.", common.NO_TOKENS)
+        common.empty(f"No token table in {name}.", hints.hint(data.meta(run), "tokens"))
         return
     if not data.query(run, "attributed_steps"):
-        common.empty(f"No per-token attribution in {name}.", NO_ATTRIBUTION)
+        common.empty(f"No per-token attribution in {name}.", hints.hint(data.meta(run), "attribution"))
         return
     c1, c2 = st.columns([2, 1])
     by = c1.radio(
@@ -174,7 +194,7 @@ def _partition_section(run: str, step_range: tuple[int, int] | None) -> None:
 def _token_sections(run: str, step_range: tuple[int, int] | None) -> None:
     name = common.run_name(run)
     if not data.has_table(run, "tokens"):
-        common.empty(f"No token table in {name}.", common.NO_TOKENS)
+        common.empty(f"No token table in {name}.", hints.hint(data.meta(run), "tokens"))
         return
     c1, c2 = st.columns([1, 2])
     bins = c1.slider("Probability bins", 5, 50, 20, 5, key="bk_bins")

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import re
-from pathlib import Path
 
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
 from app import data
-from app.views.sidebar import FORMAT_KEY, RUNS_KEY
+from app.views.sidebar import FORMAT_KEY, RUNS_KEY, folder_run_names, run_label
 from tokengrad.figures.export import figure_to_bytes, find_browser
 from tokengrad.figures.tables import figure_table
 
@@ -29,15 +28,17 @@ def selected_runs() -> list[str]:
 
 
 def run_name(run_dir: str) -> str:
-    """The label of a run on every chart and table: its folder name (unique within the runs folder)."""
-    return Path(run_dir).name
+    """The label of a run on every chart and table: its path below the runs folder (unique within it)."""
+    return run_label(run_dir)
 
 
 def colors() -> dict[str, str]:
-    """One colour per picked run, distinct among the picked runs, shared by every chart of every page."""
+    """One colour per run, shared by every chart of every page. The colours are assigned over every run of
+    the runs folder (sidebar.folder_run_names), so a run keeps its colour whatever else is picked."""
     from tokengrad.figures.style import run_colors
 
-    return run_colors([run_name(r) for r in selected_runs()])
+    picked = [run_name(r) for r in selected_runs()]
+    return {n: c for n, c in run_colors(folder_run_names() + picked).items() if n in picked}
 
 
 def require_runs() -> list[str]:
@@ -66,10 +67,8 @@ def pick_one(runs: list[str], key: str, label: str = "Run") -> str:
     """One run out of the selected ones (pages that show a single run)."""
     if len(runs) == 1:
         return runs[0]
-    return st.selectbox(label, runs, format_func=run_name, key=key)
-
-
-NO_TOKENS = "Record per-token rows with `st.track(logprobs, token_ids=..., mask=..., logits=...)`."
+    labels = {r: run_name(r) for r in runs}  # computed now: the label depends on the session's folder
+    return st.selectbox(label, runs, format_func=labels.get, key=key)
 
 
 def pick_token_run(runs: list[str], key: str) -> str | None:
@@ -77,7 +76,9 @@ def pick_token_run(runs: list[str], key: str) -> str | None:
     run = pick_one(runs, key)
     if data.has_table(run, "tokens"):
         return run
-    empty(f"No token table in {run_name(run)}.", NO_TOKENS)
+    from app.views.hints import hint
+
+    empty(f"No token table in {run_name(run)}.", hint(data.meta(run), "tokens"))
     return None
 
 

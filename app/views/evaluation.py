@@ -2,25 +2,30 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pandas as pd
 import streamlit as st
 
 from app import data
-from app.views import common
+from app.views import common, hints
 from tokengrad.figures.evals import make_accuracy_by_difficulty_figure, make_accuracy_over_steps_figure
 from tokengrad.schema import EVAL
 
-NO_EVALS = (
-    "Evaluate with `rec.log_eval(step, task=..., difficulty=..., accuracy=..., n=...)`, or train "
-    "with `eval_every=K`."
-)
+
+def shared_tasks(evals: dict[str, pd.DataFrame]) -> list[str]:
+    """The evaluated tasks, the one most picked runs share first (ties: by name)."""
+    runs_per_task = Counter(str(t) for df in evals.values() for t in set(df[EVAL.task].dropna()))
+    return sorted(runs_per_task, key=lambda t: (-runs_per_task[t], t))
 
 
 def _task_ui(evals: dict[str, pd.DataFrame]) -> str | None:
-    tasks = sorted({str(t) for df in evals.values() for t in df[EVAL.task].dropna().unique()})
+    tasks = shared_tasks(evals)
     if len(tasks) <= 1:
         return tasks[0] if tasks else None
-    return st.selectbox("Task", tasks, key="ev_task")
+    if st.session_state.get("ev_task") not in tasks:  # first visit, or other runs: the most shared task
+        st.session_state["ev_task"] = tasks[0]
+    return st.selectbox("Task", tasks, key="ev_task", help="Ordered by how many of the picked runs have it.")
 
 
 def render() -> None:
@@ -28,9 +33,9 @@ def render() -> None:
     runs = common.require_runs()
     with common.guard("Evaluation"):
         evals = {common.run_name(r): data.table(r, "evals") for r in runs}
-        missing = [n for n, df in evals.items() if df.empty]
-        if missing:
-            common.empty(f"No evaluations in: {', '.join(missing)}.", NO_EVALS)
+        for r in runs:
+            if evals[common.run_name(r)].empty:
+                common.empty(f"No evaluations in {common.run_name(r)}.", hints.hint(data.meta(r), "evals"))
         evals = {n: df for n, df in evals.items() if not df.empty}
         if evals:
             task = _task_ui(evals)

@@ -1,11 +1,15 @@
-"""Overview: per-step training curves and gradient-norm trajectories of the picked runs, overlaid."""
+"""Overview, the landing page: the run doctor's findings first (a slot kept at the top), then the tool's
+question answered per run (which share of the update the low-probability tokens make, in the summary
+table and on one chart overlaying the picked runs), then per-step training curves and gradient-norm
+trajectories."""
 
 from __future__ import annotations
 
+import numpy as np
 import streamlit as st
 
 from app import data
-from app.views import common, urlstate
+from app.views import common, hints, urlstate
 from tokengrad.figures.curves import (
     OVERVIEW_METRICS,
     X_AXES,
@@ -21,15 +25,22 @@ from tokengrad.figures.gradnorms import (
     make_layer_heatmap_figure,
     run_grad_norms,
 )
+from tokengrad.figures.headline import make_headline_figure
 from tokengrad.figures.liveness import LIVE_HELP, count_note
 from tokengrad.figures.smoothing import DEFAULT_SPIKE_K
 from tokengrad.figures.summary import summarize_run
+from tokengrad.read.headline import (
+    DEFINITION,
+    TOKEN_SHARE_NAME,
+    UPDATE_SHARE_NAME,
+    low_prob_label,
+    pooled_bucket_shares,
+)
 from tokengrad.schema import STEP
 
-NO_STEPS = "Record step scalars with `st.log(loss=..., reward_mean=..., kl=...)` in each `rec.step()`."
-NO_LAYERS = (
-    "Record gradient norms with `st.record_grad_norms()` after the last backward of each update "
-    "(tokengrad's trainer does this)."
+STATUS_HELP = (
+    "finished: the recorder closed the run; running: files written in the last 15 min; crashed: the "
+    "training loop raised, or the run was never closed and nothing was written for 15 min."
 )
 
 
@@ -63,23 +74,46 @@ def _controls() -> dict:
     )
 
 
+def _summary_row(r: str, spike_k: float) -> dict:
+    row = summarize_run(
+        common.run_name(r),
+        data.meta(r),
+        data.table(r, "steps"),
+        data.table(r, "layers"),
+        data.table(r, "evals"),
+        spike_k,
+    )
+    state = data.status(r)
+    head = data.low_prob_shares(r)
+    row = {"run": row.pop("run"), "status": state.state, **row}
+    row["low_tokens"], row["low_update"] = head.token_share, head.update_share
+    return row
+
+
 def _summary(runs: list[str], spike_k: float) -> None:
-    rows = [
-        summarize_run(
-            common.run_name(r),
-            data.meta(r),
-            data.table(r, "steps"),
-            data.table(r, "layers"),
-            data.table(r, "evals"),
-            spike_k,
-        )
-        for r in runs
-    ]
+    rows = [_summary_row(r, spike_k) for r in runs]
+    below = low_prob_label()
     st.dataframe(
         rows,
         hide_index=True,
         width="stretch",
+        column_order=[
+            "run",
+            "status",
+            "low_tokens",
+            "low_update",
+            *[k for k in rows[0] if k not in ("run", "status", "low_tokens", "low_update")],
+        ],
         column_config={
+            "status": st.column_config.TextColumn("status", help=STATUS_HELP),
+            "low_tokens": st.column_config.NumberColumn(
+                f"{below}: {TOKEN_SHARE_NAME}", format="percent", help=f"Over the whole run. {DEFINITION}."
+            ),
+            "low_update": st.column_config.NumberColumn(
+                f"{below}: {UPDATE_SHARE_NAME}",
+                format="percent",
+                help=f"Over the whole run, from the bucket analysis (empty without one). {DEFINITION}.",
+            ),
             "no_gradient": st.column_config.TextColumn(
                 "steps without gradient", help="Steps whose gradient norm is 0: every advantage was 0."
             ),
@@ -92,10 +126,46 @@ def _summary(runs: list[str], spike_k: float) -> None:
     )
 
 
+def _headline(runs: list[str]) -> None:
+    """The picked runs' share of tokens and of the update per probability bucket, on one chart."""
+    shares = {common.run_name(r): _pooled(r) for r in runs}
+    below = low_prob_label()
+    parts = [
+        f"{n}: {h.update_share:.0%} of the update from {h.token_share:.0%} of the loss tokens"
+        for n, h in ((common.run_name(r), data.low_prob_shares(r)) for r in runs)
+        if np.isfinite(h.update_share)
+    ]
+    if parts:
+        st.markdown(f"**Tokens with {below}** — " + " · ".join(parts))
+    fig = make_headline_figure(shares, colors=common.colors(), title="Which tokens make the update")
+    common.chart(fig, "ov_headline", "headline_update_share")
+    st.caption(f"{DEFINITION}; over every analysed update with a gradient of each run.")
+    for r in runs:
+        if not len(shares[common.run_name(r)]):
+            common.empty(f"No bucket analysis in {common.run_name(r)}.", hints.hint(data.meta(r), "buckets"))
+
+
+def _pooled(run: str):
+    buckets = data.table(run, "buckets")
+    return pooled_bucket_shares(buckets, layers=data.table(run, "layers")) if not buckets.empty else buckets
+
+
+def _waiting(runs: list[str]) -> list[str]:
+    """Runs without a steps table yet: 'waiting for the first step' when running, else how to record."""
+    out = []
+    for r in runs:
+        if data.table(r, "steps").empty:
+            out.append(r)
+            if data.status(r).state == "running":
+                st.info(f"{common.run_name(r)}: waiting for the first step.", icon=":material/hourglass_top:")
+            else:
+                common.empty(f"No steps table in {common.run_name(r)}.", hints.hint(data.meta(r), "steps"))
+    return out
+
+
 def _curves(runs: list[str], c: dict) -> None:
     steps = {common.run_name(r): data.table(r, "steps") for r in runs}
     if all(df.empty for df in steps.values()):
-        common.empty("No steps table in the picked runs.", NO_STEPS)
         return
     options = plottable_metrics(steps)
     urlstate.default("ov_metrics_pick", [m for m in OVERVIEW_METRICS if m in options])
@@ -121,8 +191,9 @@ def _grad_norms(runs: list[str], c: dict) -> None:
     layers = {common.run_name(r): data.table(r, "layers") for r in runs}
     steps = {common.run_name(r): data.table(r, "steps") for r in runs}
     missing = [name for name, df in layers.items() if df.empty]
-    if missing:
-        common.empty(f"No gradient norms (layers table) in: {', '.join(missing)}.", NO_LAYERS)
+    for name in missing:
+        meta = data.meta(next(r for r in runs if common.run_name(r) == name))
+        common.empty(f"No gradient norms (layers table) in {name}.", hints.hint(meta, "layers"))
     layers = {k: v for k, v in layers.items() if not v.empty}
     if not layers:
         return
@@ -160,7 +231,7 @@ def _per_layer(runs: list[str], layers: dict, c: dict) -> None:
     name = common.run_name(run)
     df = layers[name]
     if not layer_names(df):
-        common.empty("This run recorded only the total gradient norm.", NO_LAYERS)
+        common.empty("This run recorded only the total gradient norm.", hints.hint(data.meta(run), "layers"))
         return
     common.chart(
         make_layer_grad_norm_figure(
@@ -183,10 +254,14 @@ def _per_layer(runs: list[str], layers: dict, c: dict) -> None:
 def render() -> None:
     st.title("Overview")
     runs = common.require_runs()
+    findings = st.container()  # the run doctor's findings go here, above everything else  # noqa: F841
     c = _controls()
     urlstate.push()
     with common.guard("Run summary"):
         _summary(runs, c["spike_k"])
+        _waiting(runs)
+    with common.guard("Which tokens make the update"):
+        _headline(runs)
     with common.guard("Training curves"):
         _curves(runs, c)
     st.subheader("Gradient norms")

@@ -18,9 +18,10 @@ import streamlit as st
 from app import data
 from app.views import urlstate
 from tokengrad.figures.style import run_colors
-from tokengrad.read.served_root import ALLOW_ANY_FLAG, confine, resolve_root
+from tokengrad.read.served_root import ALLOW_ANY_FLAG, open_folder, resolve_root
 
 ROOT_KEY = "tg_root"
+SERVED_KEY = "tg_root_open"  # the resolved folder the run names are relative to
 RUNS_KEY = "tg_runs"
 PICK_KEY = "tg_pick"
 LIVE_KEY = "tg_live"
@@ -53,10 +54,13 @@ def _root_ui() -> str | None:
     if ROOT_KEY not in st.session_state:
         st.session_state[ROOT_KEY] = str(served)
     typed = st.text_input(
-        "Runs folder", key=ROOT_KEY, help=f"A folder of run directories, or one run directory, in {served}."
+        "Runs folder",
+        key=ROOT_KEY,
+        help=f"A folder of run directories (searched 3 levels deep), or one run directory, in {served}; "
+        "a relative name is taken inside it.",
     )
     try:
-        return str(confine(typed, served, args.allow_any_folder))
+        return str(open_folder(typed, served, args.allow_any_folder))
     except ValueError as err:
         st.error(str(err))
         return None
@@ -68,12 +72,13 @@ def _runs_ui(root: str) -> list[str]:
         st.session_state[RUNS_KEY] = []
         st.caption(f"No runs (folders with meta.json) in `{root}`.")
         return []
-    by_name = {Path(r).name: r for r in runs}
+    st.session_state[SERVED_KEY] = root
+    by_name = {run_label(r, root): r for r in runs}
     names = list(by_name)
     known = st.session_state.get(_KNOWN_KEY)
     new = [n for n in names if known is not None and n not in known]  # appeared since the last run
     st.session_state[_KNOWN_KEY] = names
-    picked = st.session_state.get(PICK_KEY, names[:DEFAULT_PICK])
+    picked = st.session_state[PICK_KEY] if PICK_KEY in st.session_state else first_pick(by_name)
     st.session_state[PICK_KEY] = [n for n in picked if n in by_name] + new  # drop vanished, add new runs
     picked = st.multiselect(
         "Runs",
@@ -86,9 +91,54 @@ def _runs_ui(root: str) -> list[str]:
     return st.session_state[RUNS_KEY]
 
 
+def run_label(run_dir: str, root: str | None = None) -> str:
+    """A run's name on every chart and table: its path below the runs folder ('sweep/seed0'), else its
+    folder name."""
+    root = root or st.session_state.get(SERVED_KEY)
+    path = Path(run_dir)
+    if root:
+        try:  # not resolved: a symlinked run keeps its own name
+            rel = path.relative_to(root)
+            if rel.parts:
+                return rel.as_posix()
+        except ValueError:
+            pass
+    return path.name
+
+
+def folder_run_names() -> list[str]:
+    """Names of every run listed in the runs folder (what the run colours are assigned over)."""
+    return list(st.session_state.get(_KNOWN_KEY) or [])
+
+
+def family(meta: dict) -> tuple[str, str]:
+    """(task, length) of a run: runs of one family can be compared on one chart. The built-in trainer's
+    task, task parameters and steps; TRL's max_steps; other runs have an empty task."""
+    cfg = (meta or {}).get("config") or {}
+    args = cfg.get("args") if isinstance(cfg.get("args"), dict) else {}
+    task = cfg.get("task") or cfg.get("integration") or ""
+    params = cfg.get("task_params") or {}
+    steps = cfg.get("steps") or args.get("max_steps") or ""
+    return (f"{task} {sorted(params.items()) if isinstance(params, dict) else params}", str(steps))
+
+
+def first_pick(by_name: dict[str, str]) -> list[str]:
+    """The runs a first visit shows: the largest family of runs (same task and length; ties: the family
+    of the first run by name), at most DEFAULT_PICK of them."""
+    families: dict[tuple, list[str]] = {}
+    for name, run_dir in by_name.items():
+        try:
+            key = family(data.meta(run_dir))
+        except data.RunLoadError:
+            key = ("unreadable", name)
+        families.setdefault(key, []).append(name)
+    best = max(families.values(), key=len) if families else []
+    return best[:DEFAULT_PICK]
+
+
 def _chip_colors(picked: list[str]) -> None:
     """Colour the run picker's chips (tags carry the option as aria-label) with the runs' chart colours."""
-    colors = run_colors(picked)
+    colors = run_colors(folder_run_names() + list(picked))
     rules = "".join(
         f'[data-testid="stSidebar"] [data-tag][aria-label="{_css_string(name)}"]'
         f"{{background-color:{colors[name]};color:#fff}}"

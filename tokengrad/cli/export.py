@@ -14,7 +14,7 @@ from tokengrad.figures.export import (
     write_html,
     write_static,
 )
-from tokengrad.figures.figureset import build_figure_set, unique_names
+from tokengrad.figures.figureset import build_figure_set, headline_table, unique_names
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -85,6 +85,9 @@ def cli_export(argv: list[str]) -> int:
         print(f"skipped {note}", file=sys.stderr)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    table = out / "headline.csv"  # the numbers the headline figure shows (tokengrad.read.headline)
+    headline_table(runs, tuple(args.steps) if args.steps else None).to_csv(table, index=False)
+    print(table)
     code = 0
     try:
         paths = write_static(specs, out, args.format)

@@ -3,8 +3,9 @@
 Every builder takes run-format tables (pandas DataFrames, keyed by run name where several runs overlay)
 or the aggregates of tokengrad.read.queries, and returns a plotly Figure (or an HTML string / DataFrame).
 Modules: liveness (steps without a gradient), smoothing, curves (per-step metrics), gradnorms, buckets
-(bucket analysis), probability (gradient against token probability), evals, tokens, wordclouds, summary,
-tables (a figure's data as a table), style, export.
+(bucket analysis), headline (the share of the update by bucket, runs overlaid), probability (gradient
+against token probability), evals, tokens, wordclouds, summary, tables (a figure's data as a table),
+style, export.
 """
 
 from tokengrad.figures.buckets import (
@@ -42,12 +43,14 @@ from tokengrad.figures.gradnorms import (
     make_layer_heatmap_figure,
     top_layers,
 )
+from tokengrad.figures.headline import make_headline_figure
 from tokengrad.figures.liveness import dead_mask, dead_note, live_mask
 from tokengrad.figures.probability import (
     make_grad_vs_prob_figure,
     make_gradient_share_figure,
     make_prob_histogram_figure,
     reference_curves,
+    with_update_shares,
 )
 from tokengrad.figures.smoothing import DEFAULT_SPIKE_K, debiased_ema, find_spikes, robust_threshold
 from tokengrad.figures.style import (
@@ -93,6 +96,8 @@ __all__ = [
     "make_grad_norm_figure",
     "make_grad_vs_prob_figure",
     "make_gradient_share_figure",
+    "make_headline_figure",
+    "with_update_shares",
     "make_layer_grad_norm_figure",
     "make_layer_heatmap_figure",
     "make_metric_figure",

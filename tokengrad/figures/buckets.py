@@ -22,6 +22,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from tokengrad.figures.style import bucket_colors, dashboard_layout, empty_figure, run_colors
+from tokengrad.read.headline import pooled_bucket_shares, pooled_step_shares
 from tokengrad.schema import BUCKET, RESIDUAL_BUCKET
 
 _MEAN_COLUMNS = (
@@ -117,8 +118,9 @@ def bucket_shares(
 ) -> pd.DataFrame:
     """Per-bucket aggregate over the analysed updates with a gradient in the selection.
 
-    n_tokens is summed and token_share recomputed from the counts (sum_B n_B = 1 over the probability
-    buckets); update_share, cos_to_total, dprob_mean and correct_ratio are means over those updates;
+    n_tokens, token_share and update_share are pooled over the updates as the headline defines them
+    (tokengrad.read.headline: sum_u <g_B,u, g_u> / sum_u |g_u|^2, so a Lopti step's phases combine into
+    its update and all buckets sum to 1); cos_to_total, dprob_mean and correct_ratio are means over them;
     grad_norm is the mean over the updates where the bucket had tokens (a bucket without tokens has
     g_B = 0 by construction, which would dilute the mean). Ordered by lower edge, the residual last;
     attrs["note"] is analysis_note of the selection.
@@ -132,14 +134,15 @@ def bucket_shares(
         return out
     g = df.groupby(BUCKET.bucket, sort=False)
     out = g[[BUCKET.lo, BUCKET.hi]].first()
-    out[BUCKET.n_tokens] = g[BUCKET.n_tokens].sum(min_count=1)
     for c in _MEAN_COLUMNS:
         out[c] = g[c].mean()
     with_tokens = df[df[BUCKET.n_tokens].fillna(0) > 0]
     out[BUCKET.grad_norm] = with_tokens.groupby(BUCKET.bucket)[BUCKET.grad_norm].mean()
-    prob = out.index != RESIDUAL_BUCKET
-    total = out.loc[prob, BUCKET.n_tokens].sum()
-    out[BUCKET.token_share] = np.where(prob, out[BUCKET.n_tokens] / total, 0.0)
+    # token and update shares pooled over the updates (the headline definition, tokengrad.read.headline)
+    pooled = pooled_bucket_shares(buckets, step_range, update_id).set_index(BUCKET.bucket)
+    for c in (BUCKET.n_tokens, BUCKET.token_share, BUCKET.update_share):
+        out[c] = pooled[c].reindex(out.index)
+    out[BUCKET.token_share] = out[BUCKET.token_share].fillna(0.0)
     out = _ordered(out.reset_index())[cols]
     out.attrs["note"] = note
     return out
@@ -230,15 +233,20 @@ def make_bucket_grad_norm_figure(
 
 
 def bucket_steps(buckets: pd.DataFrame, value: str, update_id: int | None = None) -> pd.DataFrame:
-    """step x bucket table of `value` (mean over the step's live analysed updates and ranks), buckets
-    ordered as bucket_shares; the residual column only when it is not 0."""
+    """step x bucket table of `value` over the step's live analysed updates, buckets ordered as
+    bucket_shares; the residual column only when it is not 0. Shares are pooled over the step's updates
+    (tokengrad.read.headline.pooled_step_shares: with update_id=None a Lopti step shows its combined
+    update, summing to 1), the other values are means over updates and ranks."""
     if value not in BUCKET_LABELS:
         raise ValueError(f"unknown bucket value {value!r}; known: {sorted(BUCKET_LABELS)}")
     rows = live_rows(buckets, None, update_id)
     if rows.empty:
         return pd.DataFrame()
     order = _ordered(rows.drop_duplicates(BUCKET.bucket))[BUCKET.bucket].tolist()
-    grid = rows.pivot_table(index=BUCKET.step, columns=BUCKET.bucket, values=value, aggfunc="mean")
+    if value in SHARE_COLUMNS:
+        grid = pooled_step_shares(buckets, value, update_id)
+    else:
+        grid = rows.pivot_table(index=BUCKET.step, columns=BUCKET.bucket, values=value, aggfunc="mean")
     if RESIDUAL_BUCKET in grid.columns and not (grid[RESIDUAL_BUCKET].abs() >= RESIDUAL_TOL).any():
         grid = grid.drop(columns=RESIDUAL_BUCKET)
     return grid.reindex(columns=[b for b in order if b in grid.columns])

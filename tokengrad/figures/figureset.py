@@ -2,11 +2,12 @@
 
     specs, notes = build_figure_set({"grpo": load_run("runs/grpo")})
 
-Run-comparison figures overlay every run (reward, entropy, gradient norm, accuracy by difficulty, weight
-curves); per-run figures (share of tokens vs share of the gradient, bucket token vs update shares, bucket
-update shares over steps, gradient norm vs probability, per-layer norms, word clouds) carry the run's name
-as their title. A figure without data,
-or one that would print "NaN" in a label, is left out with a one-line note saying why.
+Run-comparison figures overlay every run (the headline, each probability bucket's share of the update;
+reward, entropy, gradient norm, accuracy by difficulty, weight curves); per-run figures (share of tokens vs
+share of the update and of the summed gradient norm, bucket token vs update shares, bucket update shares
+over steps, gradient norm vs probability, per-layer norms, word clouds) carry the run's name as their
+title. A figure without data, or one that would print "NaN" in a label, is left out with a one-line note
+saying why. headline_table gives the headline numbers per run (headline.csv of `tokengrad export`).
 """
 
 from __future__ import annotations
@@ -87,9 +88,16 @@ def _comparison_specs(runs: Mapping[str, object], smoothing: float, colors: dict
         make_metric_figure,
         make_weight_curve_figure,
     )
+    from tokengrad.figures.headline import make_headline_figure
+    from tokengrad.read.headline import pooled_bucket_shares
 
     steps = {n: r.steps for n, r in runs.items()}
+    pooled = {
+        n: pooled_bucket_shares(r.buckets, layers=r.layers) if len(r.buckets) else r.buckets
+        for n, r in runs.items()
+    }
     return [
+        FigureSpec("headline_update_share", make_headline_figure(pooled, colors=colors), "page"),
         FigureSpec("reward", make_metric_figure(steps, STEP.reward_mean, smoothing=smoothing, colors=colors)),
         FigureSpec(
             "entropy", make_metric_figure(steps, STEP.entropy_mean, smoothing=smoothing, colors=colors)
@@ -116,17 +124,18 @@ def _run_specs(name: str, run, smoothing: float, low, high, step_range, max_word
         make_gradient_share_figure,
         make_layer_grad_norm_figure,
     )
+    from tokengrad.figures.probability import with_update_shares
     from tokengrad.figures.wordclouds import make_high_low_wordcloud_figure
     from tokengrad.read.gradient_shares import gradient_by_bucket
+    from tokengrad.read.headline import pooled_bucket_shares
     from tokengrad.read.queries import grad_norm_by_prob, token_frequencies
 
     slug = _slug(name)
     words = dict(step_range=step_range, limit=4 * max_words)
+    pooled = pooled_bucket_shares(run.buckets, step_range, layers=run.layers) if len(run.buckets) else None
+    shares = with_update_shares(gradient_by_bucket(run, step_range=step_range), pooled)
     specs = [
-        FigureSpec(
-            f"gradient_share_{slug}",
-            make_gradient_share_figure(gradient_by_bucket(run, step_range=step_range), title=name),
-        ),
+        FigureSpec(f"gradient_share_{slug}", make_gradient_share_figure(shares, title=name)),
         FigureSpec(f"bucket_shares_{slug}", make_bucket_share_figure(run.buckets, step_range, title=name)),
         FigureSpec(
             f"bucket_update_share_{slug}",
@@ -186,6 +195,28 @@ def build_figure_set(
         else:
             kept.append(s)
     return kept, notes
+
+
+def headline_table(runs: Mapping[str, object], step_range: tuple[int, int] | None = None):
+    """One row per run: the headline shares (tokengrad.read.headline.low_prob_shares), for headline.csv."""
+    import pandas as pd
+
+    from tokengrad.read.headline import low_prob_shares
+
+    rows = []
+    for name, run in runs.items():
+        h = low_prob_shares(run, step_range)
+        rows.append(
+            {
+                "run": name,
+                "below": h.below,
+                "token_share": h.token_share,
+                "update_share": h.update_share,
+                "n_updates": h.n_updates,
+                "source": h.source,
+            }
+        )
+    return pd.DataFrame(rows)
 
 
 def _why_empty(fig: go.Figure) -> str:

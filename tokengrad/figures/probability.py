@@ -19,11 +19,31 @@ from tokengrad.figures.style import dashboard_layout, empty_figure
 from tokengrad.schema import BIN, TOK, bucket_label
 
 UPDATE_SHARE = "update_share"
+BUCKET_UPDATE = "bucket_update_share"  # the headline share of the update (tokengrad.read.headline)
 SHARE_BARS = {  # column -> (legend label, colour): Okabe-Ito grey, blue, vermillion
-    "token_share": ("share of tokens", "#9E9E9E"),
-    "grad_share": ("share of Σ logit_grad_norm", "#0072B2"),
-    UPDATE_SHARE: ("share of Σ update_share", "#D55E00"),
+    "token_share": ("share of loss tokens", "#9E9E9E"),
+    "grad_share": ("share of summed per-token gradient norm", "#0072B2"),
+    UPDATE_SHARE: ("share of the update (per-token attribution)", "#D55E00"),
+    BUCKET_UPDATE: ("share of the update", "#D55E00"),
 }
+
+
+def with_update_shares(shares: pd.DataFrame, pooled: pd.DataFrame | None) -> pd.DataFrame:
+    """`shares` (gradient_by_bucket) with the headline update share per bucket (pooled_bucket_shares of
+    the bucket analysis) as column bucket_update_share, when both have the same buckets; the per-token
+    attribution column is then dropped (one share of the update per chart). attrs["update_from"] says
+    which update share the chart shows."""
+    out = shares.copy()
+    out.attrs = dict(shares.attrs)
+    labels = [bucket_label(lo, hi) for lo, hi in zip(shares[BIN.lo], shares[BIN.hi])]
+    if pooled is not None and len(pooled):
+        got = pooled.set_index("bucket")["update_share"]
+        if set(labels) <= set(got.index):
+            out[BUCKET_UPDATE] = got.reindex(labels).to_numpy()
+            out.attrs["update_from"] = "bucket analysis"
+            return out.drop(columns=UPDATE_SHARE, errors="ignore")
+    out.attrs["update_from"] = "per-token attribution" if UPDATE_SHARE in out else "none"
+    return out
 
 
 def scope_note(n_live: int, n_steps: int, step_range: tuple[int, int] | None = None) -> str:
@@ -59,7 +79,7 @@ def make_gradient_share_figure(shares: pd.DataFrame, *, title: str | None = None
                 textposition="outside",
                 customdata=np.stack([shares[BIN.count], shares["grad_sum"]], axis=1),
                 hovertemplate="p in %{x}<br>%{y:.1%} " + name + "<br>%{customdata[0]} tokens, "
-                "Σ logit_grad_norm %{customdata[1]:.4g}<extra></extra>",
+                "summed per-token gradient norm %{customdata[1]:.4g}<extra></extra>",
             )
         )
     fig.update_layout(barmode="group")

@@ -10,6 +10,7 @@ PNG export multiplies by PNG_SCALE to reach 300 dpi.
 from __future__ import annotations
 
 import hashlib
+import re
 
 import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
@@ -75,14 +76,25 @@ def run_colors(run_names, colors: dict | None = None) -> dict[str, str]:
     return {name: colors.get(name, out.get(name)) for name in run_names}
 
 
+_BUCKET_RE = re.compile(r"^\[\s*([0-9.eE+-]+)\s*,\s*([0-9.eE+-]+)\s*[)\]]$")
+BUCKET_SCALE_TOP = 0.9  # the top of Viridis is a pale yellow that does not read on white
+
+
+def bucket_color(label: str) -> str:
+    """The colour of a probability bucket '[lo,hi)': Viridis at its midpoint probability, so a bucket has
+    the same colour on every chart whatever other buckets are shown; the residual is grey."""
+    if label == RESIDUAL_BUCKET:
+        return RESIDUAL_COLOR
+    m = _BUCKET_RE.match(str(label))
+    if m is None:
+        raise ValueError(f"not a probability bucket label '[lo,hi)': {label!r}")
+    mid = min(max((float(m.group(1)) + float(m.group(2))) / 2, 0.0), 1.0)
+    return sample_colorscale(BUCKET_COLORSCALE, [BUCKET_SCALE_TOP * mid])[0]
+
+
 def bucket_colors(labels: list[str]) -> dict[str, str]:
-    """Probability buckets coloured low -> high along Viridis (in the given order); residual grey."""
-    probs = [b for b in labels if b != RESIDUAL_BUCKET]
-    positions = [i / max(len(probs) - 1, 1) for i in range(len(probs))]
-    out = dict(zip(probs, sample_colorscale(BUCKET_COLORSCALE, positions) if probs else []))
-    if RESIDUAL_BUCKET in labels:
-        out[RESIDUAL_BUCKET] = RESIDUAL_COLOR
-    return out
+    """Probability buckets coloured by their midpoint probability (bucket_color); residual grey."""
+    return {b: bucket_color(b) for b in labels}
 
 
 def _axis(**kw) -> dict:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from tokengrad.schema import META_FILE
+
 ENV_ROOT = "TOKENGRAD_RUNS_ROOT"  # read by the app when it is started without --root
 ALLOW_ANY_FLAG = "--allow-any-folder"
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # holds the `tokengrad` and `app` packages
@@ -39,3 +41,44 @@ def confine(folder: str | os.PathLike, root: str | os.PathLike, allow_any: bool 
         f"{path} is outside the served folder {real_root}; start the dashboard on a folder that "
         f"holds it, or with {ALLOW_ANY_FLAG} to browse any folder"
     )
+
+
+RUN_DEPTH = 3  # run folders are listed this many levels below the runs folder (e.g. sweep/seed/run)
+
+
+def open_folder(typed: str | os.PathLike, root: str | os.PathLike, allow_any: bool = False) -> Path:
+    """The folder the Runs-folder box names: a relative name is taken inside the served `root`, then
+    confine()d; a ValueError says "does not exist" for a missing folder."""
+    path = Path(typed).expanduser()
+    if not path.is_absolute():
+        path = Path(root).expanduser().resolve() / path
+    if not path.exists():
+        raise ValueError(f"{path} does not exist")
+    if not path.is_dir():
+        raise ValueError(f"{path} is not a folder")
+    return confine(path, root, allow_any)
+
+
+def runs_below(root: str | os.PathLike, depth: int = RUN_DEPTH) -> list[str]:
+    """Run directories (holding meta.json) at `root` or up to `depth` levels below it, sorted; a run's own
+    subfolders are not searched, hidden folders are skipped, and symlinks leading out of `root` are
+    skipped (tokengrad.read.runs.list_runs per level)."""
+    from tokengrad.read.runs import list_runs
+
+    root = Path(root)
+    found = list_runs(root)
+    if found and found[0] == str(root):
+        return found
+    real = root.resolve()
+    out, level = list(found), [root]
+    for _ in range(depth - 1):
+        below = []
+        for folder in level:
+            for p in sorted(folder.iterdir()) if folder.is_dir() else ():
+                if p.is_dir() and not p.name.startswith(".") and not (p / META_FILE).exists():
+                    if p.resolve().is_relative_to(real):
+                        below.append(p)
+        for p in below:
+            out += [r for r in list_runs(p) if r != str(p)]
+        level = below
+    return sorted(out)
