@@ -18,7 +18,7 @@ import pandas as pd
 import streamlit as st
 
 from tokengrad import schema
-from tokengrad.read import gradient_shares, headline, queries, share_queries
+from tokengrad.read import entropy_queries, gradient_shares, headline, queries, share_queries
 from tokengrad.read import status as run_state
 from tokengrad.read.runs import load_run
 from tokengrad.read.served_root import runs_below
@@ -40,6 +40,9 @@ QUERIES = {
         share_queries.attributed_steps,
         gradient_shares.gradient_by_bucket,
         gradient_shares.step_gradients,
+        entropy_queries.entropy_drainers,
+        entropy_queries.entropy_quadrants,
+        entropy_queries.entropy_by_position,
     )
 }
 _CACHE_ENTRIES = 256

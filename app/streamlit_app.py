@@ -23,6 +23,7 @@ PAGES = (  # file, title, icon
     ("buckets.py", "Probability buckets", ":material/bar_chart:"),
     ("wordclouds.py", "Word clouds", ":material/cloud:"),
     ("inspector.py", "Token inspector", ":material/text_fields:"),
+    ("entropy.py", "Entropy", ":material/water_drop:"),
     ("evaluation.py", "Evaluation", ":material/checklist:"),
 )
 

@@ -23,12 +23,14 @@ from types import SimpleNamespace
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # Version history: 2 added tokens.update_share / dlogprob_pred / dlogprob / selected_by, steps.n_token_rows
 # and the prob_bins and vocab tables (attribution and budgeted recording); 3 added tokens.rollout_logprob,
 # steps.rollout_mismatch / groups_generated / groups_kept / gen_rounds / ds_grad_norm and meta temperature
-# (the sampler's distribution, dynamic-sampling refills, DeepSpeed). Older runs read with the newer columns
-# null and tables empty.
+# (the sampler's distribution, dynamic-sampling refills, DeepSpeed); 4 added tokens.entropy_share /
+# dentropy_pred / dentropy, steps.dentropy_mean_pred / dentropy_mean / entropy_grad_dot /
+# entropy_share_residual / cov_logprob_adv and prob_bins.sum_entropy_share (entropy attribution). Older
+# runs read with the newer columns null and tables empty.
 
 META_FILE = "meta.json"
 RANKS_DIR = "ranks"
@@ -136,6 +138,25 @@ TOKENS = [
         "dlogprob", pa.float32(), "measured change of log pi over the applied update (attribution steps only)"
     ),
     _c(
+        "entropy_share",
+        pa.float32(),
+        "coef <grad log pi, grad H> / <grad H, g>: the token's share of the first-order change of its update "
+        "batch's mean token entropy H along the gradient g; shares of all tokens and ranks plus "
+        "steps.entropy_share_residual sum to 1 (attribution steps with Attribution(entropy=True))",
+    ),
+    _c(
+        "dentropy_pred",
+        pa.float32(),
+        "<grad H_t, delta>: first-order change of this position's entropy (nats) predicted from the applied "
+        "update delta (entropy attribution steps)",
+    ),
+    _c(
+        "dentropy",
+        pa.float32(),
+        "measured change of this position's entropy (nats) over the applied update (entropy attribution "
+        "steps)",
+    ),
+    _c(
         "selected_by",
         pa.string(),
         "why a budgeted step kept the row: all, sequence, top_update_share, top_grad_norm, top_abs_coef "
@@ -160,6 +181,31 @@ STEPS = [
     _c("groups_kept", pa.int64(), "prompt groups in the update batch (informative, up to prompts_per_step)"),
     _c("gen_rounds", pa.int16(), "generation rounds of prompts_per_step prompts (max_gen_batches)"),
     _c("entropy_mean", pa.float64(), "mean token entropy (loss tokens)"),
+    _c(
+        "dentropy_mean_pred",
+        pa.float64(),
+        "predicted change of the mean token entropy H (nats) along the applied update: mean of dentropy_pred "
+        "over the loss tokens of the step's attributed updates (one update: exactly that update's dH)",
+    ),
+    _c("dentropy_mean", pa.float64(), "measured change of the mean token entropy H over the applied update"),
+    _c(
+        "entropy_grad_dot",
+        pa.float64(),
+        "<grad H, g> (nats per unit step): -lr times it is plain gradient descent's first-order dH; "
+        "entropy_share times it is a token's part (mean over updates weighted by loss tokens)",
+    ),
+    _c(
+        "entropy_share_residual",
+        pa.float64(),
+        "1 - sum of entropy_share over an update's tokens (terms not built on log pi; mean over updates)",
+    ),
+    _c(
+        "cov_logprob_adv",
+        pa.float64(),
+        "Cov(log pi, A) over the update batch's loss tokens, the term CW-GRPO (arXiv 2605.11538) and "
+        "Clip-Cov / KL-Cov (arXiv 2505.22617) act on; natural PG moves H by about -lr Cov (entropy "
+        "attribution steps)",
+    ),
     _c("kl", pa.float64(), "mean KL to the reference policy"),
     _c("clip_frac", pa.float64(), "share of loss tokens whose gradient the clip removed"),
     _c("weight_mean", pa.float64(), "mean token weight"),
@@ -241,6 +287,7 @@ PROB_BINS = [
     _c("sum_logit_grad_norm", pa.float64(), "sum of logit_grad_norm"),
     _c("sum_head_grad_norm", pa.float64(), "sum of head_grad_norm"),
     _c("sum_update_share", pa.float64(), "sum of update_share (attribution steps)"),
+    _c("sum_entropy_share", pa.float64(), "sum of entropy_share (entropy attribution steps)"),
 ]
 
 VOCAB = [

@@ -25,6 +25,8 @@ COLOR_BY = (
     TOK.logprob,
     TOK.ratio,
     TOK.update_share,
+    TOK.entropy_share,
+    TOK.dentropy,
 )
 RANK_BY = (TOK.logit_grad_norm, TOK.head_grad_norm, TOK.logit_grad_unit)
 # with per-token attribution recorded, a token's exact share of the update ranks first (arXiv 2505.12929's

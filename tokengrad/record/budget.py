@@ -35,6 +35,7 @@ PROB_BIN_SUMS = (
     "logit_grad_norm",
     "head_grad_norm",
     "update_share",
+    "entropy_share",
 )
 
 

@@ -65,15 +65,21 @@ class Attribution:
     dlogprob, every `every` steps (0 = never); passes must be tracked with `recompute=`. `method`: a name
     of record.attribution.ATTRIBUTION_METHODS ("jvp" exact, "central_difference" for models without
     forward-mode AD), `eps` its step (None: automatic); `applied`: also attribute the update the optimizer
-    applied (one parameter-sized copy)."""
+    applied (one parameter-sized copy); `entropy`: also each token's share of the change of the mean token
+    entropy (`entropy_share`), `dentropy_pred` / `dentropy` and the step's entropy change and Cov(log pi, A)
+    (record/entropy_attribution.py: one more backward and one more directional pass per update;
+    `recompute()` must then return the pair (log-probs, entropy))."""
 
     every: int = 0
     method: str = "jvp"
     eps: float | None = None
     applied: bool = True
+    entropy: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "every", _every("attribution.every", self.every))
+        if not isinstance(self.entropy, bool):
+            raise ValueError(f"attribution.entropy must be True or False, got {self.entropy!r}")
         ATTRIBUTION_METHODS[self.method]  # an unknown name raises ValueError listing the known ones
 
 

@@ -38,6 +38,9 @@ TOKEN_VALUE_COLUMNS = (
     "update_share",
     "dlogprob_pred",
     "dlogprob",
+    "entropy_share",
+    "dentropy_pred",
+    "dentropy",
 )
 # Columns where NaN means "no value" (e.g. no sampler log-prob for a tool-output token): written as null.
 NAN_IS_NULL = frozenset({"rollout_logprob"})

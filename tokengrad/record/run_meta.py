@@ -47,6 +47,7 @@ def make_meta(
         "bucket_edges": list(buckets.edges),
         "attribute_every": attribution.every,
         "attribute_method": attribution.method,
+        "attribute_entropy": attribution.entropy,
         "token_budget": budget.k if budget else None,
         "rows_dropped": {},
         "finished": False,

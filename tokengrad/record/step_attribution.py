@@ -32,6 +32,7 @@ from tokengrad import schema
 from tokengrad.record import bucket_analysis as bk
 from tokengrad.record.attribution import ATTRIBUTION_METHODS, directional_logprobs, token_update_shares
 from tokengrad.record.distributed import grads_are_sharded
+from tokengrad.record.entropy_attribution import EntropyAttribution, logprobs_only, unpacked
 from tokengrad.record.gradnorms import trainable_params
 
 # |log pi recomputed - log pi tracked| above this: recompute() is not the tracked pass
@@ -40,10 +41,16 @@ CONSISTENCY_TOL = 1e-2
 
 class StepAttribution:
     """Attribution of one step's updates. `model`: the recorder's model; `method`: a name of
-    ATTRIBUTION_METHODS; `applied`: also attribute the applied update delta (one parameter copy)."""
+    ATTRIBUTION_METHODS; `applied`: also attribute the applied update delta (one parameter copy);
+    `entropy`: also the entropy columns (record/entropy_attribution.py; recompute() returns the pair)."""
 
     def __init__(
-        self, model: torch.nn.Module, method: str = "jvp", eps: float | None = None, applied: bool = True
+        self,
+        model: torch.nn.Module,
+        method: str = "jvp",
+        eps: float | None = None,
+        applied: bool = True,
+        entropy: bool = False,
     ):
         ATTRIBUTION_METHODS[method]  # unknown name -> ValueError listing the known ones
         if grads_are_sharded(model):
@@ -53,6 +60,7 @@ class StepAttribution:
             )
         self.model, self.method, self.eps, self.applied = model, method, eps, applied
         self.world = _world_size()
+        self.entropy = EntropyAttribution(model, method, eps, self.world) if entropy else None
         self._before: list[torch.Tensor] | None = None  # theta before the pending update
         self._pending: int | None = None  # update_id whose applied delta is not yet attributed
         self._warned = False
@@ -64,11 +72,14 @@ class StepAttribution:
             self.after_update(passes)
         named = trainable_params(self.model)
         tangents = {n: p.grad for n, p in named if p.grad is not None}
-        for p in self._passes_of(passes, update_id):
+        mine = self._passes_of(passes, update_id)
+        for p in mine:
             if p.coef is None:
                 continue
             primal, along_g = self._directional(p, tangents)
             p.tensors["update_share"] = token_update_shares(p.coef, along_g, g_sq) / self.world  # [N, T]
+        if self.entropy is not None:  # one backward of the mean entropy, one pass along its gradient
+            self.entropy.on_gradient(mine, named, update_id)
         if self.applied:
             self._snapshot([p for _, p in named])
             self._pending = update_id
@@ -92,10 +103,14 @@ class StepAttribution:
             torch._foreach_neg_(delta)
             torch._foreach_add_(delta, [p.detach() for _, p in named])
         tangents = {n: d for (n, _), d in zip(named, delta)}
-        for p in self._passes_of(passes, update_id):
-            now, pred = directional_logprobs(self.model, p.recompute, tangents, self.method, self.eps)
+        mine, outputs = self._passes_of(passes, update_id), []
+        for p in mine:
+            outputs.append(directional_logprobs(self.model, self._fn(p), tangents, self.method, self.eps))
+            now, pred = self._logprob_part(outputs[-1])
             p.tensors["dlogprob_pred"] = pred  # [N, T]
             p.tensors["dlogprob"] = now - p.tensors["logprob"]  # [N, T]
+        if self.entropy is not None:  # the entropy rows of the same passes: dentropy_pred, dentropy
+            self.entropy.after(mine, outputs, update_id)
 
     def finish(self, passes: list) -> None:
         """Attribute a pending applied update (the parameters are now after it) and free the copy."""
@@ -118,8 +133,25 @@ class StepAttribution:
             )
         return [p for p in mine if p.recompute is not None]
 
+    def _fn(self, p):
+        """What the directional passes evaluate: log pi, or with entropy the packed (log pi, H) rows."""
+        return logprobs_only(p.recompute) if self.entropy is None else self.entropy.recompute_of(p)
+
+    def _logprob_part(self, out: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.entropy is None:
+            return out
+        (lp, _), (d_lp, _) = unpacked(out[0]), unpacked(out[1])
+        return lp, d_lp
+
+    def scalars(self) -> dict[str, float]:
+        """The step's entropy values for the steps table (none without entropy attribution)."""
+        return self.entropy.step_scalars() if self.entropy is not None else {}
+
     def _directional(self, p, tangents: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        primal, along = directional_logprobs(self.model, p.recompute, tangents, self.method, self.eps)
+        out = directional_logprobs(self.model, self._fn(p), tangents, self.method, self.eps)
+        if self.entropy is not None:
+            self.entropy.before(p, unpacked(out[0])[1])
+        primal, along = self._logprob_part(out)
         lp = p.tensors["logprob"]
         if primal.shape != lp.shape:
             raise ValueError(

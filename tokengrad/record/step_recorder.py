@@ -42,7 +42,11 @@ class StepRecorder:
         self.is_bucket_step = bucket_step and recorder.model is not None
         self.attribution = (
             StepAttribution(
-                recorder.model, recorder.attribute_method, recorder.attribute_eps, recorder.attribute_applied
+                recorder.model,
+                recorder.attribute_method,
+                recorder.attribute_eps,
+                recorder.attribute_applied,
+                recorder.attribution.entropy,
             )
             if attribute_step and recorder.model is not None
             else None
@@ -117,6 +121,8 @@ class StepRecorder:
                 the schema's columns).
             recompute: () -> [N, T] these log-probs again (same batch, no dropout), run by attribution
                 steps (`Recorder(attribute_every=...)`) with substituted parameters; ignored otherwise.
+                With `Attribution(entropy=True)` it returns the pair (log-probs [N, T], entropy [N, T]
+                of the same next-token distributions), differentiable in the parameters.
 
         Returns:
             `logprobs` itself (so `lp = st.track(lp, ...)` reads naturally).
@@ -324,6 +330,9 @@ class StepRecorder:
             self.attribution.finish(self._passes)
         self.buckets.state.clear()
         scalars, tables = dict(self._scalars), {}
+        if self.attribution is not None:  # the step's entropy change and Cov(log pi, A), before sampling
+            for k, v in self.attribution.scalars().items():
+                scalars.setdefault(k, v)
         if self.rec.budget is not None and self._passes:
             captured = budgeted(
                 self._passes,

@@ -232,6 +232,11 @@ class TrainConfig:
         "how update shares are computed: jvp (exact) or central_difference",
         _one_of(_attribution_methods),
     )
+    attribute_entropy: bool = _f(
+        False,
+        "on attribution steps also each token's share of the change of the mean token entropy "
+        "(entropy_share, dentropy_pred, dentropy, Cov(log pi, A); one more backward and directional pass)",
+    )
     token_budget: int = _f(
         0,
         "at most this many token rows per step and rank, aggregates kept exact (0 = record every token)",

@@ -102,15 +102,24 @@ def directional_logprobs(
     completion_ids: Tensor,
     temperature: float = 1.0,
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-) -> Tensor:
+    entropy: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
     """[n, T] the same log-probs as `token_logprobs` by the plain route (gather minus logsumexp): the fused
     pass is a custom autograd.Function without a forward-mode rule, and per-token attribution takes a
-    directional derivative of this (record/attribution.py). The two routes agree to rounding."""
+    directional derivative of this (record/attribution.py). The two routes agree to rounding. With
+    `entropy`, the pair (log-probs, entropy of softmax(z / T)) [n, T] each, for entropy attribution."""
     with autocast():
         logits, _ = policy_forward(model, input_ids, attention_mask, prompt_len)  # [n, T, V]
     if temperature != 1.0:
         logits = logits.float() / temperature
-    return gather_logprobs(logits, completion_ids)
+    lp = gather_logprobs(logits, completion_ids)  # [n, T]
+    return (lp, softmax_entropy(logits)) if entropy else lp
+
+
+def softmax_entropy(logits: Tensor) -> Tensor:
+    """[n, T] H = logsumexp(z) - sum_v softmax(z)_v z_v, differentiable in both AD modes."""
+    log_p = torch.log_softmax(logits.float(), -1)  # [n, T, V]
+    return -(log_p.exp() * log_p).sum(-1)
 
 
 def logprob_temperature(sampling_temperature: float) -> float:

@@ -122,7 +122,9 @@ class Trainer(Updates):
                 temperature=self.temperature,
             ),
             buckets=cfg.bucket_every,
-            attribution=Attribution(every=cfg.attribute_every, method=cfg.attribute_method),
+            attribution=Attribution(
+                every=cfg.attribute_every, method=cfg.attribute_method, entropy=cfg.attribute_entropy
+            ),
             budget=cfg.token_budget or None,
             resume_step=self.start_step if cfg.resume else None,  # no checkpoint yet: from step 0
         )

@@ -162,6 +162,7 @@ class Updates:
                 b.completion_ids[rows],
                 self.temperature,
                 self.autocast,
+                entropy=self.cfg.attribute_entropy,  # the pair (log pi, H) for entropy attribution
             ),
         )
 

@@ -1,0 +1,62 @@
+"""Entropy: which tokens' updates moved the mean token entropy (Attribution(entropy=True)), by probability
+bucket x advantage sign, by position, the predicted against the measured change per step, and the tokens
+that drained the most (tokengrad.read.entropy_queries; record/entropy_attribution.py for the formulas)."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import data
+from app.views import common
+from tokengrad.figures.entropy import (
+    make_entropy_position_figure,
+    make_entropy_quadrant_figure,
+    make_entropy_steps_figure,
+)
+from tokengrad.read.entropy_queries import DRAIN, DRAINER_COLUMNS, STEP_COLUMNS
+from tokengrad.schema import STEP
+
+HOW = (
+    "Record it with `Recorder(..., attribution=Attribution(every=N, entropy=True))` (recompute= returning "
+    "(log-probs, entropy)) or train with `attribute_every=N` and `attribute_entropy=true`."
+)
+
+
+def _steps(run: str, name: str) -> None:
+    steps = data.table(run, "steps")
+    if STEP.dentropy_mean not in steps.columns or steps[STEP.dentropy_mean].isna().all():
+        common.empty(f"No entropy attribution in {name}.", HOW)
+        st.stop()
+    rows = steps.dropna(subset=[STEP.dentropy_mean_pred])
+    rows = rows[rows[STEP.rank] == rows[STEP.rank].min()][[c for c in STEP_COLUMNS if c in rows.columns]]
+    common.chart(make_entropy_steps_figure(rows), "en_steps", f"entropy_steps_{name}", table=rows)
+
+
+def render() -> None:
+    st.title("Entropy")
+    runs = common.require_runs()
+    run = common.pick_token_run(runs, "en_run")
+    if run is not None:
+        name = common.run_name(run)
+        with common.guard("Predicted vs measured"):
+            _steps(run, name)
+        step_range = common.step_range_ui(run, "en_steps_range")
+        with common.guard("Quadrants"):
+            df = data.query(run, "entropy_quadrants", steps=step_range)
+            common.chart(make_entropy_quadrant_figure(df), "en_quad", f"entropy_quadrants_{name}", table=df)
+        with common.guard("By position"):
+            df = data.query(run, "entropy_by_position", steps=step_range, bins=10)
+            common.chart(make_entropy_position_figure(df), "en_pos", f"entropy_position_{name}", table=df)
+        with common.guard("Top drainers"):
+            st.subheader("Tokens that drained the most entropy")
+            st.caption(
+                f"`{DRAIN}` = entropy_share x <grad H, g>: the part of the first-order entropy change along "
+                "the gradient this token's gradient makes (a step -lr g changes the mean entropy by "
+                "-lr times the sum); open a sample in the Token inspector to read it in context."
+            )
+            top = data.query(run, "entropy_drainers", steps=step_range, k=25)
+            st.dataframe(top[[*DRAINER_COLUMNS, DRAIN, "drain_share"]], hide_index=True)
+    common.show_run_warnings(runs)
+
+
+render()
