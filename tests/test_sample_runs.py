@@ -26,6 +26,17 @@ ADDED_IN = {
         "gen_rounds",
         "ds_grad_norm",
     },
+    4: {
+        "entropy_share",
+        "dentropy_pred",
+        "dentropy",
+        "dentropy_mean_pred",
+        "dentropy_mean",
+        "entropy_grad_dot",
+        "entropy_share_residual",
+        "cov_logprob_adv",
+        "sum_entropy_share",
+    },
 }
 TABLES_ADDED_IN = {"prob_bins": 2, "vocab": 2}  # tables an older run has no files of
 
