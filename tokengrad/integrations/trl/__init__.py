@@ -33,7 +33,9 @@ trainer; the rule as a gradient scale is tokengrad.objective.gradient_scale).
 
 from __future__ import annotations
 
+from tokengrad.integrations.trl.checks import check_logging, check_not_training, check_run_dir
 from tokengrad.integrations.trl.deepspeed import check_deepspeed, deepspeed_setup
+from tokengrad.integrations.trl.loss import check_loss_type
 from tokengrad.integrations.trl.recording import SAMPLE_KEY, TRLRecording
 from tokengrad.integrations.trl.weighting import trainer_params, warn_if_kl_scaled
 from tokengrad.objective.gradient_scale import (
@@ -107,6 +109,7 @@ def attach(
         attribution = Attribution(every=attribution or 0, method="central_difference")
     check_trl_version(trl.__version__, allow_untested_trl)
     check_trainer(trainer)
+    check_run_dir(run_dir, recorder_kwargs.get("resume_step"))
     check_deepspeed(deepspeed_setup(trainer), buckets.every)  # docs/deepspeed.md
     weighting_params = trainer_params(weighting, weighting_params, trainer)
     rule = resolve_weighting(weighting, weighting_params)
@@ -166,6 +169,9 @@ def check_trainer(trainer) -> None:
         )
     if getattr(trainer, "_tokengrad_recording", None) is not None:
         raise ValueError("a tokengrad recording is already attached to this trainer")
+    check_not_training(trainer)
+    check_loss_type(trainer.loss_type)
+    check_logging(trainer.args)
 
 
 def _run_config(trainer, trl_version: str) -> dict:

@@ -25,6 +25,14 @@ from tokengrad.registry import Registry
 
 CLIP_DEFINITIONS: Registry = Registry("TRL clip definition")  # loss_type -> fn(r, adv, ClipSettings)
 PPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+# TRL 1.16's loss types: coef (autograd) is exact for each; `clipped` is null for those without a clip
+LOSS_TYPES = (*PPO_LOSS_TYPES, "cispo", "sapo", "vespo")
+
+
+def check_loss_type(loss_type: str) -> None:
+    """TRL checks `loss_type` only when the first loss is computed, after generation: refuse it at attach."""
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"unknown TRL loss_type {loss_type!r}; attach() records these: {list(LOSS_TYPES)}")
 
 
 @dataclass(frozen=True)

@@ -61,8 +61,9 @@ class TRLRecording:
         self.recorder.open()
         return self
 
-    def detach(self) -> None:
-        """End the open step, close the recorder (flushing its files) and restore the trainer."""
+    def detach(self, finished: bool = True) -> None:
+        """End the open step, close the recorder (flushing its files; `finished=False`: training failed, the
+        run is not marked finished) and restore the trainer."""
         if self.recorder is None:
             return
         try:
@@ -70,7 +71,7 @@ class TRLRecording:
                 self.recorder.end_step()
         finally:
             self.step = None
-            self.recorder.close()
+            self.recorder.close(finished=finished)
             for obj, name, old in reversed(self._patched):
                 if old is None:
                     delattr(obj, name)
@@ -89,9 +90,12 @@ class TRLRecording:
 
     def _train(self, orig, *a, **k):
         try:
-            return orig(*a, **k)
-        finally:  # also when training fails: finished steps reach disk
-            self.detach()
+            out = orig(*a, **k)
+        except BaseException:  # finished steps reach disk; a failed run is never marked finished
+            self.detach(finished=False)
+            raise
+        self.detach()
+        return out
 
     # -- generation: one tokengrad step per generation batch ----------------------------------------
     def _generate_and_score(self, orig, inputs):
