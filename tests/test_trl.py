@@ -1,6 +1,7 @@
 """The TRL integration against TRL's own loss: every recorded coef equals autograd of GRPOTrainer.compute_loss
 recomputed on the same inputs and parameters, and a weighting changes gradients exactly by its weights."""
 
+import json
 import math
 import warnings
 
@@ -376,6 +377,8 @@ def test_failing_train_keeps_finished_steps_and_restores_the_trainer(tmp_path):
     assert run.steps.step.tolist() == [0, 1]
     assert run.tokens(columns=["step"]).step.unique().tolist() == [0]
     assert "compute_loss" not in vars(trainer)
+    status = json.loads((tmp_path / "run" / "ranks" / "rank000.json").read_text())
+    assert run.meta["finished"] is False and status["finished"] is False  # a crashed run is not finished
 
 
 def test_update_shares_inside_trl(tmp_path):
