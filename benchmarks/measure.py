@@ -3,13 +3,27 @@ the report's aligned lines with a verdict against a target. Nothing here asserts
 
 from __future__ import annotations
 
+import io
 import json
+import runpy
 import statistics
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
+
+SMOKE_HELP = (
+    "tiny sizes, a few seconds: checks that the script runs and prints every figure (timings mean nothing)"
+)
+# Set by a script's --smoke: children run in this interpreter (one torch import for the whole smoke run).
+SMOKE = {"on": False}
+
+
+def use_smoke(on: bool) -> bool:
+    """Record whether this run is a smoke run (see run_child); returns `on`."""
+    SMOKE["on"] = bool(on)
+    return SMOKE["on"]
 
 
 class Splits:
@@ -54,10 +68,14 @@ def reset_peak_rss() -> bool:
         return False
 
 
-def run_child(script: str, spec: dict) -> dict:
-    """Run `script --child SPEC` (one memory measurement) in a fresh interpreter, so peaks of earlier work
-    cannot hide it; returns the JSON object its last line prints."""
-    cmd = [sys.executable, script, "--child", json.dumps(spec)]
+def run_child(script: str, spec: dict, args: tuple = ()) -> dict:
+    """Run `script [ARGS] --child SPEC` (one memory measurement) in a fresh interpreter, so peaks of earlier
+    work cannot hide it; returns the JSON object its last line prints. In a smoke run the child runs in this
+    interpreter through the same command line (its figures are then not measurements) with "smoke" set in
+    SPEC, so the child applies the smoke sizes too."""
+    if SMOKE["on"]:
+        return _inline_child(script, {**spec, "smoke": True} if isinstance(spec, dict) else spec, args)
+    cmd = [sys.executable, script, *args, "--child", json.dumps(spec)]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"child {spec} failed:\n{out.stderr[-2000:]}")
@@ -71,3 +89,14 @@ def verdict(value: float, target: float, higher_is_better: bool = False) -> str:
 
 def line(what: str, measured: str, target: str = "", verdict: str = "") -> None:
     print(f"  {what:<46} {measured:>22}  {target:>12}  {verdict}")
+
+
+def _inline_child(script: str, spec: dict, args: tuple) -> dict:
+    argv, out = sys.argv, io.StringIO()
+    sys.argv = [script, *args, "--child", json.dumps(spec)]
+    try:
+        with redirect_stdout(out):
+            runpy.run_path(script, run_name="__main__")
+    finally:
+        sys.argv = argv
+    return json.loads(out.getvalue().strip().splitlines()[-1])

@@ -7,7 +7,13 @@ from measure import line, verdict
 V = 49_152  # SmolLM2 vocabulary, the size the memory target is stated at
 N, T, G = 8, 256, 4  # sequences, scored tokens per sequence, group size
 EPS_LOW, EPS_HIGH = 0.2, 0.28  # asymmetric PPO clip (DAPO-style)
-TARGETS = {"step_ratio": 1.03, "extra_peak_mb": 64.0, "blocked_ms": 5.0, "writer_rows_s": 1e6}
+TARGETS = {
+    "step_ratio": 1.01,
+    "fused_ratio": 1.00,
+    "extra_peak_mb": 64.0,
+    "blocked_ms": 5.0,
+    "writer_rows_s": 1e6,
+}
 BUCKET_STEP_GB = {"tiny": 2, "smollm2": 12}  # rough RAM a bucket step needs (graph kept + bucket grads)
 MODEL_NOTES = {  # read the step ratio in the light of how much of the step is the [N, T, V] softmax
     "tiny": "hidden 32, 2 layers: the step is almost all LM-head softmax, the worst case for token_stats",
@@ -31,8 +37,8 @@ def report_steps(name: str, r: dict) -> None:
     line(
         "ratio fused instrumented / plain",
         f"{r['ratio_fused']:.3f}",
-        f"<= {TARGETS['step_ratio']}",
-        verdict(r["ratio_fused"], TARGETS["step_ratio"]),
+        f"<= {TARGETS['fused_ratio']:.2f}",
+        verdict(r["ratio_fused"], TARGETS["fused_ratio"]),
     )
     line("  ratio with token_stats taken out", f"{r['ratio_wo_stats']:.3f}")
     line("recorder calls per step (track+norms+log+end)", f"{r['record_calls'] * 1e3:.2f} ms")

@@ -1,0 +1,133 @@
+"""The benchmarks cannot break silently: every script in benchmarks/ runs in --smoke mode (tiny sizes) and
+prints each figure it promises with a finite number. Timings are never checked (they mean nothing at these
+sizes and on a shared machine)."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+
+# script -> the label of each figure it promises (a line holding the label and a number after it)
+FIGURES = {
+    "bench_attribution.py": (
+        "plain forward (the unit)",
+        "forward + backward of the training pass",
+        "jvp along g (exact)",
+        "central difference along g",
+        "attribution step, jvp: along g + along delta",
+        "bucket passes today (K = 4)",
+        "jvp / bucket passes",
+        "jvp, beyond a forward",
+        "central_difference, beyond a forward",
+        "bucket passes, beyond a training pass",
+    ),
+    "bench_dashboard.py": (
+        "overview_cold",
+        "wordcloud_query",
+        "inspector_forensics",
+        "page_overview_cold",
+        "page_buckets_cold",
+        "page_wordclouds_cold",
+        "page_inspector_cold",
+        "page_evaluation_cold",
+        "peak RSS",
+    ),
+    "bench_recorder.py": (
+        "no tokenizer:",
+        "byte tokenizer:",
+        "tokens_table build only (no Parquet)",
+        "lean: time / extra peak",
+        "naive: time / extra peak",
+        "lean / naive time",
+        "extra peak ",
+        "ratio instrumented / plain (median of pairs)",
+        "ratio counting the writer flush wait",
+        "ratio fused instrumented / plain",
+        "ratio with token_stats taken out",
+        "of which token_stats (inside track)",
+        "blocked: recorder calls minus token_stats",
+        "writer flush wait after the step",
+        "per bucket / one backward",
+        "record_grad_norms incl. bucket shares",
+    ),
+    "bench_scale.py": (
+        "all rows ",
+        "token_budget=2048",
+        "training thread: budget / all rows",
+        "Overview (steps, layers, evals + figures)",
+        "word cloud (2 vocab queries)",
+        "probability histogram (prob_bins)",
+    ),
+    "bench_token_stats.py": ("lean: time / extra peak", "naive: time / extra peak", "lean / naive time"),
+    "bench_trainer.py": ("tiny ",),
+    "bench_trl_confident.py": (
+        "TRL fused head forward + backward",
+        "statistics taken again, 100% of tokens confident",
+        "statistics taken again, 80% of tokens confident",
+        "extra / TRL head",
+    ),
+    "bench_vs_trl.py": (
+        "ours          median step",
+        "trl           median step",
+        "trl+recorder  median step",
+        "ratio ours / trl:",
+        "ratio trl+recorder / trl:",
+        "ours, median wall seconds per phase",
+    ),
+    "bench_writer.py": ("no tokenizer:", "byte tokenizer:", "tokens_table build only (no Parquet)"),
+}
+NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\d+|nan|inf)", re.IGNORECASE)
+
+
+def sections(out: str) -> dict[str, str]:
+    """The output of benchmarks/smoke.py cut at its `== NAME ==` lines."""
+    parts = re.split(r"^== (bench_\w+\.py) ==$", out, flags=re.MULTILINE)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def missing_figures(script: str, text: str) -> list[str]:
+    """Labels of FIGURES[script] not printed with a finite number after them."""
+    bad = []
+    for label in FIGURES[script]:
+        lines = [ln for ln in text.splitlines() if label in ln]
+        numbers = [NUMBER.findall(ln.split(label, 1)[1]) for ln in lines]
+        if not lines or not all(n and all(math.isfinite(float(x)) for x in n) for n in numbers):
+            bad.append(label)
+    return bad
+
+
+def test_every_benchmark_has_a_smoke_mode_and_promised_figures():
+    scripts = sorted(p.name for p in BENCH.glob("bench_*.py"))
+    assert scripts == sorted(FIGURES), "a benchmark without its figures here (or one listed that is gone)"
+    for name in scripts:
+        assert '"--smoke"' in (BENCH / name).read_text(), f"{name} has no --smoke mode"
+
+
+def test_missing_figures_finds_absent_and_nan_values():
+    text = "  plain forward (the unit)   2 ms\n  jvp along g (exact)   nan forwards\n"
+    bad = missing_figures("bench_attribution.py", text)
+    assert "plain forward (the unit)" not in bad
+    assert "jvp along g (exact)" in bad and "central difference along g" in bad
+
+
+@pytest.mark.subprocess
+def test_every_benchmark_runs_in_smoke_mode_and_prints_its_figures():
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "STREAMLIT_LOGGER_LEVEL": "error"}
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "smoke.py")], capture_output=True, text=True, env=env, timeout=600
+    )
+    got = sections(out.stdout)
+    assert sorted(got) == sorted(FIGURES), out.stdout[-3000:] + out.stderr[-3000:]
+    failed = [name for name, text in got.items() if f"== {name}: ok in" not in text]
+    assert not failed and out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    missing = {name: missing_figures(name, text) for name, text in got.items()}
+    assert not any(missing.values()), missing
