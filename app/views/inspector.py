@@ -176,6 +176,9 @@ def _completion(run: str, step: int) -> None:
         ): f"sample {int(r.sample_id)}: {_pct(r.share)} of the gradient, reward {_num(r.reward)}"
         for r in ranked.itertuples()
     }
+    wanted = st.session_state.pop("in_sample", None)  # from a finding's link (urlstate "sample")
+    if wanted in labels:
+        st.session_state[f"in_sample_{step}"] = wanted
     c1, c2 = st.columns([3, 2])
     sample = c1.selectbox(  # keyed by step: another step's completions never keep a stale label
         "Completion (ranked by gradient share)", list(labels), format_func=labels.get, key=f"in_sample_{step}"

@@ -9,7 +9,7 @@ import numpy as np
 import streamlit as st
 
 from app import data
-from app.views import common, hints, urlstate
+from app.views import common, findings, hints, urlstate
 from tokengrad.figures.curves import (
     OVERVIEW_METRICS,
     X_AXES,
@@ -254,7 +254,8 @@ def _per_layer(runs: list[str], layers: dict, c: dict) -> None:
 def render() -> None:
     st.title("Overview")
     runs = common.require_runs()
-    findings = st.container()  # the run doctor's findings go here, above everything else  # noqa: F841
+    with st.container(), common.guard("Findings"):  # the run doctor's findings, above everything else
+        findings.render(runs)
     c = _controls()
     urlstate.push()
     with common.guard("Run summary"):

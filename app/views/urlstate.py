@@ -42,6 +42,8 @@ PARAMS: dict[str, Param] = {
     "logy": Param("ov_logy", _bool, lambda v: "1" if v else "0"),
     "x": Param("ov_x", str, str),
     "metrics": Param("ov_metrics_pick", *_LIST),
+    "step": Param("in_step", int, str),  # the inspected step (tokengrad doctor's links)
+    "sample": Param("in_sample", int, str),  # the completion to show first at that step
 }
 
 

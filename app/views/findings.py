@@ -1,0 +1,91 @@
+"""The doctor's findings at the top of the landing page: counts, then the ranked findings, each with a
+button that opens the page, step and sample that show its evidence.
+
+    from app.views import findings
+    findings.render(runs)            # one call, self-contained (cached per run signature)
+
+A finding's link is the same query string `tokengrad doctor` prints (tokengrad.doctor.links): `runs`, `step`
+and `sample` are URL state (app/views/urlstate.py), so a printed link opens the same view in a fresh tab.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import data
+from app.views import common
+from tokengrad.doctor.engine import diagnose
+from tokengrad.doctor.links import dashboard_query
+
+PAGE_FILES = {
+    "overview": "views/overview.py",
+    "inspector": "views/inspector.py",
+    "buckets": "views/buckets.py",
+}
+BADGE = {"critical": ":red-badge[critical]", "warning": ":orange-badge[warning]", "info": ":blue-badge[info]"}
+SHOWN = 5  # findings listed before the "more" expander
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _diagnose(run_dir: str, sig: data.Signature) -> list[dict]:
+    return [{**f.as_dict(), "query": dashboard_query(f), "run_dir": run_dir} for f in diagnose(run_dir)]
+
+
+def findings_for(run_dir: str) -> list[dict]:
+    """The run's findings as dicts (Finding.as_dict plus the dashboard query), cached on its files."""
+    return _diagnose(run_dir, data.signature(run_dir))
+
+
+def open_finding(f: dict) -> None:
+    """Put the finding's run, step and sample into Session State, then switch to its page."""
+    q = f["query"]
+    if "step" in q:
+        st.session_state["in_step"] = int(q["step"])
+    if "sample" in q:
+        st.session_state["in_sample"] = int(q["sample"])
+    st.session_state["in_run"] = f["run_dir"]
+    st.switch_page(PAGE_FILES.get(f["page"], PAGE_FILES["overview"]), query_params=q)
+
+
+def _steps(f: dict) -> str:
+    if f["first_step"] is None:
+        return "whole run"
+    same = f["first_step"] == f["last_step"]
+    return f"step {f['first_step']}" if same else f"steps {f['first_step']}-{f['last_step']}"
+
+
+def _one(f: dict, key: str) -> None:
+    with st.container(border=True):
+        c1, c2 = st.columns([6, 1])
+        head = f"{BADGE[f['severity']]} **{f['id']}** · {f['run']} · {_steps(f)}"
+        c1.markdown(f"{head} · confidence {f['confidence']:.2f}")
+        c1.text(f["message"])
+        exact = {t["exact"] for t in f["tokens"]}
+        if exact:
+            c1.caption(
+                "token shares: " + ("exact" if exact == {True} else "estimated (logit-gradient norms)")
+            )
+        if f["tokens"] and c2.button("open", key=key, help="the page, step and sample that show it"):
+            open_finding(f)
+
+
+def render(runs: list[str]) -> None:
+    """The findings block: a count line and the ranked findings of the picked runs."""
+    found: list[dict] = []
+    for run in runs:
+        with common.guard(f"Findings of {common.run_name(run)}"):
+            found += findings_for(run)
+    order = {"critical": 0, "warning": 1, "info": 2}
+    found.sort(key=lambda f: (order[f["severity"]], -f["confidence"]))
+    counts = {s: sum(f["severity"] == s for f in found) for s in order}
+    st.subheader("Findings")
+    st.caption(
+        ", ".join(f"{n} {s}" for s, n in counts.items())
+        + " · `tokengrad doctor RUN` prints the same list with its evidence"
+    )
+    for i, f in enumerate(found[:SHOWN]):
+        _one(f, f"fd_open_{i}")
+    if len(found) > SHOWN:
+        with st.expander(f"{len(found) - SHOWN} more"):
+            for i, f in enumerate(found[SHOWN:], SHOWN):
+                _one(f, f"fd_open_{i}")
