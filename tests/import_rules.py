@@ -36,7 +36,7 @@ ALLOWED = {
     "tokengrad._version": [],
     "tokengrad.read": GROUND + READ,
     "tokengrad.objective": GROUND + OBJECTIVE,
-    "tokengrad.record": GROUND + LAYOUT + RECORD,
+    "tokengrad.record": GROUND + LAYOUT + RECORD + ["tokengrad.doctor.live"],  # only when doctor= is set
     "tokengrad.train": GROUND + OBJECTIVE + RECORD + TRAIN,
     "tokengrad.integrations": GROUND + OBJECTIVE + RECORD + INTEGRATIONS + READ,
     "tokengrad.figures": GROUND + READ + FIGURES,

@@ -11,7 +11,7 @@ import numpy as np
 
 from tokengrad.doctor.finding import Action, Finding
 from tokengrad.doctor.registry import detector, fmt, pct, window
-from tokengrad.doctor.stats import confidence_from_p, sustained, trend
+from tokengrad.doctor.stats import confidence_from_p, sustained, sustained_confidence, trend
 from tokengrad.doctor.view import RunView
 
 TREND_ALPHA = 0.01  # Mann-Kendall two-sided p-value below which a trend counts (tokengrad default)
@@ -119,7 +119,7 @@ def _sustained_finding(view, name, column, warn, crit, k, unit, actions, source)
             "thresholds": {"warning": warn, "critical": crit, "sustain": k},
             "source": source,
         }
-        conf = min(0.99, 0.5 + 0.05 * (b - a))
+        conf = sustained_confidence(b - a, k, peak, threshold)
         return [Finding(name, level, conf, int(steps[a]), int(steps[b - 1]), msg, evidence, actions=actions)]
     return []
 

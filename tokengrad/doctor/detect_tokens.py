@@ -66,7 +66,7 @@ def spikes(gn: pd.DataFrame) -> pd.DataFrame:
     return out[out["z"] > SPIKE_Z].sort_values(["z", "step"], ascending=[False, True])
 
 
-@detector("gradient_spike", tables=("steps", "layers", "tokens"), page="inspector")
+@detector("gradient_spike", tables=("steps", "layers", "tokens"), page="inspector", per_event=True)
 def gradient_spike(view: RunView) -> list[Finding]:
     """A live step's pre-clip gradient norm has robust z > 3.5 (critical: z > 10 and 10x the median), with
     the tokens behind it."""

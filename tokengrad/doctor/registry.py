@@ -15,9 +15,10 @@ from tokengrad.registry import Registry
 DETECTORS: Registry = Registry("detector")
 
 
-def detector(name: str, *, page: str = "overview", tables: tuple[str, ...] = ("steps",)):
-    """Register `fn(view) -> list[Finding]` under `name`; `page` is the dashboard page that shows it."""
-    return DETECTORS.register(name, page=page, tables=tuple(tables))
+def detector(name: str, *, page: str = "overview", tables: tuple[str, ...] = ("steps",), per_event=False):
+    """Register `fn(view) -> list[Finding]` under `name`; `page` is the dashboard page that shows it;
+    `per_event`: each onset step is a new event the live doctor alerts on (a spike), else one per run."""
+    return DETECTORS.register(name, page=page, tables=tuple(tables), per_event=per_event)
 
 
 def window(n: int, share: float = 0.1, least: int = 5) -> int:

@@ -115,3 +115,11 @@ def confidence_from_excess(value: float, threshold: float, scale: float | None =
     s = s if s > 0 else 1.0
     excess = max(0.0, abs(value - threshold) / s)
     return float(1.0 - 0.5 * np.exp(-excess))
+
+
+def sustained_confidence(streak: int, k: int, peak: float, threshold: float) -> float:
+    """A confidence for a value above `threshold` for `streak` steps (k needed): 1 - 0.5^(streak / k)
+    e^-excess, excess = (peak - threshold) / |threshold| capped at 5. At the bare minimum (streak k, peak
+    at the threshold) it is 0.5; it grows with both the length of the streak and how far past it goes."""
+    excess = min(5.0, max(0.0, (peak - threshold) / abs(threshold))) if threshold else 5.0
+    return float(1.0 - 0.5 ** (streak / k) * np.exp(-excess))

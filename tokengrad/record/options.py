@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import operator
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from tokengrad import schema
@@ -102,6 +103,54 @@ class Output:
         object.__setattr__(self, "trackers", tuple(self.trackers))
 
 
+@dataclass(frozen=True)
+class Doctor:
+    """Live diagnosis (tokengrad.doctor.live): the detectors run on committed steps on a thread of their
+    own; each new finding of severity `alert_on` or worse and confidence >= `min_confidence` goes to the
+    trackers (`Tracker.alert`: W&B alert, TensorBoard text) and to `on_finding(finding)`. With `halt`, a
+    critical finding makes the next step boundary (`begin_step`) raise `DoctorHalt`. `detectors`: names
+    (None = all)."""
+
+    halt: bool = False
+    on_finding: Callable | None = None
+    min_confidence: float = 0.9
+    alert_on: str = "warning"
+    detectors: tuple | None = None
+
+    def __post_init__(self):
+        if not 0.0 <= self.min_confidence <= 1.0:
+            raise ValueError(f"min_confidence must be in [0, 1], got {self.min_confidence!r}")
+        if self.alert_on not in ("info", "warning", "critical"):
+            raise ValueError(f"alert_on must be info, warning or critical, got {self.alert_on!r}")
+        if self.on_finding is not None and not callable(self.on_finding):
+            raise ValueError(f"on_finding must be callable, got {type(self.on_finding).__name__}")
+        if self.detectors is not None:
+            object.__setattr__(self, "detectors", tuple(self.detectors))
+
+
+class DoctorHalt(RuntimeError):
+    """Raised at a step boundary (Recorder.begin_step) after the live doctor found a critical finding
+    with `Doctor(halt=True)`; `.finding` is it. The step that showed it is recorded; catch it to stop the
+    loop cleanly (the built-in trainer saves a checkpoint, the TRL attach sets should_training_stop)."""
+
+    def __init__(self, finding):
+        self.finding = finding
+        super().__init__(
+            f"tokengrad doctor halted the run: {finding.id} ({finding.severity}): {finding.message}"
+        )
+
+
+def as_doctor(value) -> Doctor | None:
+    """Doctor(...) as given, True -> Doctor(), False/None -> off."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return Doctor()
+    if not isinstance(value, Doctor):
+        raise ValueError(f"doctor must be True, False or Doctor(...), got {type(value).__name__}")
+    return value
+
+
 def as_buckets(value) -> Buckets:
     return value if isinstance(value, Buckets) else Buckets(every=0 if value is None else value)
 
@@ -143,7 +192,7 @@ def grouped_options(legacy: dict, groups: dict, caller: str = "Recorder") -> dic
     unknown = sorted(set(legacy) - set(LEGACY))
     if unknown:
         known = ", ".join(
-            ["run_dir", "model", "tokenizer", "config", *GROUPS, "budget", "layers", "resume_step"]
+            ["run_dir", "model", "tokenizer", "config", *GROUPS, "budget", "doctor", "layers", "resume_step"]
         )
         raise TypeError(
             f"{caller}() got unexpected keyword(s) {unknown}; the Recorder's options are: {known}"

@@ -35,11 +35,14 @@ from tokengrad.record.gradnorms import NamesFilter
 from tokengrad.record.options import (
     Attribution,
     Buckets,
+    Doctor,
+    DoctorHalt,
     Output,
     RunInfo,
     as_attribution,
     as_buckets,
     as_budget,
+    as_doctor,
     grouped_options,
 )
 from tokengrad.record.rows import TokenDecoder, scalar_table
@@ -71,6 +74,9 @@ class Recorder:
             sequences plus the largest |update_share| (else gradient norm) tokens, flagged in
             `selected_by`; steps, buckets, prob_bins and vocab stay exact over all tokens (record/budget.py).
         output: `Output(on_error, compact_every, trackers)`: writer failures, compaction, live trackers.
+        doctor: `Doctor(halt, on_finding, min_confidence, ...)` or True: the detectors of tokengrad.doctor
+            on committed steps, off the training thread (rank 0); alerts to the trackers and `on_finding`;
+            with halt, `begin_step` raises `DoctorHalt` after a critical finding.
         layers: which top-level blocks get a grad-norm row (None = all; a name, list, or predicate).
         resume_step: continuing a run from a checkpoint taken before this step: rows already recorded for
             steps >= resume_step (after the checkpoint) are removed on open, so no step appears twice.
@@ -90,6 +96,7 @@ class Recorder:
         attribution: Attribution | int = 0,
         budget: Budget | int | None = None,
         output: Output | None = None,
+        doctor: Doctor | bool | None = None,
         layers: NamesFilter = None,
         resume_step: int | None = None,
         **legacy,
@@ -115,6 +122,17 @@ class Recorder:
         self.last_step: int | None = None
         self._floor: int | None = None  # the last step already on disk when opened: new steps come after it
         self._last_seq: int | None = None
+        self.doctor = as_doctor(doctor) if self.rank == 0 else None
+        self.live_doctor = None  # tokengrad.doctor.live.LiveDoctor while open with a doctor
+
+    # With Doctor(halt=True): begin_step raises DoctorHalt (a plain loop). An integration that stops its
+    # trainer itself (TRL's should_training_stop) sets this False and reads `halt_finding` at step ends.
+    raise_on_halt = True
+
+    @property
+    def halt_finding(self):
+        """The live doctor's critical finding that asks for a stop (Doctor(halt=True)), or None."""
+        return None if self.live_doctor is None else self.live_doctor.halt
 
     # The recorder's settings as the step recorder reads them.
     bucket_every = property(lambda self: self.buckets.every)
@@ -139,6 +157,10 @@ class Recorder:
     def open(self) -> "Recorder":
         if self._writer is not None:
             raise RuntimeError("Recorder is already open")
+        if self.doctor is not None:  # first: an unknown detector name fails before anything is written
+            from tokengrad.doctor.live import LiveDoctor  # pandas/DuckDB/scipy: loaded only when asked for
+
+            self.live_doctor = LiveDoctor(self.run_dir, self.doctor, self._trackers)
         old = self._claim()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         carried = self._carried_rows_dropped(old)
@@ -168,6 +190,8 @@ class Recorder:
         try:
             self._writer.close()
         finally:
+            if self.live_doctor is not None:  # the final state, diagnosed before the trackers close
+                self.live_doctor.close(self.last_step)
             for tracker in self._trackers:
                 tracker.close()
             saved = self._write_status(finished=finished)
@@ -203,6 +227,8 @@ class Recorder:
         self._require_open()
         if self._step is not None:
             raise RuntimeError(f"step {self._step.step} is still open; end it before beginning step {step}")
+        if self.raise_on_halt and self.halt_finding is not None:
+            raise DoctorHalt(self.halt_finding)
         step = self._check_step(step)
         bucket = self.bucket_every > 0 and step % self.bucket_every == 0
         attribute = self.attribute_every > 0 and step % self.attribute_every == 0
@@ -237,8 +263,11 @@ class Recorder:
         # At most one finished step is ever waiting for the writer: before handing over step k, step k-1
         # must be on disk (normally long done), so a crash loses at most the step in flight and the one
         # being written, while writing still overlaps with the next step's compute.
+        before = self.last_step
         if self._last_seq is not None:
             writer.wait_for(self._last_seq)
+            if self.live_doctor is not None and before is not None:  # step `before` is on disk now
+                self.live_doctor.committed(before)
         self._last_seq = writer.submit(bundle)
         self.last_step = st.step
         if self._on_error == "raise":  # the error belongs to this step, not the next one

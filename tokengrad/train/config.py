@@ -247,6 +247,12 @@ class TrainConfig:
         "save RUN/checkpoint (weights, tokenizer, optimizer state) after the last step, for resume and reuse",
     )
     checkpoint_every: int = _f(0, "also save it every N steps (0 = only after the last step)", _at_least(0))
+    doctor: str = _f(
+        "off",
+        "live run doctor (tokengrad.doctor): off, alert (findings to stderr and the trackers) or halt (also "
+        "stop with a checkpoint after a critical finding)",
+        _one_of(lambda: ("alert", "halt", "off")),
+    )
     run_dir: str = _f("", "run directory; empty = runs/<run_name>")
     run_name: str = _f("", "run name; empty = <task>-<weighting>-<time>")
     resume: bool = _f(False, "continue the run in run_dir from its checkpoint")

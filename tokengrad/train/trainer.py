@@ -45,6 +45,7 @@ from tokengrad.train import batch as tb
 from tokengrad.train import distributed as dist
 from tokengrad.train.checkpoint import checkpoint_after_step, checkpoint_path, resolve_run_dir, resume_state
 from tokengrad.train.config import TrainConfig, load_config, make_config
+from tokengrad.train.doctoring import TrainerDoctor
 from tokengrad.train.models import load_model
 from tokengrad.train.policy import (
     logprob_temperature,
@@ -110,6 +111,7 @@ class Trainer(Updates):
         )
         # Dr. GRPO divides by a constant: the most generated tokens a completion can hold.
         self.max_len = cfg.max_new_tokens * (cfg.max_turns if self.task.tool_stop else 1)
+        self.doctor = TrainerDoctor(cfg.doctor)
         self.rec = Recorder(
             self.run_dir,
             model=self.model,
@@ -127,6 +129,7 @@ class Trainer(Updates):
             ),
             budget=cfg.token_budget or None,
             resume_step=self.start_step if cfg.resume else None,  # no checkpoint yet: from step 0
+            doctor=self.doctor.options(),
         )
         self.dead_steps = {"tied": 0, "other": 0}  # steps without a gradient, by cause
         return self
@@ -146,6 +149,9 @@ class Trainer(Updates):
             if cfg.eval_every and cfg.eval_at_start and self.start_step == 0:
                 self.evaluate(-1)  # the starting policy, logged as step -1: before step 0's update
             for step in bar:
+                if self.doctor.should_stop():  # a critical finding: stop cleanly after the last step
+                    self.halt(step - 1)
+                    break
                 logged = self.step(step)
                 bar.set_postfix(
                     reward=f"{logged['reward_mean']:.3f}", gnorm=f"{logged.get('grad_norm', math.nan):.3g}"
@@ -162,6 +168,17 @@ class Trainer(Updates):
         if dist.is_main():
             print(self.closing_line(), file=sys.stderr)
         return self.run_dir
+
+    def halt(self, last: int) -> None:
+        """The doctor's clean stop after step `last`: a checkpoint (with checkpoint=true) and one line."""
+        if self.cfg.checkpoint and last >= self.start_step:
+            checkpoint_after_step(
+                self.rec, self.run_dir, last, self.model, self.tok, self.opt, self.cfg.to_dict()
+            )
+        f = self.doctor.finding
+        where = f"after step {last}" if f is None else f"after step {last}: {f.id}: {f.message}"
+        if dist.is_main():
+            print(f"tokengrad: the doctor stopped the run {where}", file=sys.stderr)
 
     def closing_line(self) -> str:
         """How many steps ran and how many had no gradient, and why."""

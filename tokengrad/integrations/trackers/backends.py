@@ -25,6 +25,7 @@ from tokengrad.registry import Registry
 
 TRACKERS: Registry = Registry("tracker")
 STEP_KEY = "step"  # W&B: the x axis the tokengrad/* metrics are plotted against
+ALERT_TAG = "tokengrad/doctor"  # TensorBoard text summaries of the live doctor's findings
 
 
 class Tracker:
@@ -57,6 +58,17 @@ class Tracker:
             for step, group in groupby(ordered, key=lambda s: s.step):
                 self._write(int(step), {s.tag: float(s.value) for s in group})
         return len(ordered)
+
+    def alert(self, title: str, text: str, level: str = "warning", step: int = 0) -> None:
+        """A live doctor's finding (tokengrad.doctor.live): backends that have alerts show it."""
+        with self._lock:
+            if not self._opened:
+                self._open()
+                self._opened = True
+            self._alert(title, text, level, int(step))
+
+    def _alert(self, title: str, text: str, level: str, step: int) -> None:
+        """A backend without alerts ignores them."""
 
     def close(self) -> None:
         with self._lock:
@@ -123,6 +135,14 @@ class TensorBoardTracker(Tracker):
         if self._writer is not None:
             self._writer.flush()
 
+    def _alert(self, title: str, text: str, level: str, step: int) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.plugins.text.summary_v2 import text_pb
+
+        summary = text_pb(ALERT_TAG, f"**{title}**\n\n{text}")  # the TEXT tab, one entry per alert
+        self._writer.add_event(Event(wall_time=time.time(), step=step, summary=summary))
+        self._writer.flush()
+
     def _close(self) -> None:
         self._writer.close()
         self._writer = None
@@ -151,6 +171,12 @@ class WandbTracker(Tracker):
 
     def _write(self, step: int, values: dict[str, float]) -> None:
         self.run.log({**values, STEP_KEY: step})
+
+    def _alert(self, title: str, text: str, level: str, step: int) -> None:
+        import wandb
+
+        levels = {"critical": wandb.AlertLevel.ERROR, "warning": wandb.AlertLevel.WARN}
+        self.run.alert(title=title, text=text, level=levels.get(level, wandb.AlertLevel.INFO))
 
     def _close(self) -> None:
         self.run.finish()

@@ -93,7 +93,8 @@ def attach(
             `tokengrad.record.Attribution` (default method here: the central difference, since TRL's fused
             LM head has no forward-mode derivative).
         allow_untested_trl: try a TRL version outside `TESTED_TRL` instead of refusing it.
-        recorder_kwargs: passed to `tokengrad.Recorder` (budget, output, layers, resume_step).
+        recorder_kwargs: passed to `tokengrad.Recorder` (budget, output, doctor, layers, resume_step); with
+            `doctor=Doctor(halt=True)` a critical finding stops training (`control.should_training_stop`).
     """
     import trl
 
@@ -133,6 +134,7 @@ def attach(
         attribution=attribution,
         **recorder_kwargs,
     )
+    rec.raise_on_halt = False  # doctor=Doctor(halt=True): the callback sets control.should_training_stop
     return TRLRecording(trainer, rec, rule).install()
 
 

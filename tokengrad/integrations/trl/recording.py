@@ -264,6 +264,9 @@ class _Callback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         self.recording._on_step_end()
+        rec = self.recording.recorder
+        if rec is not None and rec.halt_finding is not None:  # Doctor(halt=True): TRL's own clean stop
+            control.should_training_stop = True
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         self.recording._on_log(state, logs or {})
