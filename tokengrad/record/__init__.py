@@ -6,7 +6,7 @@ into the run format (`tokengrad.schema`). Needs torch; never imports the trainer
 
 from tokengrad.record.budget import Budget
 from tokengrad.record.fused_logprobs import logprobs_with_stats
-from tokengrad.record.options import Attribution, Buckets, Output, RunInfo
+from tokengrad.record.options import Attribution, Buckets, Doctor, DoctorHalt, Output, RunInfo
 from tokengrad.record.recorder import Recorder
 from tokengrad.record.stats import TokenStats, token_stats
 from tokengrad.record.step_recorder import StepRecorder
@@ -15,6 +15,8 @@ __all__ = [
     "Attribution",
     "Budget",
     "Buckets",
+    "Doctor",
+    "DoctorHalt",
     "Output",
     "Recorder",
     "RunInfo",
