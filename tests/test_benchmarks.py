@@ -41,6 +41,14 @@ FIGURES = {
         "page_evaluation_cold",
         "peak RSS",
     ),
+    "bench_doctor.py": (
+        "step boundary, no doctor    median ms",
+        "step boundary, doctor on    median ms",
+        "training-thread cost of the doctor, ms",
+        "committed() + halt check, us per call",
+        "diagnosis per committed step, s         median",
+        "-> alert, s",
+    ),
     "bench_recorder.py": (
         "no tokenizer:",
         "byte tokenizer:",
