@@ -74,3 +74,13 @@ def test_list_and_user_errors(tmp_path, capsys):
     assert "is not a tokengrad run" in capsys.readouterr().err
     assert main(["doctor", str(write_doctor_run(tmp_path / "h")), "--only", "nope"]) == 2
     assert "known detectors" in capsys.readouterr().err
+
+
+def test_watch_prints_each_new_finding_once(tmp_path, capsys):
+    run = write_doctor_run(tmp_path / "kl", edit=kl)  # finished: one pass, then exit
+    assert main(["watch", str(run), "--interval", "0.1"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("CRIT kl_blowup") == 1
+    assert main(["watch", str(run), "--interval", "0.1", "--fail-on", "critical", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["id"] == "kl_blowup"
+    assert main(["watch", str(run), "--interval", "0"]) == 2

@@ -41,6 +41,7 @@ SUBCOMMANDS = {
         "write a run's aggregates to TensorBoard / W&B",
     ),
     "doctor": ("tokengrad.cli.doctor", "cli_doctor", "ranked findings on runs, with the tokens behind them"),
+    "watch": ("tokengrad.cli.watch", "cli_watch", "tail a run written elsewhere and print new findings"),
 }
 
 
