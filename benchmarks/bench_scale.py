@@ -90,7 +90,7 @@ def part_step(args) -> None:
     with tempfile.TemporaryDirectory() as d:
         for budget in (None, args.budget):
             r = run_child(__file__, {"n": args.seqs, "t": args.seq_len, "budget": budget, "dir": d})
-            name = "all rows" if budget is None else f"token_budget={budget}"
+            name = "all rows" if budget is None else f"budget={budget}"
             train[budget is None] = r["train_s"]
             line(
                 name,

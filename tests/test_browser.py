@@ -13,17 +13,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
 from synthetic_runs import write_synthetic_run
+
+from tokengrad.cli.dashboard import serving
 
 CHROMIUM = "/usr/bin/chromium"
 REPO = Path(__file__).resolve().parents[1]
@@ -78,26 +74,6 @@ class Server(NamedTuple):
     root: Path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"dashboard exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                if r.read().strip() == b"ok":
-                    return
-        except OSError:
-            time.sleep(0.3)
-    raise TimeoutError(f"dashboard not healthy at {url} after {timeout} s")
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
@@ -108,32 +84,8 @@ def server(tmp_path_factory):
     write_synthetic_run(root / "dead", n_steps=20, n_samples=4, n_tok=16, seed=3, dead=1.0)
     write_synthetic_run(root / "lopti", n_steps=20, n_samples=4, n_tok=16, seed=4, lopti=True, dead=0.2)
     write_synthetic_run(root / "live", n_steps=LIVE_STEPS, n_samples=2, n_tok=8, seed=2)
-    port = _free_port()
-    cmd = [
-        sys.executable,
-        "-c",
-        "import sys; from tokengrad.cli import main; sys.exit(main())",
-        "dashboard",
-        str(root),
-        "--port",
-        str(port),
-    ]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    # Own process group: the CLI starts streamlit as a child; stopping the group stops both.
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(url, proc)
+    with serving(root, cwd=REPO) as url:
         yield Server(url, root)
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 @pytest.fixture(scope="module")

@@ -172,7 +172,7 @@ def test_run_written_at_the_previous_schema_version_loads(tmp_path, runs):
 
 
 def test_bad_budgets_raise():
-    with pytest.raises(ValueError, match="token_budget"):
+    with pytest.raises(ValueError, match="budget=K"):
         Recorder("unused", budget=0)
-    with pytest.raises(ValueError, match="token_budget"):
+    with pytest.raises(ValueError, match="budget=K"):
         Recorder("unused", budget=2.5)

@@ -1,6 +1,7 @@
 """Probability buckets: which probability range of tokens makes the update (AR-Lopti arXiv 2505.12929
 Fig. 1). First the run-wide answer from the token table (every run with tokens), then the recorded bucket
-analysis (runs with bucket_every), then per-token norms against probability and the rules' weight curves."""
+analysis (runs recorded with buckets=N), then per-token norms against probability and the rules' weight
+curves."""
 
 from __future__ import annotations
 
@@ -238,7 +239,7 @@ def render() -> None:
     st.subheader("Which tokens carry the gradient")
     with common.guard("Gradient by probability"):
         _headline(run, step_range)
-    st.subheader("Bucket analysis (recorded every bucket_every steps)")
+    st.subheader("Bucket analysis (recorded every N steps, buckets=N)")
     with common.guard("Bucket analysis"):
         _bucket_sections(run, step_range)
     st.subheader("Share of the update by partition (per-token attribution)")

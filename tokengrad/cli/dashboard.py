@@ -13,9 +13,14 @@ skipped; `--allow-any-folder` lifts the first limit. No torch is imported here o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 from tokengrad.read.served_root import ALLOW_ANY_FLAG, PACKAGE_PARENT, resolve_root
@@ -119,3 +124,52 @@ def cli_dashboard(argv: list[str]) -> int:
         return subprocess.call(command, env=server_env())
     except KeyboardInterrupt:  # Ctrl-C stops the server; that is the normal way to leave
         return 0
+
+
+def free_port(host: str = DEFAULT_HOST) -> int:
+    """A TCP port that nothing listens on now (for serving the dashboard in tests and scripts)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    """Wait until the dashboard served by `proc` at `url` answers Streamlit's health check; an exit of
+    `proc` or the timeout is an error."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"dashboard exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                if r.read().strip() == b"ok":
+                    return
+        except OSError:
+            time.sleep(0.3)
+    raise TimeoutError(f"dashboard not healthy at {url} after {timeout} s")
+
+
+@contextlib.contextmanager
+def serving(root: Path | str, port: int | None = None, timeout: float = 60.0, cwd: Path | None = None):
+    """`tokengrad dashboard ROOT` in a child process on 127.0.0.1 (tests, screenshots): yields its URL once
+    healthy and stops it (the CLI and the streamlit child it starts, one process group) on exit."""
+    port = port or free_port()
+    cmd = [sys.executable, "-m", "tokengrad.cli", "dashboard", str(root), "--port", str(port)]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(PACKAGE_PARENT), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        url = f"http://{DEFAULT_HOST}:{port}"
+        wait_healthy(url, proc, timeout)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

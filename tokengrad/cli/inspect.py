@@ -14,7 +14,7 @@ def cli_inspect(argv: list[str]) -> int:
     p.add_argument("--schema", action="store_true", help="print the run-format schema (markdown) and exit")
     args = p.parse_args(argv)
     if args.schema or not args.run:
-        print(schema.describe())
+        print(schema.describe(), end="")
         return 0
     run = load_run(args.run)
     print(summarize(run))

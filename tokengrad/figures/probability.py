@@ -203,7 +203,7 @@ def make_partition_share_figure(shares: pd.DataFrame, by: str, *, title: str | N
     if shares.empty or shares[BIN.count].sum() == 0:
         return empty_figure("no loss tokens in the selection", title)
     if UPDATE_SHARE not in shares or not np.isfinite(shares[UPDATE_SHARE]).any():
-        return empty_figure("no attributed step in the selection (record with attribute_every=N)", title)
+        return empty_figure("no attributed step in the selection (record with attribution=N)", title)
     labels = partition_labels(shares, by)
     fig = go.Figure()
     for col in ("token_share", UPDATE_SHARE):

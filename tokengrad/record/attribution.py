@@ -94,7 +94,7 @@ def jvp_logprobs(
         except NotImplementedError as err:  # e.g. a custom autograd.Function without jvp (fused kernels)
             raise RuntimeError(
                 f"forward-mode AD cannot pass through this model's recompute(): {err} Use "
-                f"attribute_method='central_difference' (plain forwards)."
+                f"Attribution(method='central_difference') (plain forwards)."
             ) from err
         primal, tangent = fwAD.unpack_dual(out)
         if tangent is None:  # log pi does not depend on any parameter with a tangent

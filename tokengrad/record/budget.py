@@ -1,7 +1,7 @@
 """Budgeted recording: at most K token rows per step and rank, with every aggregate still exact.
 
 At cluster scale a step holds tens of millions of tokens (512 prompts x 16 samples x 4k tokens = 33 M), so
-`Recorder(token_budget=K)` keeps K rows, chosen as
+`Recorder(budget=K)` (or `budget=Budget(k, ...)`) keeps K rows, chosen as
 
 - whole sampled sequences (uniformly, seeded by step and rank) filling `sequence_fraction` of K, so the
   inspector shows complete completions (`selected_by` = "sequence"), then
@@ -53,7 +53,9 @@ class Budget:
 
     def __post_init__(self):
         if not isinstance(self.k, (int, np.integer)) or isinstance(self.k, bool) or self.k < 1:
-            raise ValueError(f"token_budget must be an integer >= 1 (or None for no budget), got {self.k!r}")
+            raise ValueError(
+                f"the token budget (budget=K) must be an integer >= 1 (or None for no budget), got {self.k!r}"
+            )
         if not 0.0 <= self.sequence_fraction <= 1.0:
             raise ValueError(f"sequence_fraction must be in [0, 1], got {self.sequence_fraction}")
         if self.prob_bins < 1 or self.vocab_top < 1:

@@ -55,8 +55,8 @@ class StepAttribution:
         ATTRIBUTION_METHODS[method]  # unknown name -> ValueError listing the known ones
         if grads_are_sharded(model):
             raise ValueError(
-                "attribute_every does not support sharded (FSDP) gradients; use DDP or one "
-                "process, or attribute_every=0"
+                "attribution does not support sharded (FSDP) gradients; use DDP or one "
+                "process, or attribution=0"
             )
         self.model, self.method, self.eps, self.applied = model, method, eps, applied
         self.world = _world_size()

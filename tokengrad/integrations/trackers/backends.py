@@ -4,7 +4,7 @@
 
     from tokengrad.integrations.trackers import make_tracker
     tb = make_tracker("tensorboard", "tb/demo")                           # or TensorBoardTracker("tb/demo")
-    with Recorder("runs/demo", model=model, trackers=[tb]) as rec: ...    # the same scalars, live
+    with Recorder("runs/demo", model=model, output=Output(trackers=[tb])) as rec: ...   # the same, live
 
 Backends live in the TRACKERS registry (name -> class taking one target argument: a log directory, a
 project). A backend opens its writer on the first scalar, so trackers handed to every rank create files

@@ -1,4 +1,5 @@
-"""Run tables -> tracker scalars: the pure mapping behind `tokengrad publish` and `Recorder(trackers=...)`.
+"""Run tables -> tracker scalars: the pure mapping behind `tokengrad publish` and live trackers
+(`Recorder(output=Output(trackers=...))`).
 
     scalars = run_scalars(load_run("runs/demo"))        # [Scalar(tag, step, value), ...]
     scalars = table_scalars({"steps": df, "layers": ...})  # the same from in-memory tables (one step, live)

@@ -36,7 +36,7 @@ from tokengrad.record.recorder import Recorder
 
 TESTED_VERL = ("0.9", "0.10")  # [lowest, first untested) minor versions; keep in step with the `verl` extra
 RUN_DIR_ENV = "TOKENGRAD_RUN_DIR"
-BUDGET_ENV = "TOKENGRAD_TOKEN_BUDGET"  # token rows per step and rank (Recorder token_budget); unset = all
+BUDGET_ENV = "TOKENGRAD_TOKEN_BUDGET"  # token rows per step and rank (the Recorder's budget=K); unset = all
 DEFAULT_RUN_DIR = os.path.join("tokengrad_runs", "verl")
 LOSS_PREFIX = "tokengrad"
 # [B, T] response token ids of the micro-batch in verl's loss entry (the policy loss gets log-probs only)
