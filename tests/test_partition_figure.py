@@ -33,6 +33,6 @@ def test_range_labels_and_empty_states():
     assert partition_labels(prob, "prob") == ["0.00-0.50", "0.50-1.00"]
     assert partition_labels(pd.DataFrame({"lo": [0.0, 4.0], "hi": [4.0, 8.0]}), "position") == ["0-4", "4-8"]
     fig = make_partition_share_figure(_shares([np.nan] * 3), "adv_sign")
-    assert "attribute_every" in fig.layout.annotations[0].text and not fig.data
+    assert "attribution=N" in fig.layout.annotations[0].text and not fig.data
     with pytest.raises(ValueError, match="unknown partition 'colour'"):
         make_partition_share_figure(_shares([0.3, 0.0, 0.7]), "colour")
