@@ -7,7 +7,7 @@
 
 A. One step of 1024 sequences x 2048 tokens (2.1 M token rows) over a 64-token vocabulary, tracked
    through `st.track(stats=...)` with synthetic softmax statistics (no model: the recorder's own cost),
-   recorded in full and with `token_budget=K` (default 65,536). Each mode runs in a fresh process and
+   recorded in full and with `budget=K` (default 65,536). Each mode runs in a fresh process and
    reports: time in the recorder on the training thread (track + hook + end of step), the writer's time
    to put the step on disk, rows written, bytes on disk, and extra peak RSS over the inputs.
 
@@ -90,7 +90,7 @@ def part_step(args) -> None:
     with tempfile.TemporaryDirectory() as d:
         for budget in (None, args.budget):
             r = run_child(__file__, {"n": args.seqs, "t": args.seq_len, "budget": budget, "dir": d})
-            name = "all rows" if budget is None else f"budget={budget}"
+            name = "all rows" if budget is None else f"token_budget={budget}"
             train[budget is None] = r["train_s"]
             line(
                 name,
