@@ -15,7 +15,9 @@ GPU, or with --wall, wall-clock seconds (synchronised).
 - applied update: the directional pass along the applied AdamW delta (same cost as jvp, plus one
   parameter copy taken before the step);
 - bucket passes (today): `bucket_gradients` for K = 4 probability buckets (K backward passes over the
-  retained graph) plus accumulating and comparing the K gradient copies (`bucket_shares`).
+  retained graph) plus accumulating and comparing the K gradient copies (`bucket_shares`);
+- entropy attribution (Attribution(entropy=True)): the backward of the mean entropy, the jvp of log pi
+  along its gradient and the entropy rows on the pass along delta, against one training pass + one jvp.
 
 Extra peak memory is VmHWM during the operation minus the RSS before it (/proc, Linux), each operation in
 a fresh process after a warm-up run of it, next to the parameter bytes (the one buffer the applied-update
@@ -132,9 +134,55 @@ def setup(args) -> dict:
         "train": train_pass,
         "buckets": buckets,
         "n_par": sum(p.numel() for p in params),
+        **entropy_ops(model, ids, grads),
         "jvp": lambda: directional_logprobs(model, recompute, grads, "jvp"),
         "central_difference": lambda: directional_logprobs(model, recompute, grads, "central_difference"),
     }
+
+
+def scores(model, ids):
+    """(log pi, entropy) [N, T] each: what recompute() returns with Attribution(entropy=True)."""
+    logits = model(ids).logits[:, :-1].float()  # [N, T, V]
+    log_p = torch.log_softmax(logits, -1)
+    return log_p.gather(2, ids[:, 1:, None]).squeeze(-1), -(log_p.exp() * log_p).sum(-1)
+
+
+def entropy_ops(model, ids, grads: dict) -> dict:
+    """Entropy attribution's passes (record/entropy_attribution.py): the backward of the mean entropy, the
+    directional pass of log pi along its gradient, and the pass along delta with the entropy rows."""
+    from tokengrad.record.entropy_attribution import logprobs_only, packed
+
+    params = [p for p in model.parameters()]
+    pair = lambda: scores(model, ids)  # noqa: E731
+
+    def backward_h():
+        return torch.autograd.grad(pair()[1].mean(), params)
+
+    grad_h = dict(zip(grads, backward_h()))
+    return {
+        "entropy_backward": backward_h,
+        "entropy_jvp": lambda: directional_logprobs(model, logprobs_only(pair), grad_h, "jvp"),
+        "delta_jvp_packed": lambda: directional_logprobs(model, packed(pair, 0), grads, "jvp"),
+    }
+
+
+def entropy_lines(ops: dict, t: dict, reps: int) -> None:
+    """The cost of Attribution(entropy=True) over update_share's, in forwards; the issue's bound is one
+    more backward (a training pass: forward with graph and backward) and one more jvp."""
+    e = {name: timed(ops[name], reps) for name in ("entropy_backward", "entropy_jvp", "delta_jvp_packed")}
+    f = t["fwd"]
+    rows_extra = e["delta_jvp_packed"] - t["jvp"]
+    extra = e["entropy_backward"] + e["entropy_jvp"] + max(rows_extra, 0.0)
+    bound = t["train"] + t["jvp"]
+    line("entropy: backward of the mean entropy", f"{e['entropy_backward'] / f:.2f} forwards")
+    line("entropy: jvp of log pi along grad H", f"{e['entropy_jvp'] / f:.2f} forwards")
+    line("entropy: H rows on the pass along delta", f"{rows_extra / f:+.2f} forwards")
+    line(
+        "entropy attribution extra / (1 backward + 1 jvp)",
+        f"{extra / bound:.2f}",
+        "<= 1",
+        verdict(extra / bound, 1.0),
+    )
 
 
 def child_mb(cli: list[str], op: str) -> float:
@@ -201,6 +249,7 @@ def main(argv=None) -> None:
         line(f"  {name}, beyond a forward", f"{extra:.0f} MB", f"<= {par_mb:.0f}", verdict(extra, par_mb))
     line("  bucket passes, beyond a training pass", f"{mem['buckets'] - mem['train']:.0f} MB")
     line("applied-update copy (kept per update)", f"{par_mb:.0f} MB", f"<= {par_mb:.0f}", "meets")
+    entropy_lines(ops, t, reps)
 
 
 if __name__ == "__main__":

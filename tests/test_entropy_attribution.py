@@ -248,3 +248,11 @@ def test_entropy_attribution_needs_the_pair(tmp_path):
                 st.record_grad_norms()
     with pytest.raises(ValueError, match="entropy must be True or False"):
         Attribution(every=1, entropy="yes")
+
+
+def test_trl_attach_refuses_entropy_attribution(tmp_path):
+    pytest.importorskip("trl")
+    from tokengrad.integrations import trl as tg_trl
+
+    with pytest.raises(ValueError, match="log-probs only"):
+        tg_trl.attach(object(), tmp_path / "run", attribution=Attribution(every=1, entropy=True))

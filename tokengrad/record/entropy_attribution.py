@@ -14,10 +14,10 @@ made of. Cost per update: one backward of H (a forward with graph per pass and i
 parameter-sized buffer, freed after the update's shares) and one directional pass of log pi along grad H
 per pass.
 
-The directional passes that update_share and dlogprob_pred already run carry the entropy along:
-`recompute()` returns (log pi [N, T], H [N, T]) and the pair travels as one [2N, T] tensor, so the pass
-along the applied update delta gives dentropy_pred_t = <grad H_t, delta> and its primal, at the updated
-parameters, the measured dentropy_t = H_t(theta + delta) - H_t(theta).
+The directional pass along the applied update delta that dlogprob_pred already runs carries the entropy
+along: `recompute()` returns (log pi [N, T], H [N, T]) and the pair travels as one [2N, T] tensor, giving
+dentropy_pred_t = <grad H_t, delta> and from its primal, at the updated parameters, the measured
+dentropy_t = H_t(theta + delta) - H_t(theta) (H_t(theta) from the forwards of the backward of H).
 
 Per update we also keep the batch covariance Cov(log pi, A) over the loss tokens (means over the update's
 tokens, as Clip-Cov / KL-Cov, arXiv 2505.22617, and CW-GRPO, arXiv 2605.11538, compute it): for a tabular
@@ -133,11 +133,8 @@ class EntropyAttribution:
 
     # ---- along g (before the optimizer step) -----------------------------------------------------------
     def recompute_of(self, p) -> Recompute:
+        """The pass along delta: log pi and H rows packed into one [2N, T] output."""
         return packed(p.recompute, p.pass_id)
-
-    def before(self, p, entropy: torch.Tensor) -> None:
-        """Keep H_t at the parameters before the update (primal of the pass along g)."""
-        p.tensors["_entropy_before"] = entropy  # [N, T]; '_' keeps it out of the token rows
 
     def on_gradient(self, passes: list, named: list, update_id: int) -> None:
         """entropy_share of every pass of the update, from one backward of H and one JVP along grad H.
@@ -173,13 +170,15 @@ class EntropyAttribution:
 
     def _grad_mean_entropy(self, passes: list, params: list, n_tokens: float) -> list[torch.Tensor]:
         """grad_theta H = (1/M) sum over loss tokens of grad H_t, one backward per pass, into one buffer
-        (all-reduced under DDP). Nothing touches .grad."""
+        (all-reduced under DDP). Nothing touches .grad. The forwards also give H_t before the update,
+        the baseline of the measured dentropy."""
         out = [torch.zeros_like(q) for q in params]
         for p in passes:
-            if not bool(p.in_loss.any()):
-                continue
             with torch.enable_grad():
                 _, ent = scores(p.recompute(), p.pass_id)  # [N, T] with graph
+                p.tensors["_entropy_before"] = ent.detach().float()  # '_': not a token column
+                if not bool(p.in_loss.any()):
+                    continue
                 h = torch.where(p.in_loss, ent.float(), 0.0).sum() / max(n_tokens, 1.0)
                 got = torch.autograd.grad(h, params, allow_unused=True)
             torch._foreach_add_(
@@ -199,7 +198,7 @@ class EntropyAttribution:
         for p, (now, pred) in zip(passes, outputs):
             ent_now, ent_pred = unpacked(now)[1], unpacked(pred)[1]
             p.tensors["dentropy_pred"] = ent_pred  # [N, T]
-            before = p.tensors.pop("_entropy_before", None)  # None: the pass had no share along g
+            before = p.tensors.pop("_entropy_before", None)  # None: no gradient pass for this update
             p.tensors["dentropy"] = (
                 ent_now - before if before is not None else torch.full_like(ent_now, math.nan)
             )

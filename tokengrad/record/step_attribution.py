@@ -134,7 +134,7 @@ class StepAttribution:
         return [p for p in mine if p.recompute is not None]
 
     def _fn(self, p):
-        """What the directional passes evaluate: log pi, or with entropy the packed (log pi, H) rows."""
+        """What the pass along delta evaluates: log pi, or with entropy the packed (log pi, H) rows."""
         return logprobs_only(p.recompute) if self.entropy is None else self.entropy.recompute_of(p)
 
     def _logprob_part(self, out: tuple) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,10 +148,8 @@ class StepAttribution:
         return self.entropy.step_scalars() if self.entropy is not None else {}
 
     def _directional(self, p, tangents: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        out = directional_logprobs(self.model, self._fn(p), tangents, self.method, self.eps)
-        if self.entropy is not None:
-            self.entropy.before(p, unpacked(out[0])[1])
-        primal, along = self._logprob_part(out)
+        fn = logprobs_only(p.recompute)  # the entropy's own passes take H before the update
+        primal, along = directional_logprobs(self.model, fn, tangents, self.method, self.eps)
         lp = p.tensors["logprob"]
         if primal.shape != lp.shape:
             raise ValueError(

@@ -108,6 +108,12 @@ def attach(
         # TRL's fused LM head is a custom autograd.Function without a forward-mode derivative, so update
         # shares inside TRL come from the central difference (two plain forwards) unless asked otherwise
         attribution = Attribution(every=attribution or 0, method="central_difference")
+    if attribution.entropy:  # the recompute this integration hands the recorder scores log-probs only
+        raise ValueError(
+            "attach(attribution=Attribution(entropy=True)) is not supported: entropy attribution needs "
+            "recompute() to return differentiable (log-probs, entropy), and the TRL integration's returns "
+            "the log-probs only; use the built-in trainer (attribute_entropy = true) or your own loop"
+        )
     check_trl_version(trl.__version__, allow_untested_trl)
     check_trainer(trainer)
     check_run_dir(run_dir, recorder_kwargs.get("resume_step"))
