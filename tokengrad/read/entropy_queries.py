@@ -58,8 +58,8 @@ STEP_COLUMNS = (
 
 
 def _where(steps: tuple[int, int] | None) -> _Where:
-    """Loss tokens with an entropy share, in the step range."""
-    return _base(steps, True, None).add(f"{TOK.entropy_share} IS NOT NULL")
+    """Loss tokens with an entropy share, in the step range (NaN: an update without a gradient)."""
+    return _base(steps, True, None).add(f"isfinite({TOK.entropy_share})")
 
 
 def entropy_steps(run) -> pd.DataFrame:
