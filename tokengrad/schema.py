@@ -29,14 +29,21 @@ SCHEMA_VERSION = 4
 # steps.rollout_mismatch / groups_generated / groups_kept / gen_rounds / ds_grad_norm and meta temperature
 # (the sampler's distribution, dynamic-sampling refills, DeepSpeed); 4 added tokens.entropy_share /
 # dentropy_pred / dentropy, steps.dentropy_mean_pred / dentropy_mean / entropy_grad_dot /
-# entropy_share_residual / cov_logprob_adv and prob_bins.sum_entropy_share (entropy attribution). Older
-# runs read with the newer columns null and tables empty.
+# entropy_share_residual / cov_logprob_adv and prob_bins.sum_entropy_share (entropy attribution), and the
+# rollout engine's side (tokengrad.objective.rollout_correction): tokens.is_weight / masked / masked_by, the
+# gap and IS-weight metrics in steps, samples.rollout_seq_log_ratio / rollout_gap_mean. Older runs read with
+# the newer columns null and tables empty.
 
 META_FILE = "meta.json"
 RANKS_DIR = "ranks"
 FILE_RE = re.compile(r"^s(\d{8})-(\d{8})\.parquet$")
 
 # Default probability buckets: AR-Lopti Fig. 1 (arXiv 2505.12929) uses [0, .25, .5, .75, 1].
+# Why a host trainer removed a token's gradient (tokens.masked_by; several joined by "+"), in bit order:
+# TRL's IS sequence / token mask (vllm_importance_sampling_mode), its off-policy sequence mask
+# (off_policy_mask_threshold, DeepSeek-V3.2) and its entropy mask (top_entropy_quantile, arXiv 2506.01939).
+MASK_REASONS = ("is_sequence_mask", "is_token_mask", "off_policy_mask", "entropy_mask")
+
 DEFAULT_BUCKET_EDGES = (0.0, 0.25, 0.5, 0.75, 1.0)
 DECILE_BUCKET_EDGES = tuple(round(i / 10, 1) for i in range(11))
 RESIDUAL_BUCKET = "residual"  # bucket label of the gradient part not built on log pi (e.g. entropy bonus)
@@ -97,6 +104,15 @@ TOKENS = [
         "log-prob of the token under the distribution the sampler drew from (after top-p/top-k, from the "
         "generation-time logits, e.g. bf16); null for tool output and greedy decoding",
     ),
+    _c(
+        "is_weight",
+        pa.float32(),
+        "importance-sampling weight the host's loss multiplied the token's term by, read from the host's own "
+        "tensor (TRL importance_sampling_ratio): exp(log pi_old - log mu) per token, "
+        "or exp of the sum over the sequence, truncated or masked to 0; null without a correction",
+    ),
+    _c("masked", pa.bool_(), "the host removed the token's gradient by a mask (reason in masked_by)"),
+    _c("masked_by", pa.string(), "which masks removed it (schema.MASK_REASONS joined by '+'); null: kept"),
     _c("prob", pa.float32(), "probability of the token at the sampling temperature: softmax(logits / T)"),
     _c("entropy", pa.float32(), "entropy of the next-token distribution, nats"),
     _c("sum_p2", pa.float32(), "sum_j p_j^2 (collision probability)"),
@@ -177,6 +193,31 @@ STEPS = [
         "mean |log pi_old - rollout_logprob| over the step's loss tokens: the training/inference mismatch "
         "(top-p truncation, bf16 generation; about 1e-7 when the sampler is the trained fp32 distribution)",
     ),
+    _c(
+        "rollout_mismatch_max",
+        pa.float64(),
+        "max |d| over the step's loss tokens the engine scored (d = log pi_old - rollout_logprob)",
+    ),
+    _c(
+        "rollout_mismatch_p99",
+        pa.float64(),
+        "99th percentile of |d| over the loss tokens the engine scored (d = log pi_old - rollout_logprob)",
+    ),
+    _c("rollout_kl_k1", pa.float64(), "mean(-d): k1 estimate of KL(mu || pi_old) (verl rollout_corr/kl)"),
+    _c("rollout_kl_k3", pa.float64(), "mean(exp(d) - d - 1): k3 estimate of KL(mu || pi_old) (verl k3_kl)"),
+    _c("rollout_chi2_token", pa.float64(), "mean(exp(d)^2) - 1, |d| capped at 20 (verl chi2_token)"),
+    _c("rollout_chi2_seq", pa.float64(), "mean over sequences of exp(2 sum_t d) - 1, capped (verl chi2_seq)"),
+    _c("n_rollout_nan", pa.int64(), "loss tokens the engine returned no log-prob for (NaN; left out above)"),
+    _c(
+        "is_weight_min", pa.float64(), "min applied IS weight (over sequences in sequence modes, as TRL logs)"
+    ),
+    _c(
+        "is_weight_mean", pa.float64(), "mean applied IS weight (TRL sampling/importance_sampling_ratio/mean)"
+    ),
+    _c("is_weight_max", pa.float64(), "max applied IS weight"),
+    _c("is_ess", pa.float64(), "(sum w)^2 / (n sum w^2) over loss tokens: verl's rollout_is_eff_sample_size"),
+    _c("is_masked_tokens", pa.int64(), "loss tokens the IS mask set to weight 0"),
+    _c("is_masked_sequences", pa.int64(), "sequences the IS mask removed whole"),
     _c("groups_generated", pa.int64(), "prompt groups generated in the step (dynamic sampling refills)"),
     _c("groups_kept", pa.int64(), "prompt groups in the update batch (informative, up to prompts_per_step)"),
     _c("gen_rounds", pa.int16(), "generation rounds of prompts_per_step prompts (max_gen_batches)"),
@@ -260,6 +301,15 @@ SAMPLES = [
     _c("reward", pa.float64(), "scalar reward"),
     _c("advantage", pa.float64(), "sequence advantage"),
     _c("length", pa.int32(), "completion length in tokens"),
+    _c(
+        "rollout_seq_log_ratio",
+        pa.float64(),
+        "sum_t (log pi_old - log mu) over the loss tokens: the log of the sequence IS ratio as TRL 1.16 "
+        "computes it (the sum, not the mean: TRL #4772, PR #5815)",
+    ),
+    _c(
+        "rollout_gap_mean", pa.float64(), "mean per-token gap log pi_old - log mu over the scored loss tokens"
+    ),
     _c("task", pa.string(), "task name"),
     _c("difficulty", pa.string(), "task difficulty label"),
 ]

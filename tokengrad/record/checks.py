@@ -32,6 +32,8 @@ def check_track_inputs(logprobs: torch.Tensor, **tensors) -> tuple[int, int]:
         "old_logprobs",
         "ref_logprobs",
         "rollout_logprobs",
+        "is_weights",
+        "mask_codes",
         "weights",
         "scale_grad",
         "clipped",

@@ -25,6 +25,7 @@ TOKEN_VALUE_COLUMNS = (
     "old_logprob",
     "ref_logprob",
     "rollout_logprob",
+    "is_weight",
     "prob",
     "entropy",
     "sum_p2",
@@ -43,7 +44,12 @@ TOKEN_VALUE_COLUMNS = (
     "dentropy",
 )
 # Columns where NaN means "no value" (e.g. no sampler log-prob for a tool-output token): written as null.
-NAN_IS_NULL = frozenset({"rollout_logprob"})
+NAN_IS_NULL = frozenset({"rollout_logprob", "is_weight"})
+# tokens.masked_by of a bit code (bit i: schema.MASK_REASONS[i]); code 0 (kept) is null
+MASK_LABELS = [None] + [
+    "+".join(r for i, r in enumerate(schema.MASK_REASONS) if code >> i & 1)
+    for code in range(1, 2 ** len(schema.MASK_REASONS))
+]
 
 
 @dataclass
@@ -140,6 +146,7 @@ def _batch_table(step: int, rank: int, b: CapturedBatch, decode: TokenDecoder) -
             else pa.array(take(v).astype(np.float32), from_pandas=name in NAN_IS_NULL)
         )
     cols["clipped"] = pa.nulls(n, pa.bool_()) if b.clipped is None else pa.array(take(b.clipped))
+    cols["masked"], cols["masked_by"] = _masks(b.values.get("mask_code"), take, n)
     cols["selected_by"] = (
         pa.nulls(n, pa.string())
         if b.selected_by is None
@@ -153,6 +160,15 @@ def _batch_table(step: int, rank: int, b: CapturedBatch, decode: TokenDecoder) -
     for name, v in b.extra.items():
         fixed = fixed.append_column(name, pa.array(take(v)))
     return fixed
+
+
+def _masks(code, take, n: int) -> tuple[pa.Array, pa.Array]:
+    """tokens.masked and masked_by from the bit codes of the host's masks (None: no mask information)."""
+    if code is None:
+        return pa.nulls(n, pa.bool_()), pa.nulls(n, pa.string())
+    c = take(code).astype(np.int32)
+    labels = pa.DictionaryArray.from_arrays(pa.array(c), pa.array(MASK_LABELS, pa.string()))
+    return pa.array(c != 0), labels.cast(pa.string())
 
 
 def step_derived(batches: list[CapturedBatch]) -> dict[str, float]:
@@ -185,7 +201,7 @@ def _nonfinite(b: CapturedBatch) -> int:
     return sum(
         int((~np.isfinite(v[b.mask])).sum())
         for k, v in b.values.items()
-        if v is not None and k not in NAN_IS_NULL
+        if v is not None and k not in NAN_IS_NULL and k != "mask_code"
     )
 
 

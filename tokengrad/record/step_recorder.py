@@ -78,6 +78,8 @@ class StepRecorder:
         old_logprobs: torch.Tensor | None = None,
         ref_logprobs: torch.Tensor | None = None,
         rollout_logprobs: torch.Tensor | None = None,
+        is_weights: torch.Tensor | None = None,
+        mask_codes: torch.Tensor | None = None,
         advantages: torch.Tensor | None = None,
         weights: torch.Tensor | None = None,
         scale_grad: torch.Tensor | None = None,
@@ -105,6 +107,9 @@ class StepRecorder:
             ref_logprobs: [N, T] log pi_ref of the reference model (KL columns).
             rollout_logprobs: [N, T] log-prob under the distribution the sampler drew from (after top-p, in
                 the generation dtype; NaN where there is none); column `rollout_logprob`.
+            is_weights: [N, T] the importance-sampling weight the host's loss applied (column `is_weight`).
+            mask_codes: [N, T] int, bit i set when mask schema.MASK_REASONS[i] removed the token's
+                gradient (columns `masked`, `masked_by`); 0 = kept.
             advantages: [N] or [N, T] advantages.
             weights: [N, T] the token weights of the weighting rule (column `weight`).
             scale_grad: [N, T] multiplies the gradient reaching `logprobs` (weighting through the hook,
@@ -136,6 +141,8 @@ class StepRecorder:
             old_logprobs=old_logprobs,
             ref_logprobs=ref_logprobs,
             rollout_logprobs=rollout_logprobs,
+            is_weights=is_weights,
+            mask_codes=mask_codes,
             advantages=advantages,
             weights=weights,
             scale_grad=scale_grad,
@@ -164,8 +171,8 @@ class StepRecorder:
             stats,
             hidden,
         )
-        if rollout_logprobs is not None:
-            tensors["rollout_logprob"] = rollout_logprobs.detach().float()
+        host = {"rollout_logprob": rollout_logprobs, "is_weight": is_weights, "mask_code": mask_codes}
+        tensors.update({k: v.detach().float() for k, v in host.items() if v is not None})
         ids = (as_ids(sample_ids, N, dev), as_ids(group_ids, N, dev))
         p = new_pass(
             len(self._passes), logprobs, tensors, token_ids, mask_b, in_loss, ids, scale_grad, clipped, extra

@@ -13,6 +13,7 @@ import warnings
 import torch
 from transformers import TrainerCallback
 
+from tokengrad.integrations.trl import rollout
 from tokengrad.integrations.trl.deepspeed import DeepSpeedNorms, deepspeed_setup
 from tokengrad.integrations.trl.fused import FusedCapture, fused_token_stats
 from tokengrad.integrations.trl.logs import SUMMARY_KEYS, StepLogs, column
@@ -38,6 +39,8 @@ class TRLRecording:
         self._norms_done = False
         self._logs = StepLogs()
         self._inputs = None  # compute_loss inputs while TRL computes the loss
+        self._pending = None  # the tracked log-probs of this compute_loss call, tracked when it returns
+        self._masks: dict = {}  # TRL's off-policy and entropy masks of this compute_loss call
         self._scored = None  # (prompts, completions, completion_ids, rewards_per_func) of the batch
         self._patched: list[tuple[object, str, object]] = []
         self._fused = FusedCapture(trainer)
@@ -50,6 +53,12 @@ class TRLRecording:
         self._patch(t, "_get_per_token_logps_and_entropies", self._per_token_logps)
         self._patch(t, "_generate_and_score_completions", self._generate_and_score)
         self._patch(t, "_calculate_rewards", self._calculate_rewards)
+        self._patch(
+            t, "get_off_policy_mask", lambda orig, *a, **k: self._keep("off_policy_mask", orig(*a, **k))
+        )
+        self._patch(
+            t, "get_high_entropy_mask", lambda orig, *a, **k: self._keep("entropy_mask", orig(*a, **k))
+        )
         self._patch(t.accelerator, "clip_grad_norm_", self._clip_grad_norm)
         self._patch(t.accelerator, "backward", self._backward)
         if deepspeed_setup(t) is not None:  # norms through DeepSpeed's API: .grad is partitioned
@@ -114,6 +123,7 @@ class TRLRecording:
         self._logs = StepLogs(self._logs.logged_step)
         out = orig(inputs)
         self._record_samples(out)
+        self.step.log(**rollout.step_metrics(self.trainer, out))
         return out
 
     def _rollout_index(self) -> int:
@@ -141,6 +151,7 @@ class TRLRecording:
         reward = (local * t.reward_weights.to(local.device)).nansum(1)  # [B] TRL's weighted sum
         reward[torch.isnan(local).all(1)] = float("nan")  # unscorable rows
         extra = {f"reward_{column(name)}": local[:, i].tolist() for i, name in enumerate(t.reward_func_names)}
+        extra.update(rollout.sample_columns(out, slice(None)))
         adv = out["advantages"]
         self.step.samples(
             sample_ids=sid.tolist(),
@@ -157,11 +168,20 @@ class TRLRecording:
     def _compute_loss(self, orig, model, inputs, *a, **k):
         if self.step is None or not torch.is_grad_enabled() or not self.trainer.model.training:
             return orig(model, inputs, *a, **k)
-        self._inputs = inputs
+        self._inputs, self._pending, self._masks = inputs, None, {}
         try:
-            return orig(model, inputs, *a, **k)
+            loss = orig(model, inputs, *a, **k)
         finally:
             self._inputs = None
+        if self._pending is not None:  # TRL's masks are known now; backward comes after compute_loss
+            self._track(inputs, *self._pending)
+            self._pending = None
+        return loss
+
+    def _keep(self, name: str, mask):
+        if self._pending is not None:
+            self._masks[name] = mask.detach()
+        return mask
 
     def _per_token_logps(self, orig, model, input_ids, attention_mask, logits_to_keep, *a, **k):
         active = self._inputs is not None and torch.is_grad_enabled()
@@ -176,24 +196,20 @@ class TRLRecording:
             stats = fused_token_stats(logps, entropies, captured, ids, mask)
             # attribution steps score the same micro-batch again with substituted parameters
             again = lambda: orig(model, input_ids, attention_mask, logits_to_keep, *a, **k)[0]  # noqa: E731
-            self._track(logps, stats, captured.head_input, again)
+            self._pending = (logps, stats, captured.head_input, again)
             self._inputs = None  # one tracked pass per compute_loss call
         return out
 
     def _track(
-        self, logps: torch.Tensor, stats: TokenStats | None, hidden: torch.Tensor | None, recompute=None
+        self, inp, logps: torch.Tensor, stats: TokenStats | None, hidden: torch.Tensor | None, recompute=None
     ) -> None:
-        inp = self._inputs
         mask = inp["completion_mask"]  # [B, T]
-        loss_mask = mask * inp["tool_mask"] if "tool_mask" in inp else mask  # [B, T]
+        loss_mask = rollout.loss_mask(inp)  # [B, T]
         old = inp.get("old_per_token_logps")
         old = logps.detach() if old is None else old  # TRL's own stand-in when the batch is on-policy
         adv = inp["advantages"]  # [B] or [B, T]
         sid = inp.get(SAMPLE_KEY)
         weights = token_weights(self.rule, logps, old, adv, loss_mask)
-        extra = {}
-        if torch.is_tensor(inp.get("importance_sampling_ratio")):  # vLLM correction
-            extra["trl_is_ratio"] = inp["importance_sampling_ratio"].expand_as(logps).float()
         self.step.track(
             logps,
             token_ids=inp["completion_ids"],
@@ -201,6 +217,9 @@ class TRLRecording:
             loss_mask=loss_mask,
             old_logprobs=old,
             ref_logprobs=inp.get("ref_per_token_logps"),
+            rollout_logprobs=inp.get("sampling_per_token_logps"),
+            is_weights=rollout.is_weights(inp, logps),
+            mask_codes=rollout.mask_codes(self.trainer, inp, self._masks, logps),
             advantages=adv,
             weights=weights,
             scale_grad=weights,
@@ -210,7 +229,6 @@ class TRLRecording:
             hidden=hidden,
             clipped=clipped_tokens(self.clip, logps, old, adv, loss_mask),
             update_id=self.update_id,
-            extra=extra,
             recompute=recompute,
         )
         self._accumulating = True
