@@ -30,7 +30,7 @@ FACE = "tokengrad"  # the package face: lazy names only, imported by nothing ins
 
 # module prefix -> tokengrad modules it may import (by prefix). The longest matching prefix wins.
 ALLOWED = {
-    "tokengrad.schema": [],
+    "tokengrad.schema": ["tokengrad.schema"],
     "tokengrad.registry": [],
     "tokengrad.faults": [],
     "tokengrad._version": [],

@@ -1,68 +1,11 @@
-"""The tokengrad run format: the one place that names tables, columns, dtypes and the layout.
-
-A run is a directory::
-
-    RUN/meta.json                                  # see META_KEYS; written by rank 0
-    RUN/ranks/rank{r:03d}.json                     # per-rank status: rows_dropped, last_step, finished
-    RUN/{table}/rank{r:03d}/s{first:08d}-{last:08d}.parquet
-
-Every table file holds the rows of the steps first..last of one rank. The writer commits one small file
-per step (atomically: temp file + rename) and later compacts runs of small files into one larger file
-with the covering step range; a reader keeps, for each rank, only files whose range is not contained in
-another file's range, so a reader racing a compaction never double counts.
-
-Imported by the writer, the reader, the CLI, the TRL integration and the dashboard: change a column
-here and bump SCHEMA_VERSION.
-"""
+"""The columns of every table of the run format: name, Arrow type, meaning (unit and source where it has
+one). Part of tokengrad.schema, which re-exports the tables and versions them (SCHEMA_VERSION)."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import pyarrow as pa
-
-SCHEMA_VERSION = 4
-# Version history: 2 added tokens.update_share / dlogprob_pred / dlogprob / selected_by, steps.n_token_rows
-# and the prob_bins and vocab tables (attribution and budgeted recording); 3 added tokens.rollout_logprob,
-# steps.rollout_mismatch / groups_generated / groups_kept / gen_rounds / ds_grad_norm and meta temperature
-# (the sampler's distribution, dynamic-sampling refills, DeepSpeed); 4 added tokens.entropy_share /
-# dentropy_pred / dentropy, steps.dentropy_mean_pred / dentropy_mean / entropy_grad_dot /
-# entropy_share_residual / cov_logprob_adv and prob_bins.sum_entropy_share (entropy attribution), and the
-# rollout engine's side (tokengrad.objective.rollout_correction): tokens.is_weight / masked / masked_by, the
-# gap and IS-weight metrics in steps, samples.rollout_seq_log_ratio / rollout_gap_mean. Older runs read with
-# the newer columns null and tables empty.
-
-META_FILE = "meta.json"
-RANKS_DIR = "ranks"
-FILE_RE = re.compile(r"^s(\d{8})-(\d{8})\.parquet$")
-
-# Default probability buckets: AR-Lopti Fig. 1 (arXiv 2505.12929) uses [0, .25, .5, .75, 1].
-# Why a host trainer removed a token's gradient (tokens.masked_by; several joined by "+"), in bit order:
-# TRL's IS sequence / token mask (vllm_importance_sampling_mode), its off-policy sequence mask
-# (off_policy_mask_threshold, DeepSeek-V3.2) and its entropy mask (top_entropy_quantile, arXiv 2506.01939).
-MASK_REASONS = ("is_sequence_mask", "is_token_mask", "off_policy_mask", "entropy_mask")
-
-DEFAULT_BUCKET_EDGES = (0.0, 0.25, 0.5, 0.75, 1.0)
-DECILE_BUCKET_EDGES = tuple(round(i / 10, 1) for i in range(11))
-RESIDUAL_BUCKET = "residual"  # bucket label of the gradient part not built on log pi (e.g. entropy bonus)
-TOTAL_LAYER = "total"  # layer name of the whole-model gradient norm in the layers table
-
-META_KEYS = (
-    "schema_version",
-    "tokengrad_version",
-    "run_name",
-    "created",
-    "config",
-    "weighting",
-    "model",
-    "tokenizer",
-    "world_size",
-    "rows_dropped",
-    "finished",
-    "temperature",
-)
 
 
 @dataclass(frozen=True)
@@ -375,65 +318,3 @@ TABLES: dict[str, list[Column]] = {
 }
 # Tables that accept extra caller-defined columns (float/int/str), merged by name when read.
 EXTENSIBLE = frozenset({"tokens", "steps", "samples"})
-
-
-def arrow_schema(table: str) -> pa.Schema:
-    """The pyarrow schema of a table's fixed columns."""
-    return pa.schema([pa.field(c.name, c.type, c.nullable) for c in _columns(table)])
-
-
-def column_names(table: str) -> list[str]:
-    return [c.name for c in _columns(table)]
-
-
-def _columns(table: str) -> list[Column]:
-    if table not in TABLES:
-        raise ValueError(f"unknown table {table!r}; known tables: {sorted(TABLES)}")
-    return TABLES[table]
-
-
-def file_name(first: int, last: int) -> str:
-    return f"s{first:08d}-{last:08d}.parquet"
-
-
-def rank_dir(table: str, rank: int) -> str:
-    return f"{table}/rank{rank:03d}"
-
-
-def parse_file_name(name: str) -> tuple[int, int] | None:
-    m = FILE_RE.match(name)
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
-def bucket_label(lo: float, hi: float) -> str:
-    return f"[{lo:.2f},{hi:.2f})"
-
-
-def describe() -> str:
-    """Markdown description of every table (used by `tokengrad inspect --schema` and the docs)."""
-    out = [f"# tokengrad run format, schema version {SCHEMA_VERSION}\n"]
-    for table, cols in TABLES.items():
-        out.append(f"\n## {table}\n\n| column | type | meaning |\n|---|---|---|")
-        out += [f"| {c.name} | {c.type} | {c.doc} |" for c in cols]
-    return "\n".join(out) + "\n"
-
-
-# ---- attribute-style column names -------------------------------------------------------------------
-# `df[TOK.prob]` is "prob"; a name missing from the schema raises AttributeError, so a renamed column fails
-# loudly wherever it is used instead of silently selecting nothing. Writer, reader, CLI, figures and app
-# share these.
-def _names(table: str) -> SimpleNamespace:
-    return SimpleNamespace(**{c: c for c in column_names(table)})
-
-
-TOK = _names("tokens")
-STEP = _names("steps")
-LAYER = _names("layers")
-BUCKET = _names("buckets")
-SAMPLE = _names("samples")
-EVAL = _names("evals")
-PBIN = _names("prob_bins")
-VOCAB_COL = _names("vocab")
-
-# Columns of the binned/aggregated frames that tokengrad.read.queries returns (not stored in the run format).
-BIN = SimpleNamespace(lo="lo", hi="hi", count="count")
