@@ -182,7 +182,7 @@ def test_inspector_colours_one_span_per_token_and_ranks_the_step(good_root, monk
     at = _app(good_root, monkeypatch, "views/inspector.py")
     html = at.get("html")[0].proto.body
     assert html.count('class="tg-tok"') == N_TOK
-    step = int(at.select_slider(key="in_step").value)
+    step = int(at.number_input(key="in_step").value)
     t = _tokens(good_root / "grpo")
     at_step = t.filter(pc.equal(t.column("step"), step))
     norms = at_step.column("logit_grad_norm").to_numpy()
@@ -192,8 +192,28 @@ def test_inspector_colours_one_span_per_token_and_ranks_the_step(good_root, monk
     samples = at.dataframe[0].value
     assert samples["share"].sum() == pytest.approx(1.0)  # 4 samples, all listed (k=10)
 
+    assert "pushed down" in html and "pushed up" in html  # coloured by -coef by default
+    assert all("⟦" in c and "⟧" in c for c in top["context"])  # ±5 tokens around each ranked token
     at.selectbox(key="in_color").set_value("coef").run()
     assert not at.exception and at.get("html")[0].proto.body.count('class="tg-tok"') == N_TOK
+
+
+def test_inspector_steps_by_number_spike_buttons_and_run_switch(good_root, monkeypatch):
+    at = _app(good_root, monkeypatch, "views/inspector.py")
+    largest = {}
+    for name in ("grpo", "tr_grpo"):
+        gn = pq.read_table(good_root / name / "steps" / "rank000" / schema.file_name(0, N_STEPS - 1))
+        largest[name] = int(np.argmax(gn.column("grad_norm").to_numpy()))
+    assert largest["grpo"] != largest["tr_grpo"]
+    at.number_input(key="in_step").set_value(0).run()
+    assert at.number_input(key="in_step").value == 0
+    # the injected spike is the largest step: "next spike" from step 0 goes there, "previous" is disabled
+    at.button(key="in_next").click().run()
+    assert at.number_input(key="in_step").value == largest["grpo"]
+    assert at.button(key="in_next").disabled and at.button(key="in_prev").disabled
+    assert at.subheader[0].value.startswith(f"Gradient-norm spike {largest['grpo']}")
+    at.selectbox(key="in_run").set_value(str(good_root / "tr_grpo")).run()  # another run: its largest step
+    assert at.number_input(key="in_step").value == largest["tr_grpo"]
 
 
 def test_evaluation_page_shows_last_accuracy_per_difficulty(good_root, monkeypatch):
@@ -222,7 +242,7 @@ def test_no_run_selected_explains_how_to_get_one(good_root, monkeypatch):
 def test_inspector_opens_at_the_largest_gradient_step(good_root, monkeypatch):
     at = _app(good_root, monkeypatch, "views/inspector.py")
     gn = pq.read_table(good_root / "grpo" / "steps" / "rank000" / schema.file_name(0, N_STEPS - 1))
-    assert at.select_slider(key="in_step").value == int(np.argmax(gn.column("grad_norm").to_numpy()))
+    assert at.number_input(key="in_step").value == int(np.argmax(gn.column("grad_norm").to_numpy()))
 
 
 @pytest.fixture(scope="module")
@@ -241,7 +261,7 @@ def test_dead_steps_are_counted_and_explained(dead_root, monkeypatch):
     assert summary.loc["half", "no_gradient"] == f"{N_STEPS // 2} of {N_STEPS} steps had no gradient"
     assert f"dead: {N_STEPS} of {N_STEPS} steps had no gradient" in " ".join(c.value for c in at.caption)
     at.switch_page("views/inspector.py").run()
-    assert at.select_slider(key="in_step").value == N_STEPS - 1  # no gradient anywhere: the last step
+    assert at.number_input(key="in_step").value == N_STEPS - 1  # no gradient anywhere: the last step
     assert "had no gradient" in at.info[0].value
     at.switch_page("views/buckets.py").run()
     headline = _charts(at)[0]

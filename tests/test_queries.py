@@ -249,6 +249,14 @@ def test_top_tokens_and_samples_share_of_step(run):
     # and the <tool> token adds 0 (coef 0); 0.95 + 0.325 = 1.275
     total = c * 1.275
     np.testing.assert_allclose(t["share"], c * np.array([0.475, 0.35, 0.225]) / total, rtol=1e-5)
+    # context: the neighbours in the completion (every token, also those outside the loss), ranked one marked
+    toks = {sid: list(sample_tokens(run, 0, sid)["token"]) for sid in (0, 1)}
+    for (sid, pos), ctx in zip(zip(t["sample_id"], t["position"]), t["context"]):
+        words = toks[sid]
+        assert ctx == "".join(words[max(pos - 5, 0) : pos]) + f"⟦{words[pos]}⟧" + "".join(
+            words[pos + 1 : pos + 6]
+        )
+    assert list(top_tokens(run, 0, k=1, context=1)["context"]) == [f"⟦{toks[0][0]}⟧{toks[0][1]}"]
     s = top_samples(run, 0)
     assert (
         list(s["sample_id"]) == [0, 1]

@@ -11,10 +11,11 @@ from app.views import common
 from tokengrad.figures.gradnorms import run_grad_norms
 from tokengrad.figures.liveness import live_mask
 from tokengrad.figures.smoothing import find_spikes
-from tokengrad.figures.tokens import make_token_figure, token_html
+from tokengrad.figures.tokens import PUSH, make_token_figure, token_html, with_push
 from tokengrad.schema import SAMPLE, STEP, TOK
 
 COLOR_BY = (
+    PUSH,  # -coef: the update's direction on the token (figures.tokens.PUSH)
     TOK.prob,
     TOK.weight,
     TOK.coef,
@@ -33,6 +34,8 @@ RANK_BY = (TOK.logit_grad_norm, TOK.head_grad_norm, TOK.logit_grad_unit)
 # question answered exactly: its own gradient norm ignores how tokens' gradients cancel or align)
 RANK_BY_ATTRIBUTED = (TOK.update_share, *RANK_BY)
 SHARE = {"share": st.column_config.ProgressColumn("share", format="percent", min_value=0.0, max_value=1.0)}
+STEP_KEY, STEP_RUN_KEY, PICKED_KEY = "in_step", "in_step_run", "in_picked_row"
+COLOR_NAMES = {PUSH: "−coef: pushed up / pushed down"}
 
 
 def _grad_norms(run: str) -> pd.DataFrame:
@@ -69,34 +72,54 @@ def _largest_step(steps: list[int], per_step: pd.DataFrame, gn: pd.DataFrame) ->
     return int(sums.idxmax()) if sums.notna().any() and sums.max() > 0 else steps[-1]
 
 
-def _step_ui(run: str) -> tuple[int, bool]:
-    """The inspected step and whether it had a gradient."""
+def nearest(steps: list[int], value) -> int:
+    """The token step nearest to `value` (a typed step may fall between recorded ones)."""
+    return min(steps, key=lambda s: (abs(s - int(value)), s))
+
+
+def _go(step: int) -> None:
+    st.session_state[STEP_KEY] = int(step)
+
+
+def _spike_buttons(cols, spikes: list[int], step: int, largest: int) -> None:
+    prev = max((s for s in spikes if s < step), default=None)
+    nxt = min((s for s in spikes if s > step), default=None)
+    cols[0].button("◀ previous spike", on_click=_go, args=(prev,), disabled=prev is None, key="in_prev")
+    cols[1].button("next spike ▶", on_click=_go, args=(nxt,), disabled=nxt is None, key="in_next")
+    cols[2].button("Largest-gradient step", on_click=_go, args=(largest,), key="in_largest")
+
+
+def _step_ui(run: str) -> tuple[int, bool, str]:
+    """The inspected step, whether it had a gradient, and what it is (spike / largest-gradient step)."""
     steps = data.query(run, "token_steps")
     per_step = data.query(run, "step_gradients")
     live = {int(s) for s in per_step.loc[per_step["live"], TOK.step]}
     gn = _grad_norms(run)
     spikes = [s for s in _spike_steps(gn) if s in set(steps)]
-    if st.session_state.get("in_step") not in steps:  # first visit, or another run: the largest gradient
-        st.session_state["in_step"] = _largest_step(steps, per_step, gn)
-    c1, c2 = st.columns([3, 2])
-    if spikes:
-        jump = c2.selectbox("Jump to a gradient-norm spike", ["-"] + spikes, key="in_spike")
-        if jump != "-" and st.session_state.get("in_last_jump") != jump:
-            st.session_state["in_last_jump"] = jump
-            st.session_state["in_step"] = jump
-    else:
-        c2.caption("No gradient-norm spikes among the live steps.")
-    if len(steps) > 1:
-        c1.select_slider(
-            "Step",
-            steps,
-            key="in_step",
-            format_func=lambda s: f"{s} ●" if s in live else f"{s} (no gradient)",
-            help="● marks steps with a gradient; the others had every advantage 0.",
-        )
-    c1.caption(f"Steps with a gradient (●): {_ranges(sorted(live)) or 'none'} — {len(live)} of {len(steps)}.")
-    step = int(st.session_state["in_step"]) if len(steps) > 1 else steps[0]
-    return step, step in live
+    largest = _largest_step(steps, per_step, gn)
+    if st.session_state.get(STEP_RUN_KEY) != run:  # first visit, or another run: its largest gradient
+        st.session_state[STEP_RUN_KEY] = run
+        st.session_state[STEP_KEY] = largest
+    elif st.session_state.get(STEP_KEY) not in steps:  # typed between recorded steps
+        st.session_state[STEP_KEY] = nearest(steps, st.session_state.get(STEP_KEY, largest))
+    c = st.columns([2, 1, 1, 1.3])
+    c[0].number_input(
+        "Step",
+        min_value=steps[0],
+        max_value=steps[-1],
+        step=1,
+        key=STEP_KEY,
+        help="Type a step; one without token rows goes to the nearest recorded step.",
+    )
+    step = int(st.session_state[STEP_KEY])
+    _spike_buttons(c[1:], spikes, step, largest)
+    where = f"spikes at {_ranges(spikes)}" if spikes else "no gradient-norm spike among the live steps"
+    st.caption(
+        f"Steps with a gradient: {_ranges(sorted(live)) or 'none'} ({len(live)} of {len(steps)}); {where}; "
+        f"largest gradient at step {largest}."
+    )
+    kind = "Gradient-norm spike" if step in spikes else "Largest-gradient step" if step == largest else "Step"
+    return step, step in live, kind
 
 
 DEAD_STEP = (
@@ -106,18 +129,31 @@ DEAD_STEP = (
 )
 
 
+def _open_picked(step: int, table: str, frame: pd.DataFrame, event) -> None:
+    """A clicked row of a forensics table opens that completion below (once per new click)."""
+    rows = list(getattr(getattr(event, "selection", None), "rows", None) or [])
+    if not rows or rows[0] >= len(frame):
+        return
+    pick = (step, table, int(frame[TOK.sample_id].iloc[rows[0]]))
+    if st.session_state.get(PICKED_KEY) != pick:
+        st.session_state[PICKED_KEY] = pick
+        st.session_state[f"in_sample_{step}"] = pick[2]
+
+
 def _forensics(run: str, step: int) -> None:
     ranks = RANK_BY_ATTRIBUTED if data.query(run, "attributed_steps") else RANK_BY
     value = st.radio("Rank by", ranks, horizontal=True, key="in_rank_by")
-    c1, c2 = st.columns(2)
+    c1, c2 = st.columns([2, 3])
     with c1:
-        st.markdown("**Samples carrying most of the step's gradient**")
+        st.markdown("**Samples carrying most of the step's gradient** (click a row to open it)")
         samples = data.query(run, "top_samples", step=step, k=10, value=value)
-        st.dataframe(
+        event = st.dataframe(
             samples,
             hide_index=True,
             width="stretch",
-            key="in_top_samples",
+            key=f"in_top_samples_{step}",
+            on_select="rerun",
+            selection_mode="single-row",
             column_config=SHARE,
             column_order=[
                 "sample_id",
@@ -131,30 +167,40 @@ def _forensics(run: str, step: int) -> None:
                 SAMPLE.completion,
             ],
         )
+        _open_picked(step, "samples", samples, event)
     with c2:
-        st.markdown("**Tokens carrying most of the step's gradient**")
+        st.markdown("**Tokens carrying most of the step's gradient** (click a row to open its completion)")
         tokens = data.query(run, "top_tokens", step=step, k=20, value=value)
-        st.dataframe(
+        event = st.dataframe(
             tokens,
             hide_index=True,
             width="stretch",
-            key="in_top_tokens",
-            column_config=SHARE,
+            key=f"in_top_tokens_{step}",
+            on_select="rerun",
+            selection_mode="single-row",
+            column_config={
+                **SHARE,
+                "context": st.column_config.TextColumn(
+                    "context (±5 tokens)", help="The token in ⟦ ⟧ with the 5 tokens before and after it."
+                ),
+                TOK.sample_id: st.column_config.NumberColumn("sample"),
+            },
             column_order=[
-                TOK.token,
+                TOK.sample_id,
+                TOK.position,
+                "context",
                 "share",
                 TOK.prob,
                 TOK.coef,
                 TOK.weight,
                 TOK.advantage,
                 value,
-                TOK.sample_id,
-                TOK.position,
                 TOK.entropy,
                 TOK.clipped,
                 TOK.group_id,
             ],
         )
+        _open_picked(step, "tokens", tokens, event)
 
 
 def _pct(x) -> str:
@@ -183,13 +229,21 @@ def _completion(run: str, step: int) -> None:
     sample = c1.selectbox(  # keyed by step: another step's completions never keep a stale label
         "Completion (ranked by gradient share)", list(labels), format_func=labels.get, key=f"in_sample_{step}"
     )
-    color_by = c2.selectbox("Colour tokens by", COLOR_BY, key="in_color")
-    tokens = data.query(run, "sample_tokens", step=step, sample_id=sample)
+    color_by = c2.selectbox(
+        "Colour tokens by",
+        COLOR_BY,
+        key="in_color",
+        format_func=lambda c: COLOR_NAMES.get(c, c),
+        help="−coef = −∂L/∂log π: blue tokens the update makes more likely, red ones less likely.",
+    )
+    tokens = with_push(data.query(run, "sample_tokens", step=step, sample_id=sample))
     if tokens.empty or color_by not in tokens or tokens[color_by].isna().all():
         st.info(f"'{color_by}' was not recorded for this completion; pick another colour.")
         return
     st.html(token_html(tokens, color_by))
-    st.caption("Hover a token for every value recorded for it; faded tokens are outside the loss.")
+    st.caption(
+        "Each box is one token; hover it for every value recorded for it; faded tokens are outside the loss."
+    )
     with st.expander("Prompt and completion text"):
         samples = data.table(run, "samples")
         row = samples[(samples[SAMPLE.step] == step) & (samples[SAMPLE.sample_id] == sample)]
@@ -209,8 +263,10 @@ def render() -> None:
     run = common.pick_token_run(runs, "in_run")
     if run is not None:
         with common.guard("Step"):
-            step, live = _step_ui(run)
-            st.subheader(f"Spike forensics: step {step}")
+            step, live, kind = _step_ui(run)
+            st.subheader(
+                f"{kind} {step}: which tokens carry its gradient" if kind != "Step" else f"Step {step}"
+            )
             with common.guard("Spike forensics"):
                 if live:
                     _forensics(run, step)

@@ -23,7 +23,12 @@ from plotly.colors import sample_colorscale, unlabel_rgb
 from tokengrad.figures.style import dashboard_layout, empty_figure
 from tokengrad.schema import TOK
 
+# -coef: gradient descent moves log pi_t by about -lr * coef * |grad log pi_t|^2, so a positive push raises
+# the token's probability (the coefficient itself is negative on a rewarded completion's tokens)
+PUSH = "push"
+PUSH_ENDS = ("pushed down", "pushed up")
 COLOR_SCALES = {
+    PUSH: "RdBu",
     TOK.prob: "RdYlBu",
     TOK.logprob: "RdYlBu",
     TOK.weight: "Purples",
@@ -35,8 +40,13 @@ COLOR_SCALES = {
     TOK.entropy: "YlOrRd",
     TOK.ratio: "RdBu",
 }
-SIGNED = frozenset({TOK.coef, TOK.advantage})
-CENTRES = {TOK.coef: 0.0, TOK.advantage: 0.0, TOK.ratio: 1.0}  # diverging scales: the neutral value
+SIGNED = frozenset({TOK.coef, TOK.advantage, PUSH})
+CENTRES = {
+    TOK.coef: 0.0,
+    TOK.advantage: 0.0,
+    TOK.ratio: 1.0,
+    PUSH: 0.0,
+}  # diverging scales: the neutral value
 FIXED_RANGES = {TOK.prob: (0.0, 1.0), TOK.logit_grad_unit: (0.0, float(np.sqrt(2.0)))}
 # Columns shown on hover, in this order, when present.
 HOVER_COLUMNS = (
@@ -122,6 +132,13 @@ def hover_text(row: pd.Series, columns) -> str:
     return "\n".join(lines)
 
 
+def with_push(tokens: pd.DataFrame) -> pd.DataFrame:
+    """The tokens with column push = -coef (PUSH: > 0 pushed up by the update, < 0 pushed down)."""
+    if TOK.coef not in tokens.columns:
+        return tokens
+    return tokens.assign(**{PUSH: -pd.to_numeric(tokens[TOK.coef], errors="coerce")})
+
+
 def _hover_columns(df: pd.DataFrame) -> list[str]:
     extra = [c for c in df.columns if c not in HOVER_COLUMNS and c not in _KEYS]
     return [c for c in HOVER_COLUMNS if c in df.columns] + extra
@@ -149,7 +166,7 @@ def token_html(
         if "↵" in text:
             text = text.replace("↵", "↵<br>")
         faded = "opacity:0.45;" if _not_in_loss(row) else ""
-        style = f"background:{bg or 'transparent'};color:{_text_color(bg)};{faded}"
+        style = f"background:{bg or 'transparent'};color:{_text_color(bg)};{faded}{BOUNDARY}"
         title = _html.escape(hover_text(row, cols), quote=True)
         spans.append(f'<span class="tg-tok" style="{style}" title="{title}">{text}</span>')
     lo, hi = color_range(df[color_by], color_by, vmin, vmax)
@@ -159,6 +176,10 @@ def token_html(
     )
 
 
+# every token a visible box: where one token ends and the next begins reads at a glance
+BOUNDARY = "border:1px solid rgba(0,0,0,0.28);border-radius:3px;padding:0 1px;margin:0 1px 0 0"
+
+
 def _not_in_loss(row: pd.Series) -> bool:
     v = row.get(TOK.in_loss)
     return v is not None and not pd.isna(v) and not bool(v)
@@ -166,11 +187,27 @@ def _not_in_loss(row: pd.Series) -> bool:
 
 def _legend_html(column: str, lo: float, hi: float) -> str:
     stops = ",".join(token_colors(np.linspace(lo, hi, 7), column, lo, hi))
-    return (
-        f'<div class="tg-legend" style="font-size:0.8em;margin-top:4px">{_html.escape(column)} '
-        f'{lo:.3g} <span style="display:inline-block;width:120px;height:0.8em;vertical-align:middle;'
-        f'background:linear-gradient(to right,{stops})"></span> {hi:.3g}</div>'
+    left, right = (
+        (f"{PUSH_ENDS[0]} ({lo:.3g})", f"({hi:.3g}) {PUSH_ENDS[1]}")
+        if column == PUSH
+        else (
+            f"{lo:.3g}",
+            f"{hi:.3g}",
+        )
     )
+    name = "−coef" if column == PUSH else column
+    return (
+        f'<div class="tg-legend" style="font-size:0.8em;margin-top:4px">{_html.escape(name)}: '
+        f'{_html.escape(left)} <span style="display:inline-block;width:120px;height:0.8em;'
+        f'vertical-align:middle;background:linear-gradient(to right,{stops})"></span> '
+        f"{_html.escape(right)}</div>"
+    )
+
+
+def _colorbar(column: str, lo: float, hi: float) -> dict:
+    if column != PUSH:
+        return dict(title=column)
+    return dict(title="−coef", tickvals=[lo, 0.0, hi], ticktext=[PUSH_ENDS[0], "0", PUSH_ENDS[1]])
 
 
 def make_token_figure(
@@ -212,7 +249,7 @@ def make_token_figure(
             zmax=hi,
             xgap=2,
             ygap=2,
-            colorbar=dict(title=color_by),
+            colorbar=_colorbar(color_by, lo, hi),
         )
     )
     fig.update_xaxes(visible=False)

@@ -225,6 +225,9 @@ def grad_norm_by_prob(
     return _binned(run, bin_edges(bins), means, _base(step_range, loss_only, update_id))
 
 
+CONTEXT_MARKS = ("⟦", "⟧")  # around the ranked token in top_tokens' context column
+
+
 def top_tokens(
     run,
     step: int,
@@ -233,20 +236,34 @@ def top_tokens(
     value: str = TOK.logit_grad_norm,
     update_id: int | None = 0,
     loss_only: bool = False,
+    context: int = 5,
 ) -> pd.DataFrame:
     """The k tokens of a step with the largest `value`, and each one's share of the step's sum of it.
 
     share = value / sum over the step's tokens: with value = logit_grad_norm, how much of the summed
     per-token logit-gradient norm one token carries (a spike made by a few tokens shows shares near 1).
+    context: the `context` tokens before and after it in its completion, the token itself in ⟦ ⟧.
     """
     v = _token_column(value)
     w = _base((step, step), loss_only, update_id).add(f"{v} IS NOT NULL")
+    inner = _base((step, step), False, update_id)
     cols = ", ".join(c for c in FORENSIC_COLUMNS if c != v)
+    n = max(int(context), 0)
+    frame = f"OVER (PARTITION BY {TOK.sample_id} ORDER BY {TOK.position} ROWS BETWEEN"
+    around = (
+        f"coalesce(string_agg({TOK.token}, '') {frame} {n} PRECEDING AND 1 PRECEDING), '') AS _before, "
+        f"coalesce(string_agg({TOK.token}, '') {frame} 1 FOLLOWING AND {n} FOLLOWING), '') AS _after"
+        if n
+        else "'' AS _before, '' AS _after"
+    )
+    open_, close = CONTEXT_MARKS
     q = (
-        f"SELECT {cols}, {v}, {v} / nullif(sum({v}) OVER (), 0) AS share FROM tokens{w.sql()} "
+        f"SELECT {cols}, {v}, {v} / nullif(sum({v}) OVER (), 0) AS share, "
+        f"_before || '{open_}' || coalesce({TOK.token}, '') || '{close}' || _after AS context "
+        f"FROM (SELECT *, {around} FROM tokens{inner.sql()}) AS tokens{w.sql()} "
         f"ORDER BY {v} DESC, {TOK.sample_id}, {TOK.position} LIMIT ?"
     )
-    return run.sql(q, w.params + [int(k)])
+    return run.sql(q, inner.params + w.params + [int(k)])
 
 
 def top_samples(
