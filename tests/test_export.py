@@ -52,7 +52,7 @@ EXPECTED = {
 def test_export_png_svg_pdf_with_one_browser(runs, tmp_path, capsys):
     argv = [str(runs[1]), "--out", str(tmp_path), "--format", "png", "svg", "pdf"]
     assert cli_export(argv) == 0
-    files = sorted(p for p in tmp_path.iterdir() if p.name != "headline.csv")
+    files = sorted(p for p in tmp_path.iterdir() if p.name not in ("headline.csv", "captions.md"))
     assert (tmp_path / "headline.csv").read_text().startswith("run,below,token_share,update_share")
     expected = {n for n in EXPECTED if not n.endswith("tr_grpo")} - {
         "weight_curves"
@@ -94,7 +94,7 @@ def test_no_browser_writes_html_and_says_how_to_install(runs, tmp_path, monkeypa
     err = capsys.readouterr().err
     assert "apt-get install -y chromium" in err and "BROWSER_PATH" in err and "Writing HTML instead" in err
     names = {p.name for p in tmp_path.iterdir()}
-    assert names == {f"{n}.html" for n in EXPECTED} | {"plotly.min.js", "headline.csv"}
+    assert names == {f"{n}.html" for n in EXPECTED} | {"plotly.min.js", "headline.csv", "captions.md"}
     html = (tmp_path / "reward.html").read_text()
     assert '"name":"tr_grpo"' in html and '"name":"grpo"' in html  # both runs overlaid
     assert (
@@ -124,3 +124,62 @@ def test_figure_set_skips_nan_labels_with_a_reason(runs):
     assert nan_label(go.Figure(layout=dict(title="share nan%"))) is not None
     assert nan_label(go.Figure(go.Bar(x=["[0.00,0.25)"], y=[0.5], texttemplate="%{y:.0%}"))) is None
     assert nan_label(go.Figure(layout=dict(title="financial"))) is None  # a word containing 'nan'
+
+
+# In the browser: every text box of every exported figure inside the figure, legends of bounded height,
+# and tick labels that read distinctly (no two alike on an axis, no SI prefixes), on the shipped runs.
+FIGURE_CHECK_JS = """() => {
+  const svg = document.querySelector('svg');
+  const W = svg.width.baseVal.value, H = svg.height.baseVal.value;
+  const out = {W, H, outside: [], legend: 0, axes: []};
+  for (const t of svg.querySelectorAll('text')) {
+    if (!t.textContent.trim()) continue;
+    const b = t.getBBox(), m = t.getCTM();
+    const x0 = m.a * b.x + m.c * b.y + m.e, y0 = m.b * b.x + m.d * b.y + m.f;
+    const x1 = m.a * (b.x + b.width) + m.c * (b.y + b.height) + m.e;
+    const y1 = m.b * (b.x + b.width) + m.d * (b.y + b.height) + m.f;
+    const [l, r, u, d] = [Math.min(x0, x1), Math.max(x0, x1), Math.min(y0, y1), Math.max(y0, y1)];
+    if (l < -1 || u < -1 || r > W + 1 || d > H + 1) out.outside.push(t.textContent);
+  }
+  const legend = svg.querySelector('g.legend');
+  if (legend) out.legend = legend.getBBox().height;
+  for (const layer of svg.querySelectorAll('g.xaxislayer-above, g.yaxislayer-above')) {
+    out.axes.push(Array.from(layer.querySelectorAll('text')).map(t => t.textContent));
+  }
+  return out;
+}"""
+
+
+@needs_browser
+@pytest.mark.browser
+@pytest.mark.parametrize("family", ["lab", "smollm"])
+def test_exported_figures_keep_every_label_inside_and_readable(family, tmp_path):
+    from pathlib import Path
+
+    playwright = pytest.importorskip("playwright.sync_api")
+    from tokengrad.figures.figureset import build_figure_set
+    from tokengrad.read.runs import list_runs, load_run
+
+    runs = {Path(p).name: load_run(p) for p in list_runs(Path(__file__).parents[1] / "sample_runs")}
+    specs, _ = build_figure_set({n: r for n, r in runs.items() if n.startswith(family)}, max_words=30)
+    specs = [s for s in specs if not s.name.startswith("wordcloud")]  # an image: no SVG text to measure
+    paths = export.write_static(specs, tmp_path, "svg")
+    problems = []
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=find_browser(), args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page()
+        for path in paths:
+            page.goto(path.as_uri())
+            got = page.evaluate(FIGURE_CHECK_JS)
+            if got["outside"]:
+                problems.append(f"{path.name}: text outside the figure: {got['outside']}")
+            if got["legend"] > 0.3 * got["H"]:
+                problems.append(f"{path.name}: legend {got['legend']:.0f} px of {got['H']:.0f}")
+            for ticks in got["axes"]:
+                labels = [t for t in ticks if t.strip()]
+                if len(labels) != len(set(labels)):
+                    problems.append(f"{path.name}: repeated tick labels {labels}")
+                if [t for t in labels if t[-1:] in "µmkMG" and t[:-1].replace(".", "").isdigit()]:
+                    problems.append(f"{path.name}: SI-prefixed ticks {labels}")
+        browser.close()
+    assert len(paths) >= 20 and not problems, "\n".join(problems)

@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 import pytest
 from plotly.colors import sample_colorscale
 
@@ -43,7 +44,15 @@ from tokengrad.figures import (
     with_update_shares,
 )
 from tokengrad.figures.evals import wilson_interval
-from tokengrad.figures.style import RUN_PALETTE
+from tokengrad.figures.style import (
+    RUN_PALETTE,
+    bucket_color,
+    bucket_colors,
+    captions,
+    integer_step_axis,
+    legend_height,
+    log_ticks,
+)
 from tokengrad.figures.tokens import color_range
 from tokengrad.figures.wordclouds import (
     clean_token,
@@ -275,7 +284,7 @@ def test_bucket_shares_by_hand():
     np.testing.assert_allclose(plain["update_share"], [0.7, 0.4, -0.1])
     np.testing.assert_allclose(bucket_shares(_buckets(), step_range=(1, 1))["token_share"], [0.5, 0.5, 0.0])
     fig = make_bucket_share_figure(_buckets())
-    assert [t.name for t in fig.data] == ["token share", "update share"]
+    assert [t.name for t in fig.data] == ["share of loss tokens", "share of the update"]
     np.testing.assert_allclose(fig.data[1].y, [0.76, 0.34, -0.1])
 
 
@@ -312,7 +321,7 @@ def test_reference_curves_and_grad_vs_prob_figure():
         }
     )
     fig = make_grad_vs_prob_figure(binned, ref_scale=2.0)
-    assert [t.name for t in fig.data] == ["(1 − p)", "√2 (1 − p)", "mean logit_grad_unit"]
+    assert [t.name for t in fig.data] == ["(1 − p)", "√2 (1 − p)", "mean per probability bin"]
     assert fig.data[0].y[50] == pytest.approx(2 * 0.5) and fig.data[1].y[0] == pytest.approx(2 * np.sqrt(2))
     assert list(fig.data[2].x) == [0.2] and list(fig.data[2].y) == [0.9]  # the empty bin is dropped
     with pytest.raises(ValueError, match="no column"):
@@ -356,7 +365,11 @@ def _evals():
 
 def test_accuracy_by_difficulty_uses_last_step_weighted_by_n():
     fig = make_accuracy_by_difficulty_figure({"a": _evals()})
-    assert list(fig.data[0].x) == ["2", "3", "10"]  # numeric order
+    assert list(fig.data[0].x) == ["2<br>n=10", "3<br>n=40", "10<br>n=10"]  # numeric order, n once per tick
+    assert list(fig.data[0].text) == ["90%", "88%", "20%"]
+    other = _evals().assign(n=lambda d: d["n"] * 2)
+    two = make_accuracy_by_difficulty_figure({"a": _evals(), "b": other})  # n differs: on each bar instead
+    assert list(two.data[0].x) == ["2", "3", "10"] and two.data[1].text[1] == "88%<br>n=80"
     # difficulty 3 at step 10: ranks 0 and 1 -> (0.5*10 + 1.0*30) / 40 = 0.875
     np.testing.assert_allclose(fig.data[0].y, [0.9, 0.875, 0.2])
     assert [int(c[0]) for c in fig.data[0].customdata] == [10, 40, 10]
@@ -478,18 +491,20 @@ def _layers(values, layers=(("total", 1.0),)):
 
 def test_grad_norm_figure_marks_dead_steps_and_smooths_over_live_ones():
     fig = make_grad_norm_figure({"r": _layers([2.0, 0.0, 4.0, 0.0, 0.0, 8.0])}, smoothing=0.5, spike_k=None)
-    raw, smooth, dead = fig.data
+    raw, smooth, key, dead = fig.data
     np.testing.assert_array_equal(raw.y, [2.0, np.nan, 4.0, np.nan, np.nan, 8.0])  # gaps, not the log floor
     # debiased EMA (w = .5) over the live values 2, 4, 8 only: 2; (.5*2 + 4)/1.5; (.25*2 + .5*4 + 8)/1.75
     np.testing.assert_allclose(smooth.y[[0, 2, 5]], [2.0, 10 / 3, 6.0])
     assert np.isnan(smooth.y[[1, 3, 4]]).all() and smooth.connectgaps  # bridged, never decayed
     np.testing.assert_array_equal(smooth.customdata, raw.y)  # hover shows the recorded value
-    assert list(dead.x) == [1, 3, 4] and dead.name == "r: 3 of 6 steps had no gradient"
+    assert list(dead.x) == [1, 3, 4] and dead.name == "r: no gradient" and not dead.showlegend
+    assert key.name == "step without gradient" and len(key.x) == 0  # one legend entry for every run
+    assert captions(fig) == ["r: 3 of 6 steps had no gradient"]  # the count: a caption, not the legend
     assert dead.yaxis == "y2" and fig.layout.yaxis2.range == (0, 1) and not fig.layout.yaxis2.visible
     assert fig.layout.hovermode == "x unified"
     all_dead = make_grad_norm_figure({"r": _layers([0.0, 0.0])})
     assert "no step had a gradient" in [a.text for a in all_dead.layout.annotations]
-    assert all_dead.data[-1].name == "r: 2 of 2 steps had no gradient"
+    assert captions(all_dead) == ["r: 2 of 2 steps had no gradient"]
 
 
 def test_spikes_and_cv_are_computed_over_live_steps():
@@ -535,12 +550,13 @@ def test_per_layer_chart_highlights_the_top_k_blocks():
         "model.layers.27",
     ]
     legend = [t.name for t in fig.data if t.showlegend is not False]
-    assert "other blocks" in legend and "model.layers.29" in legend and len(legend) == 5  # + dead ticks
+    assert "other blocks" in legend and "model.layers.29" in legend and len(legend) == 5  # + dead-step key
     grey = [t for t in fig.data if t.name == "other blocks"]
     assert len(grey) == 27 and {t.line.color for t in grey} == {"#BDBDBD"}
     assert all(np.isnan(t.y[2]) for t in fig.data if t.yaxis == "y")  # step 2 is dead: a gap in every block
-    ticks = [t for t in fig.data if t.yaxis == "y2"]
-    assert len(ticks) == 1 and ticks[0].name == "all blocks: 1 of 3 steps had no gradient"
+    ticks = [t for t in fig.data if t.yaxis == "y2" and len(t.x)]
+    assert len(ticks) == 1 and ticks[0].name == "all blocks: no gradient"
+    assert captions(fig) == ["all blocks: 1 of 3 steps had no gradient"]
 
 
 # ---- the gradient by probability, and the bucket analysis -------------------------------------------
@@ -627,7 +643,7 @@ def test_figure_table_long_form():
     t = figure_table(fig)
     assert list(t.columns) == ["trace", "panel", "x", "y"]
     assert t[t["trace"] == "r"]["y"].tolist()[0] == 2.0
-    assert t[t["trace"] == "r: 1 of 2 steps had no gradient"]["x"].tolist() == [1]
+    assert t[t["trace"] == "r: no gradient"]["x"].tolist() == [1]
     blocks = (("total", 1), ("model.layers.0", 0.5))
     heat = figure_table(make_layer_heatmap_figure(_layers([1.0, 2.0], blocks)))
     assert heat["z"].tolist() == [0.5, 1.0]
@@ -657,6 +673,38 @@ def test_accuracy_carries_n_wilson_interval_and_zero_is_not_missing():
         ),
     }
     fig = make_accuracy_by_difficulty_figure(evals)
-    assert list(fig.data[0].text) == ["0%<br>n=4", "50%<br>n=100"]
-    assert list(fig.data[1].text) == ["25%<br>n=4", "not evaluated"]
+    assert list(fig.data[0].x) == ["1<br>n=4", "2<br>n=100"]  # the runs that have it agree on n
+    assert list(fig.data[0].text) == ["0%", "50%"]
+    assert list(fig.data[1].text) == ["25%", "not evaluated"]
     np.testing.assert_allclose(fig.data[0].error_y.array, [hi[0], hi[1] - 0.5], atol=1e-9)
+
+
+def test_log_ticks_are_written_out_and_step_ticks_are_whole():
+    vals, text = log_ticks(0.3, 20)
+    assert text == ["0.5", "1", "2", "5", "10", "20"] and len(set(text)) == len(text)  # 0.5 never reads "5"
+    assert log_ticks(1e-6, 10)[1] == ["1e-06", "1e-05", "0.0001", "0.001", "0.01", "0.1", "1", "10"]
+    fig = go.Figure(go.Scatter(x=[0, 1, 2, 7], y=[1, 2, 3, 4]))
+    integer_step_axis(fig, [0, 1, 2, 7])
+    assert (fig.layout.xaxis.dtick, fig.layout.xaxis.tickformat) == (1, "d")  # a short run: every step
+    integer_step_axis(fig, range(200))
+    assert fig.layout.xaxis.tickformat == "~d"
+
+
+def test_bucket_colours_do_not_depend_on_the_other_buckets():
+    assert bucket_color("[0.00,0.25)") == bucket_colors(["[0.00,0.25)", "[0.25,1.00)"])["[0.00,0.25)"]
+    assert (
+        bucket_color("[0.00,0.25)")
+        == bucket_colors(["[0.00,0.25)", "[0.25,0.50)", "[0.50,1.00)"])["[0.00,0.25)"]
+    )
+    assert bucket_color("residual") == "#9E9E9E"
+    with pytest.raises(ValueError, match="bucket label"):
+        bucket_color("low")
+
+
+def test_paper_style_moves_subtitles_to_captions_and_makes_room_for_the_legend():
+    fig = go.Figure([go.Scatter(x=[0, 1], y=[0, 1], name=f"a_rather_long_run_name_{i}") for i in range(6)])
+    fig.update_layout(title="run<br><sup>19 of 20 analysed updates had a gradient</sup>")
+    out = paper_style(fig, keep_title=True)
+    assert out.layout.title.text == "run" and captions(out) == ["19 of 20 analysed updates had a gradient"]
+    assert legend_height(out, 336) > legend_height(go.Figure(fig.data[:2]), 336)  # wrapped rows get room
+    assert out.layout.yaxis.exponentformat == "e"  # never SI prefixes

@@ -16,6 +16,7 @@ import streamlit as st
 from app import data
 from app.views.sidebar import FORMAT_KEY, RUNS_KEY, folder_run_names, run_label
 from tokengrad.figures.export import figure_to_bytes, find_browser
+from tokengrad.figures.style import captions
 from tokengrad.figures.tables import figure_table
 
 MIME = {"png": "image/png", "svg": "image/svg+xml", "html": "text/html"}
@@ -124,16 +125,21 @@ def download_format() -> str:
 
 
 def chart(fig: go.Figure, key: str, name: str | None = None, table: pd.DataFrame | None = None) -> None:
-    """Draw a figure full width with two download buttons under it: the image (format chosen in the
-    sidebar) and its data as CSV (`table`, else every plotted point, figures.tables.figure_table).
+    """Draw a figure full width, its caption lines (figures.style.captions: e.g. how many steps had no
+    gradient) and two download buttons side by side under it: the image (format chosen in the sidebar)
+    and its data as CSV (`table`, else every plotted point, figures.tables.figure_table).
 
     The files are built only when a button is clicked (deferred callables), so a page with many charts
     does not pay for static export (~1-2 s per figure with kaleido) on every rerun."""
     st.plotly_chart(fig, width="stretch", key=f"chart_{key}")
+    notes = captions(fig)
+    if notes:
+        st.caption(" · ".join(notes))
     fmt = download_format()
     size = {"width": DOWNLOAD_WIDTH, "height": fig.layout.height or DOWNLOAD_HEIGHT}
     stem = _slug(name or key)
-    st.download_button(
+    image, csv, _ = st.columns([1, 1, 4])  # side by side, under the chart's left edge
+    image.download_button(
         f"Download {fmt.upper()}",
         data=lambda: figure_to_bytes(fig, fmt, **size),
         file_name=f"{stem}.{fmt}",
@@ -143,7 +149,7 @@ def chart(fig: go.Figure, key: str, name: str | None = None, table: pd.DataFrame
         icon=":material/download:",
         type="tertiary",
     )
-    st.download_button(
+    csv.download_button(
         "Download CSV",
         data=lambda: (table if table is not None else figure_table(fig)).to_csv(index=False).encode("utf-8"),
         file_name=f"{stem}.csv",

@@ -23,10 +23,9 @@ from tokengrad.figures.gradnorms import (
     make_grad_norm_figure,
     make_layer_grad_norm_figure,
     make_layer_heatmap_figure,
-    run_grad_norms,
 )
 from tokengrad.figures.headline import make_headline_figure
-from tokengrad.figures.liveness import LIVE_HELP, count_note
+from tokengrad.figures.liveness import LIVE_HELP
 from tokengrad.figures.smoothing import DEFAULT_SPIKE_K
 from tokengrad.figures.summary import summarize_run
 from tokengrad.read.headline import (
@@ -36,7 +35,6 @@ from tokengrad.read.headline import (
     low_prob_label,
     pooled_bucket_shares,
 )
-from tokengrad.schema import STEP
 
 STATUS_HELP = (
     "finished: the recorder closed the run; running: files written in the last 15 min; crashed: the "
@@ -208,10 +206,9 @@ def _grad_norms(runs: list[str], c: dict) -> None:
         title="Total gradient norm before clipping",
     )
     common.chart(fig, "ov_gradnorm", "grad_norm_total")
-    notes = " · ".join(f"{n}: {count_note(run_grad_norms(df), STEP.grad_norm)}" for n, df in layers.items())
     st.caption(
-        notes + ". Steps without a gradient (every advantage 0) are gaps marked at the bottom; the "
-        "smoothing and the spike search skip them."
+        "Steps without a gradient (every advantage 0) are gaps marked at the bottom; the smoothing and the "
+        "spike search skip them."
     )
     _per_layer([r for r in runs if common.run_name(r) in layers], layers, c)
 

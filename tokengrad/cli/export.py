@@ -11,6 +11,7 @@ from tokengrad.figures.export import (
     INSTALL_HINT,
     STATIC_FORMATS,
     BrowserNotFoundError,
+    write_captions,
     write_html,
     write_static,
 )
@@ -88,6 +89,7 @@ def cli_export(argv: list[str]) -> int:
     table = out / "headline.csv"  # the numbers the headline figure shows (tokengrad.read.headline)
     headline_table(runs, tuple(args.steps) if args.steps else None).to_csv(table, index=False)
     print(table)
+    print(write_captions(specs, out))
     code = 0
     try:
         paths = write_static(specs, out, args.format)

@@ -21,7 +21,13 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from tokengrad.figures.style import bucket_colors, dashboard_layout, empty_figure, run_colors
+from tokengrad.figures.style import (
+    bucket_colors,
+    dashboard_layout,
+    empty_figure,
+    integer_step_axis,
+    run_colors,
+)
 from tokengrad.read.headline import pooled_bucket_shares, pooled_step_shares
 from tokengrad.schema import BUCKET, RESIDUAL_BUCKET
 
@@ -33,13 +39,13 @@ _MEAN_COLUMNS = (
     BUCKET.correct_ratio,
 )
 SHARE_COLUMNS = frozenset({BUCKET.token_share, BUCKET.update_share})
-BUCKET_LABELS = {
-    BUCKET.token_share: "token share",
-    BUCKET.update_share: "update share <g_B, g>/|g|²",
-    BUCKET.grad_norm: "bucket gradient norm |g_B|",
-    BUCKET.cos_to_total: "cos(g_B, g)",
-    BUCKET.dprob_mean: "mean Δprob after the update",
-    BUCKET.correct_ratio: "correct ratio",
+BUCKET_LABELS = {  # the columns in words, on axes, legends and pickers
+    BUCKET.token_share: "share of loss tokens",
+    BUCKET.update_share: "share of the update",
+    BUCKET.grad_norm: "gradient norm of the bucket's tokens",
+    BUCKET.cos_to_total: "cosine to the update",
+    BUCKET.dprob_mean: "mean change of probability",
+    BUCKET.correct_ratio: "share of A > 0 tokens made more likely",
 }
 RESIDUAL_HELP = (
     "residual: the part of the update not built on log π (an entropy bonus or a KL term "
@@ -179,7 +185,7 @@ def make_bucket_share_figure(
             go.Bar(
                 x=s[BUCKET.bucket],
                 y=s[col].fillna(0.0),
-                name=BUCKET_LABELS[col].split(" <")[0],
+                name=BUCKET_LABELS[col],
                 marker_color=color,
                 texttemplate="%{y:.0%}",
                 textposition="outside",
@@ -188,7 +194,7 @@ def make_bucket_share_figure(
             )
         )
     fig.update_layout(barmode="group")
-    fig.update_xaxes(title="probability bucket")
+    fig.update_xaxes(title="token probability bucket")
     fig.update_yaxes(title="share", tickformat=".0%")
     return dashboard_layout(fig, _with_note(title, note))
 
@@ -278,6 +284,7 @@ def make_bucket_steps_figure(
     if stacked:
         fig.update_layout(barmode="relative", bargap=0.05)
     fig.update_xaxes(title="step")
+    integer_step_axis(fig, grid.index.to_numpy())
     fig.update_yaxes(title=BUCKET_LABELS[value], tickformat=".0%" if value in SHARE_COLUMNS else None)
     return dashboard_layout(fig, title)
 

@@ -20,7 +20,14 @@ from plotly.subplots import make_subplots
 
 from tokengrad.figures.liveness import dead_mask, dead_note, live_mask
 from tokengrad.figures.smoothing import debiased_ema, find_spikes
-from tokengrad.figures.style import dashboard_layout, empty_figure, run_colors
+from tokengrad.figures.style import (
+    add_caption,
+    captions,
+    dashboard_layout,
+    empty_figure,
+    integer_step_axis,
+    run_colors,
+)
 from tokengrad.schema import STEP
 
 OVERVIEW_METRICS = (STEP.reward_mean, STEP.loss, STEP.entropy_mean, STEP.kl, STEP.clip_frac, STEP.weight_mean)
@@ -189,23 +196,43 @@ def add_curve(
             )
 
 
+NO_GRADIENT = "step without gradient"
+
+
 def dead_markers(fig: go.Figure, x, name: str, color: str, note: str, pos: dict) -> None:
-    """Ticks at the bottom of the panel (its hidden 0..1 secondary axis), one per step without a gradient;
-    the legend entry carries the count."""
+    """Ticks at the bottom of the panel (its hidden 0..1 secondary axis), one per step without a gradient.
+    The legend gets one "step without gradient" entry for every run; the count ("k of n steps had no
+    gradient") goes to the figure's caption (style.add_caption), which keeps the legend compact."""
+    if not any(t.legendgroup == NO_GRADIENT for t in fig.data):  # one legend entry, no data of its own
+        fig.add_trace(
+            go.Scatter(
+                x=[],
+                y=[],
+                mode="markers",
+                name=NO_GRADIENT,
+                legendgroup=NO_GRADIENT,
+                marker=dict(color="#666666", symbol=DEAD_SYMBOL, size=10, line=dict(width=2)),
+            ),
+            secondary_y=True,
+            **pos,
+        )
     fig.add_trace(
         go.Scatter(
             x=x,
             y=np.full(len(x), 0.03),
             mode="markers",
-            name=f"{name}: {note}",
-            legendgroup=name,
-            showlegend=True,
+            name=f"{name}: no gradient",
+            legendgroup=NO_GRADIENT,
+            showlegend=False,
             marker=dict(color=color, symbol=DEAD_SYMBOL, size=10, line=dict(width=2)),
-            hovertemplate="no gradient (grad norm 0)",
+            hovertemplate=f"{name}: no gradient (grad norm 0)<extra></extra>",
         ),
         secondary_y=True,
         **pos,
     )
+    line = f"{name}: {note}"
+    if line not in captions(fig):
+        add_caption(fig, line)
 
 
 def curve_grid(nrows: int = 1, ncols: int = 1, titles: Sequence[str] | None = None) -> go.Figure:
@@ -290,6 +317,8 @@ def make_overview_figure(
             title_text=metric_label(metric), type="log" if log_y else "linear", secondary_y=False, **pos
         )
         fig.update_xaxes(title_text=x_axis if pos["row"] == nrows else None, **pos)
+    if x_axis == "step":
+        integer_step_axis(fig, [s for df in steps.values() if STEP.step in df for s in df[STEP.step]])
     return finish_curves(fig, title, height=max(320, 260 * nrows))
 
 

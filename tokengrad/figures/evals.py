@@ -130,17 +130,18 @@ def make_accuracy_by_difficulty_figure(
     if not tables:
         return empty_figure("no evaluations recorded", title)
     order = difficulty_order([d for t in tables.values() for d in t[EVAL.difficulty]])
+    ticks = _difficulty_ticks(tables, order)
     fig = go.Figure()
     for name, t in tables.items():
         t = t.set_index(EVAL.difficulty).reindex(order).reset_index()
         missing = t[EVAL.accuracy].isna()
-        text = [
-            ("not evaluated" if m else f"{a:.0%}<br>n={int(n)}")
-            for m, a, n in zip(missing, t[EVAL.accuracy].fillna(0), t[EVAL.n].fillna(0))
+        text = [  # n goes under the tick when every run has the same n there (one label, no collisions)
+            ("not evaluated" if m else f"{a:.0%}" + ("" if "n=" in ticks[d] else f"<br>n={int(n)}"))
+            for m, a, n, d in zip(missing, t[EVAL.accuracy].fillna(0), t[EVAL.n].fillna(0), order)
         ]
         fig.add_trace(
             go.Bar(
-                x=t[EVAL.difficulty],
+                x=[ticks[d] for d in order],
                 y=t[EVAL.accuracy].fillna(0),
                 name=name,
                 marker_color=cmap[name],
@@ -153,10 +154,21 @@ def make_accuracy_by_difficulty_figure(
                 f"%{{customdata[1]:.1%}} to %{{customdata[2]:.1%}}<extra>{name}</extra>",
             )
         )
-    fig.update_layout(barmode="group")
-    fig.update_xaxes(title="difficulty", type="category", categoryorder="array", categoryarray=order)
+    fig.update_layout(barmode="group", uniformtext=dict(minsize=7, mode="hide"))
+    fig.update_xaxes(
+        title="difficulty", type="category", categoryorder="array", categoryarray=[ticks[d] for d in order]
+    )
     fig.update_yaxes(title="accuracy (95% Wilson interval)", tickformat=".0%", range=[0, 1.15])
     return dashboard_layout(fig, title)
+
+
+def _difficulty_ticks(tables: Mapping[str, pd.DataFrame], order: list) -> dict:
+    """difficulty -> its tick label: 'd<br>n=N' when every run that has it evaluated N problems there."""
+    out = {}
+    for d in order:
+        ns = {int(n) for t in tables.values() for n in t.loc[t[EVAL.difficulty] == d, EVAL.n].dropna()}
+        out[d] = f"{d}<br>n={ns.pop()}" if len(ns) == 1 else str(d)
+    return out
 
 
 def make_accuracy_over_steps_figure(

@@ -23,7 +23,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 
 from tokengrad.figures.figureset import FigureSpec
-from tokengrad.figures.style import PNG_DPI, PNG_SCALE, paper_style
+from tokengrad.figures.style import PNG_DPI, PNG_SCALE, captions, paper_style
 
 STATIC_FORMATS = ("png", "svg", "pdf")
 BROWSER_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
@@ -128,6 +128,19 @@ def set_png_dpi(path: Path, dpi: int = PNG_DPI) -> None:
     with Image.open(path) as im:
         im.load()
         im.save(path, format="PNG", dpi=(dpi, dpi))
+
+
+def write_captions(specs: Sequence[FigureSpec], out_dir: Path) -> Path:
+    """captions.md: each figure's caption lines (the counts and notes kept out of its legend and title)."""
+    lines = ["# Figure captions", ""]
+    for spec in specs:
+        fig = paper_style(spec.figure, spec.width, spec.height_in, keep_title=spec.keep_title)
+        notes = captions(fig)
+        if notes:
+            lines += [f"- **{spec.name}**: " + "; ".join(notes)]
+    path = out_dir / "captions.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 def write_html(specs: Sequence[FigureSpec], out_dir: Path) -> list[Path]:

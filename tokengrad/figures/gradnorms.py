@@ -27,7 +27,13 @@ from tokengrad.figures.curves import (
 )
 from tokengrad.figures.liveness import count_note, dead_steps, live_mask
 from tokengrad.figures.smoothing import DEFAULT_SPIKE_K
-from tokengrad.figures.style import dashboard_layout, empty_figure, run_colors
+from tokengrad.figures.style import (
+    dashboard_layout,
+    empty_figure,
+    integer_step_axis,
+    readable_log_axis,
+    run_colors,
+)
 from tokengrad.schema import LAYER, STEP, TOTAL_LAYER
 
 OTHER_BLOCKS = "other blocks"
@@ -87,8 +93,13 @@ def make_grad_norm_figure(
             any_live = any_live or bool(live_mask(s[LAYER.grad_norm]).any())
     if not fig.data:
         return empty_figure(f"no gradient norms recorded for '{layer}'", title)
-    label = "grad norm (pre-clip)" if layer == TOTAL_LAYER else f"grad norm of {layer}"
+    label = "gradient norm before clipping" if layer == TOTAL_LAYER else f"gradient norm of {layer}"
     fig.update_yaxes(type="log" if log_y else "linear", title_text=label, secondary_y=False)
+    shown = [y for t in fig.data if t.yaxis in (None, "y") for y in (t.y if t.y is not None else ())]
+    if log_y:
+        readable_log_axis(fig, shown, secondary_y=False)
+    if x_axis == "step":
+        integer_step_axis(fig, [x for t in fig.data for x in (t.x if t.x is not None else ())])
     if not any_live:  # only dead-step ticks: no value axis to read
         fig.add_annotation(
             text="no step had a gradient",
@@ -168,8 +179,13 @@ def make_layer_grad_norm_figure(
     total = run_grad_norms(layers)
     if dead_steps(total):  # one row of ticks for all blocks: the steps whose total norm is 0
         dead_markers(fig, dead_steps(total), "all blocks", "#666666", count_note(total), dict(row=1, col=1))
-    fig.update_yaxes(type="log" if log_y else "linear", title_text="grad norm (pre-clip)", secondary_y=False)
+    fig.update_yaxes(
+        type="log" if log_y else "linear", title_text="gradient norm before clipping", secondary_y=False
+    )
+    if log_y:
+        readable_log_axis(fig, blocks[LAYER.grad_norm], secondary_y=False)
     fig.update_xaxes(title_text="step")
+    integer_step_axis(fig, blocks[STEP.step])
     return finish_curves(fig, title, hovermode="closest")
 
 

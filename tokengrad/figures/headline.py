@@ -21,7 +21,8 @@ from tokengrad.read.headline import TOKEN_SHARE_NAME, UPDATE_SHARE_NAME
 from tokengrad.schema import BUCKET, RESIDUAL_BUCKET
 
 RESIDUAL_TOL = 5e-4  # a residual share below this rounds to 0 % and is not drawn
-Y_TITLE = "share (hatched: of loss tokens; solid: of the update)"
+Y_TITLE = "share"
+KEY_COLOR = "#666666"
 
 
 def _shown(s: pd.DataFrame) -> pd.DataFrame:
@@ -71,6 +72,17 @@ def make_headline_figure(
                     "<extra></extra>",
                 )
             )
+    for label, symbol in ((TOKEN_SHARE_NAME, "square-open"), (UPDATE_SHARE_NAME, "square")):
+        fig.add_trace(  # legend key of the fills (a scatter: an empty bar would take a slot in each group)
+            go.Scatter(
+                x=[None],
+                y=[None],
+                mode="markers",
+                name=f"{'hatched' if symbol.endswith('open') else 'solid'}: {label}",
+                marker=dict(color=KEY_COLOR, symbol=symbol, size=11, line=dict(width=1.5, color=KEY_COLOR)),
+                hoverinfo="skip",
+            )
+        )
     top = max(
         float(np.nanmax(s[[BUCKET.token_share, BUCKET.update_share]].to_numpy(float))) for s in have.values()
     )

@@ -127,6 +127,13 @@ def reference_curves(p) -> dict[str, np.ndarray]:
     return {"(1 − p)": 1.0 - p, "√2 (1 − p)": np.sqrt(2.0) * (1.0 - p)}
 
 
+GRAD_WORDS = {
+    TOK.logit_grad_unit: "gradient norm per unit coef",
+    TOK.logit_grad_norm: "per-token gradient norm",
+    TOK.head_grad_norm: "gradient norm at the LM head",
+}
+
+
 def make_grad_vs_prob_figure(
     binned: pd.DataFrame,
     value: str = TOK.logit_grad_unit,
@@ -164,7 +171,7 @@ def make_grad_vs_prob_figure(
             x=b[TOK.prob],
             y=b[value],
             mode="markers+lines",
-            name=f"mean {value}",
+            name="mean per probability bin",
             marker=dict(color="#D55E00", size=7),
             line=dict(color="#D55E00", width=1),
             customdata=b[[BIN.lo, BIN.hi, BIN.count]],
@@ -173,7 +180,7 @@ def make_grad_vs_prob_figure(
         )
     )
     fig.update_xaxes(title="token probability p", range=[0, 1])
-    fig.update_yaxes(title=value.replace("_", " "), rangemode="tozero")
+    fig.update_yaxes(title=GRAD_WORDS.get(value, value.replace("_", " ")), rangemode="tozero")
     return dashboard_layout(fig, title)
 
 

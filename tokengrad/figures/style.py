@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import re
 
+import numpy as np
 import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 
@@ -141,11 +142,61 @@ PAPER_TEMPLATE = go.layout.Template(
 
 def dashboard_layout(fig: go.Figure, title: str | None = None, **layout) -> go.Figure:
     """Apply the dashboard template (in place) and return the figure. A two-line title (a subtitle after
-    <br>) gets the room above the legend row it needs."""
+    <br>) gets the room above the legend row it needs. Numbers on every axis are written 1e-4, never with
+    SI prefixes (plotly's default reads 1e-4 as "100µ")."""
     if title and "<br>" in title and "margin" not in layout:
         layout["margin"] = dict(t=100)
     fig.update_layout(template=DASHBOARD_TEMPLATE, title=title, **layout)
+    fig.update_xaxes(exponentformat="e")
+    fig.update_yaxes(exponentformat="e")
     return fig
+
+
+# ---- captions: what a figure says below itself instead of in its legend --------------------------------
+def add_caption(fig: go.Figure, text: str) -> go.Figure:
+    """Attach a caption line (e.g. "lab_grpo: 1 of 200 steps had no gradient"); the dashboard prints the
+    captions under the chart and `tokengrad export` writes them to captions.md."""
+    meta = dict(fig.layout.meta or {}) if isinstance(fig.layout.meta, dict) else {}
+    meta["captions"] = [*meta.get("captions", []), text]
+    fig.update_layout(meta=meta)
+    return fig
+
+
+def captions(fig: go.Figure) -> list[str]:
+    """The figure's caption lines (add_caption), in order."""
+    meta = fig.layout.meta
+    return list(meta.get("captions", [])) if isinstance(meta, dict) else []
+
+
+def log_ticks(lo: float, hi: float) -> tuple[list[float], list[str]]:
+    """Tick values and labels written out for a log axis over [lo, hi]: 1, 2, 5 per decade (decades only
+    beyond 4 decades), so 0.5 and 5 never both read "5"."""
+    if not (np.isfinite(lo) and np.isfinite(hi)) or lo <= 0 or hi <= 0:
+        return [], []
+    lo, hi = min(lo, hi), max(lo, hi)
+    first, last = int(np.floor(np.log10(lo))), int(np.ceil(np.log10(hi)))
+    mantissas = (1,) if last - first > 4 else (1, 2, 5)
+    vals = [m * 10.0**e for e in range(first, last + 1) for m in mantissas]
+    vals = [v for v in vals if lo / 1.0001 <= v <= hi * 1.0001] or [10.0**first, 10.0**last]
+    return vals, [f"{v:.4g}" for v in vals]
+
+
+def readable_log_axis(fig: go.Figure, values, **selector) -> None:
+    """Give the log y axes picked by `selector` (update_yaxes keywords) written-out ticks for `values`."""
+    x = np.asarray(values, dtype=float)
+    x = x[np.isfinite(x) & (x > 0)]
+    if x.size:
+        vals, text = log_ticks(float(x.min()), float(x.max()))
+        fig.update_yaxes(tickvals=vals, ticktext=text, **selector)
+
+
+def integer_step_axis(fig: go.Figure, steps, **selector) -> None:
+    """Whole-number step ticks: every step on a short run (at most 12), else integer labels only."""
+    s = np.unique(np.asarray(steps, dtype=float)[np.isfinite(np.asarray(steps, dtype=float))])
+    if s.size and s.size <= 12 and np.all(s == np.round(s)):
+        fig.update_xaxes(tickmode="linear", tick0=float(s.min()), dtick=1, tickformat="d", **selector)
+    else:
+        fig.update_xaxes(tickformat="~d", **selector)
 
 
 def paper_size(width: str = "column", height_in: float | None = None) -> tuple[int, int]:
@@ -167,6 +218,11 @@ def paper_style(
     """
     out = go.Figure(fig)
     w, h = paper_size(width, height_in)
+    title = out.layout.title.text
+    if title and "<br>" in title:  # a subtitle would be clipped in a column: it becomes a caption
+        head, sub = title.split("<br>", 1)
+        out.update_layout(title_text=head)
+        add_caption(out, re.sub(r"</?sup>", "", sub).strip())
     out.update_layout(
         template=PAPER_TEMPLATE,
         width=w,
@@ -176,7 +232,7 @@ def paper_style(
         legend=PAPER_LEGEND,
         hovermode="closest",
     )
-    legend_px = 30 if out.layout.showlegend is not False else 10
+    legend_px = legend_height(out, w) if out.layout.showlegend is not False else 10
     if keep_title:  # the run's name, above the legend
         out.update_layout(
             title=dict(font=dict(size=PAPER_FONT_PX), x=0.01, xanchor="left", y=0.99, yanchor="top"),
@@ -192,10 +248,34 @@ def paper_style(
         title_font=dict(size=PAPER_FONT_PX),
         nticks=PAPER_NTICKS,
     )
-    out.update_xaxes(rangeslider_visible=False, showgrid=False, **ticks)  # y grid only
-    out.update_yaxes(gridcolor="#E5E5E5", **ticks)
+    out.update_xaxes(rangeslider_visible=False, showgrid=False, exponentformat="e", **ticks)  # y grid only
+    out.update_yaxes(gridcolor="#E5E5E5", exponentformat="e", **ticks)
     out.update_annotations(font_size=PAPER_FONT_PX)
     return out
+
+
+def legend_entries(fig: go.Figure) -> list[str]:
+    """The names the legend shows (one per legend group)."""
+    seen: dict[str, None] = {}
+    for t in fig.data:
+        if getattr(t, "showlegend", None) is not False and getattr(t, "name", None):
+            seen.setdefault(getattr(t, "legendgroup", None) or t.name, None)
+    return list(seen)
+
+
+def legend_height(fig: go.Figure, width_px: int) -> int:
+    """Top margin in px for a horizontal paper legend: its rows (entries ~6 px a character plus the
+    symbol, wrapped at the figure width) at 14 px each, plus a gap."""
+    entries = legend_entries(fig)
+    if len(entries) <= 1 and fig.layout.showlegend is not True:
+        return 10
+    row, rows = 0, 1
+    for name in entries:
+        need = 6 * len(name) + 40
+        if row and row + need > width_px:
+            rows, row = rows + 1, 0
+        row += need
+    return 14 * rows + 14
 
 
 def empty_figure(message: str, title: str | None = None) -> go.Figure:
