@@ -193,7 +193,7 @@ def make_bucket_share_figure(
                 hovertemplate="%{x}<br>%{y:.2%} (%{customdata} tokens)<extra>%{fullData.name}</extra>",
             )
         )
-    fig.update_layout(barmode="group")
+    fig.update_layout(barmode="group", uniformtext=dict(minsize=8, mode="show"))  # one label size
     fig.update_xaxes(title="token probability bucket")
     fig.update_yaxes(title="share", tickformat=".0%")
     return dashboard_layout(fig, _with_note(title, note))

@@ -82,7 +82,7 @@ def make_gradient_share_figure(shares: pd.DataFrame, *, title: str | None = None
                 "summed per-token gradient norm %{customdata[1]:.4g}<extra></extra>",
             )
         )
-    fig.update_layout(barmode="group")
+    fig.update_layout(barmode="group", uniformtext=dict(minsize=8, mode="show"))  # one label size
     fig.update_xaxes(title="token probability bucket")
     top = max(float(np.nanmax(shares[c])) for c in SHARE_BARS if c in shares.columns)
     fig.update_yaxes(title="share", tickformat=".0%", range=[0, min(1.0, top) * 1.15 + 0.02])
@@ -227,7 +227,7 @@ def make_partition_share_figure(shares: pd.DataFrame, by: str, *, title: str | N
                 hovertemplate="%{x}<br>%{y:.1%} " + name + "<br>%{customdata} tokens<extra></extra>",
             )
         )
-    fig.update_layout(barmode="group")
+    fig.update_layout(barmode="group", uniformtext=dict(minsize=8, mode="show"))  # one label size
     fig.update_xaxes(title=PARTITION_TITLES[by], type="category")
     fig.update_yaxes(title="share", tickformat=".0%")
     return dashboard_layout(fig, title)
