@@ -148,7 +148,7 @@ def test_page_renders_without_errors(server, browser, name, scenario):
         if name == "inspector" and scenario == "synthetic":  # one span per token (24 per completion)
             assert page.locator(".tg-tokens .tg-tok").count() == 24
         if name == "inspector" and scenario == "dead":
-            assert "had no gradient" in text and "(no gradient)" in text
+            assert "had no gradient" in text and "Steps with a gradient: none" in text
         if name == "overview" and scenario == "dead":
             assert "20 of 20 steps had no gradient" in text
     finally:
@@ -162,7 +162,8 @@ def test_run_chips_wear_the_run_colours(server, browser):
     page = _open(browser, server, "evaluation", runs)
     try:
         _settle(page, 1)
-        colors = run_colors(runs)
+        folder = sorted(p.name for p in server.root.iterdir() if (p / "meta.json").exists())
+        colors = run_colors(folder)  # assigned over the whole folder: a run keeps it whatever is picked
         tags = page.locator("[data-testid=stSidebar] [data-tag]")
         for i in range(tags.count()):
             name = tags.nth(i).inner_text().strip()
@@ -262,3 +263,86 @@ def test_server_binds_localhost_only(server):
         if c.status == psutil.CONN_LISTEN and c.laddr.port == port
     ]
     assert listening and set(listening) <= {"127.0.0.1"}, listening
+
+
+# Every chart of a page: its text inside the chart, a legend of bounded height, distinct tick labels.
+CHART_CHECK_JS = """() => Array.from(document.querySelectorAll('[data-testid=stPlotlyChart] .js-plotly-plot'))
+  .map(plot => {
+    const box = plot.getBoundingClientRect();
+    const outside = Array.from(plot.querySelectorAll('svg text')).filter(t => t.textContent.trim())
+      .filter(t => { const b = t.getBoundingClientRect();
+        return b.width > 0 && (b.left < box.left - 1 || b.right > box.right + 1 || b.top < box.top - 1
+                               || b.bottom > box.bottom + 1); })
+      .map(t => t.textContent);
+    const legend = plot.querySelector('g.legend'), area = plot.querySelector('.nsewdrag');
+    const l = legend ? legend.getBoundingClientRect() : null, a = area ? area.getBoundingClientRect() : null;
+    const side = !!(l && a && l.left >= a.right - 1);  // a legend beside the plot takes no plot height
+    const axes = Array.from(plot.querySelectorAll('g.xaxislayer-above, g.yaxislayer-above'))
+      .map(a => Array.from(a.querySelectorAll('text')).map(t => t.textContent).filter(t => t.trim()));
+    return {height: box.height, legend: l && !side ? l.height : 0, outside, axes};
+  })"""
+
+
+@pytest.mark.parametrize("name", ["overview", "buckets", "evaluation"])
+def test_charts_keep_their_labels_inside_on_the_shipped_runs(server, browser, name):
+    runs = [r for r in SHIPPED if r.startswith("lab_")]
+    page = _open(browser, server, name, runs)
+    try:
+        _settle(page, 2)
+        charts = page.evaluate(CHART_CHECK_JS)
+        assert len(charts) >= 2
+        for i, c in enumerate(charts):
+            assert not c["outside"], f"{name} chart {i}: text outside the chart: {c['outside']}"
+            assert c["legend"] <= 0.35 * c["height"], (
+                f"{name} chart {i}: legend {c['legend']} of {c['height']}"
+            )
+            for ticks in c["axes"]:
+                assert len(ticks) == len(set(ticks)), f"{name} chart {i}: repeated tick labels {ticks}"
+        _screenshot(page, ARTIFACTS / f"figures_{name}.png")
+    finally:
+        page.close()
+
+
+def _number(page) -> int:
+    return int(page.get_by_test_id("stNumberInputField").input_value())
+
+
+def test_inspector_steps_spikes_and_opens_a_clicked_token_row(server, browser):
+    from tokengrad.read.queries import top_tokens
+    from tokengrad.read.runs import load_run
+
+    page = _open(browser, server, "inspector", ["lab_grpo"])
+    try:
+        _settle(page, 1)
+        run = load_run(server.root / "lab_grpo")
+        start = _number(page)
+        gn = run.layers[run.layers["layer"] == "total"].groupby("step")["grad_norm"].max()
+        assert start == int(gn.idxmax())  # opens at the largest-gradient step
+        page.get_by_role("button", name="◀ previous spike").click()
+        page.wait_for_function(
+            f"document.querySelector('[data-testid=stNumberInputField]').value != '{start}'"
+        )
+        _settle(page, 1)
+        spike = _number(page)
+        assert spike < start and f"Gradient-norm spike {spike}" in page.inner_text("[data-testid=stMain]")
+        box = page.get_by_test_id("stNumberInputField")
+        box.fill("37")
+        box.press("Enter")
+        page.wait_for_function("document.querySelector('[data-testid=stNumberInputField]').value == '37'")
+        _settle(page, 1)
+        assert "Step 37" in page.inner_text("[data-testid=stMain]")
+        top = top_tokens(run, 37, k=20)
+        table = page.locator("[data-testid=stDataFrame]").nth(1)  # tokens carrying the step's gradient
+        table.wait_for(state="visible")
+        table.scroll_into_view_if_needed()
+        grid = table.bounding_box()
+        page.mouse.click(grid["x"] + 12, grid["y"] + 35 + 35 + 17)  # the second row's selection cell
+        want = f"Sample {int(top['sample_id'].iloc[1])} ·"  # the second row: not the completion shown first
+        page.wait_for_function(
+            f"document.querySelector('[data-testid=stMain]').innerText.includes({want!r})", timeout=60_000
+        )
+        assert page.locator(".tg-tokens .tg-tok").count() > 0
+        assert "pushed up" in page.inner_text("[data-testid=stMain]")
+        _screenshot(page, ARTIFACTS / "inspector_clicked.png")
+    finally:
+        page.close()

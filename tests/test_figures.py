@@ -365,11 +365,12 @@ def _evals():
 
 def test_accuracy_by_difficulty_uses_last_step_weighted_by_n():
     fig = make_accuracy_by_difficulty_figure({"a": _evals()})
-    assert list(fig.data[0].x) == ["2<br>n=10", "3<br>n=40", "10<br>n=10"]  # numeric order, n once per tick
+    assert list(fig.data[0].x) == ["2", "3", "10"]  # numeric order
+    assert list(fig.layout.xaxis.ticktext) == ["2<br>n=10", "3<br>n=40", "10<br>n=10"]  # n once per tick
     assert list(fig.data[0].text) == ["90%", "88%", "20%"]
     other = _evals().assign(n=lambda d: d["n"] * 2)
     two = make_accuracy_by_difficulty_figure({"a": _evals(), "b": other})  # n differs: on each bar instead
-    assert list(two.data[0].x) == ["2", "3", "10"] and two.data[1].text[1] == "88%<br>n=80"
+    assert list(two.layout.xaxis.ticktext) == ["2", "3", "10"] and two.data[1].text[1] == "88%<br>n=80"
     # difficulty 3 at step 10: ranks 0 and 1 -> (0.5*10 + 1.0*30) / 40 = 0.875
     np.testing.assert_allclose(fig.data[0].y, [0.9, 0.875, 0.2])
     assert [int(c[0]) for c in fig.data[0].customdata] == [10, 40, 10]
@@ -673,7 +674,7 @@ def test_accuracy_carries_n_wilson_interval_and_zero_is_not_missing():
         ),
     }
     fig = make_accuracy_by_difficulty_figure(evals)
-    assert list(fig.data[0].x) == ["1<br>n=4", "2<br>n=100"]  # the runs that have it agree on n
+    assert list(fig.layout.xaxis.ticktext) == ["1<br>n=4", "2<br>n=100"]  # the runs that have it agree on n
     assert list(fig.data[0].text) == ["0%", "50%"]
     assert list(fig.data[1].text) == ["25%", "not evaluated"]
     np.testing.assert_allclose(fig.data[0].error_y.array, [hi[0], hi[1] - 0.5], atol=1e-9)

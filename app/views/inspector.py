@@ -240,6 +240,7 @@ def _completion(run: str, step: int) -> None:
     if tokens.empty or color_by not in tokens or tokens[color_by].isna().all():
         st.info(f"'{color_by}' was not recorded for this completion; pick another colour.")
         return
+    st.markdown(f"**Sample {sample}** · {labels[sample].split(': ', 1)[1]}")
     st.html(token_html(tokens, color_by))
     st.caption(
         "Each box is one token; hover it for every value recorded for it; faded tokens are outside the loss."

@@ -91,7 +91,8 @@ def analysis_note(updates: pd.DataFrame) -> str:
     if live.empty:
         noun = "step" if n_steps == 1 else "steps"
         return f"all {n_steps} analysed {noun} had no gradient (every advantage was 0)"
-    steps = ", ".join(str(int(s)) for s in sorted(live[BUCKET.step].unique()))
+    at = sorted(int(s) for s in live[BUCKET.step].unique())
+    steps = ", ".join(map(str, at)) if len(at) <= 6 else f"{len(at)} steps from {at[0]} to {at[-1]}"
     ups = ", ".join(str(int(u)) for u in sorted(live[BUCKET.update_id].unique()))
     return (
         f"{len(live)} of {len(updates)} analysed updates had a gradient (steps {steps}; "

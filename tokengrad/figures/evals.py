@@ -141,7 +141,7 @@ def make_accuracy_by_difficulty_figure(
         ]
         fig.add_trace(
             go.Bar(
-                x=[ticks[d] for d in order],
+                x=order,
                 y=t[EVAL.accuracy].fillna(0),
                 name=name,
                 marker_color=cmap[name],
@@ -156,7 +156,12 @@ def make_accuracy_by_difficulty_figure(
         )
     fig.update_layout(barmode="group", uniformtext=dict(minsize=7, mode="hide"))
     fig.update_xaxes(
-        title="difficulty", type="category", categoryorder="array", categoryarray=[ticks[d] for d in order]
+        title="difficulty",
+        type="category",
+        categoryorder="array",
+        categoryarray=order,
+        tickvals=order,
+        ticktext=[ticks[d] for d in order],
     )
     fig.update_yaxes(title="accuracy (95% Wilson interval)", tickformat=".0%", range=[0, 1.15])
     return dashboard_layout(fig, title)
