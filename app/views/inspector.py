@@ -98,8 +98,9 @@ def _step_ui(run: str) -> tuple[int, bool, str]:
     spikes = [s for s in _spike_steps(gn) if s in set(steps)]
     largest = _largest_step(steps, per_step, gn)
     if st.session_state.get(STEP_RUN_KEY) != run:  # first visit, or another run: its largest gradient
-        st.session_state[STEP_RUN_KEY] = run
-        st.session_state[STEP_KEY] = largest
+        linked = st.session_state.get(STEP_KEY) if STEP_RUN_KEY not in st.session_state else None
+        st.session_state[STEP_RUN_KEY] = run  # a first visit from a link (urlstate "step") keeps its step
+        st.session_state[STEP_KEY] = nearest(steps, linked) if linked is not None else largest
     elif st.session_state.get(STEP_KEY) not in steps:  # typed between recorded steps
         st.session_state[STEP_KEY] = nearest(steps, st.session_state.get(STEP_KEY, largest))
     c = st.columns([2, 1, 1, 1.3])
