@@ -5,10 +5,10 @@
     python benchmarks/bench_read_while_compacting.py --grace 0  # merged files removed at once (as before)
 
 Each read opens the run, reads the steps table (pyarrow) and counts the token rows per step (DuckDB), as
-the dashboard's live refresh does. A fresh run is started every 100 reads, so that
-reads stay quick (compact_every=3 at full speed writes ~1,000 files a table a minute). A read fails when it raises; it is wrong when a step is missing or read
-twice, or a step holds other than 64 token rows. Target: 0 failed and 0 wrong reads (the reader guarantee
-of docs/run_format.md).
+the dashboard's live refresh does. A fresh run is started every 100 reads, so that reads stay quick
+(compact_every=3 at full speed writes ~1,000 files a table a minute). A read fails when it raises; it is
+wrong when a step is missing or read twice, or a step holds other than 64 token rows. Target: 0 failed
+and 0 wrong reads (the reader guarantee of docs/run_format.md).
 """
 
 from __future__ import annotations

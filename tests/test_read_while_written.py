@@ -8,10 +8,10 @@ import warnings
 
 import pytest
 
+from tests.test_reliability import TOKENS_PER_STEP, record_step
 from tokengrad import Recorder, faults, load_run
 from tokengrad.read import runs
 from tokengrad.record import Output, RunInfo
-from tests.test_reliability import TOKENS_PER_STEP, record_step
 
 
 @pytest.fixture(autouse=True)

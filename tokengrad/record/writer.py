@@ -19,8 +19,8 @@ on_error="raise" the error is re-raised in the training thread at the next submi
 from __future__ import annotations
 
 import json
-import os
 import math
+import os
 import queue
 import threading
 import time
