@@ -32,8 +32,9 @@ class RunClaimedError(OSError):
 class Claim:
     """This process's claim on one rank of a run directory; `owner` is the Recorder recording it."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, created: list[Path]):
         self.path = path
+        self.created = created  # folders the claim made, removed again if nothing else came into them
         self.owner: object | None = None
 
     def release(self) -> None:
@@ -41,6 +42,11 @@ class Claim:
         if _HELD.get(str(self.path)) is self:
             del _HELD[str(self.path)]
             self.path.unlink(missing_ok=True)
+            for folder in self.created:  # a refused config leaves no empty run directory behind
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
 
 
 def lock_path(run_dir: Path, rank: int) -> Path:
@@ -53,10 +59,11 @@ def take(run_dir: str | os.PathLike, rank: int = 0) -> Claim:
     path = lock_path(Path(run_dir), rank)
     if str(path) in _HELD:
         raise RunClaimedError(f"{run_dir} is already being recorded by this process ({path} is held)")
+    created = [p for p in (path.parent, path.parent.parent) if not p.exists()]
     path.parent.mkdir(parents=True, exist_ok=True)
     for _ in range(2):  # a second try after breaking a stale claim
         if _create(path):
-            claim = _HELD[str(path)] = Claim(path)
+            claim = _HELD[str(path)] = Claim(path, created)
             return claim
         holder = _holder(path)
         if not _is_stale(holder):
