@@ -150,7 +150,9 @@ class Recorder:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
-            if self._step is not None:  # an interrupted step is still recorded as far as it got
+            if self._step is not None and exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+                self.discard_step()  # Ctrl-C / SIGTERM: the step in flight did not happen
+            elif self._step is not None:  # a step that failed is still recorded as far as it got
                 self.end_step()
         finally:
             self.close(finished=exc_type is None)  # a run that ended in an error is not finished
@@ -279,6 +281,13 @@ class Recorder:
         self.last_step = st.step
         if self._on_error == "raise":  # the error belongs to this step, not the next one
             writer.wait_for(self._last_seq)
+
+    def discard_step(self) -> None:
+        """Drop the open step without recording it (an interrupted step: a resume runs it again)."""
+        st, self._step = self._step, None
+        if st is None:
+            raise RuntimeError("no step is open")
+        st.discard()
 
     @property
     def on_error(self) -> str:
