@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 
 from tokengrad import schema
 from tokengrad.read import layout
+from tokengrad.read.meta_file import read_meta
 
 READ_ATTEMPTS = 5  # listings tried while compaction keeps replacing files under a reader
 # DuckDB errors of a query's own mistakes; any other DuckDB error may come from a vanished or damaged file
@@ -66,17 +67,9 @@ def load_run(path: str | os.PathLike) -> "Run":
 class Run:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        meta_path = self.path / schema.META_FILE
-        if not meta_path.exists():
-            raise FileNotFoundError(f"{self.path} is not a tokengrad run: {schema.META_FILE} is missing")
-        try:
-            self.meta: dict = json.loads(meta_path.read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{meta_path} is not valid JSON ({err}); the run metadata is damaged") from None
-        if not isinstance(self.meta, dict):
-            raise ValueError(f"{meta_path} must hold a JSON object, got {type(self.meta).__name__}")
+        self.meta: dict = read_meta(self.path)
         version = self.meta.get("schema_version")
-        if not isinstance(version, int) or version > schema.SCHEMA_VERSION:
+        if not isinstance(version, int) or version > schema.SCHEMA_VERSION:  # read_meta checked the type
             raise SchemaVersionError(
                 f"{self.path} uses run-format schema version {version!r}; this tokengrad reads versions "
                 f"<= {schema.SCHEMA_VERSION}. Upgrade tokengrad to read it."
