@@ -8,31 +8,11 @@ discarded, every completed step is flushed to disk, the rank status and meta.jso
 from __future__ import annotations
 
 import argparse
-import contextlib
-import signal
 import sys
 
+from tokengrad.cli.signals import Terminated, sigterm_unwinds
 from tokengrad.train import distributed as dist
 from tokengrad.train.config import describe_config, load_config
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised in the main thread so that it unwinds like Ctrl-C (the recorder flushes and closes)."""
-
-
-@contextlib.contextmanager
-def sigterm_unwinds():
-    """SIGTERM raises Terminated while the block runs; a second SIGTERM kills as usual."""
-
-    def handler(signum, frame):
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        raise Terminated()
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def cli_train(argv: list[str]) -> int:
