@@ -93,3 +93,46 @@ def test_damaged_meta_files_are_named(small_run, content, message, capsys):
     assert str(small_run / "meta.json") in str(err.value)
     assert main(["inspect", str(small_run)]) == 2
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_parquet_file_with_no_columns_is_skipped_with_a_warning(small_run):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    empty = small_run / "steps" / "rank000" / "s00009999-00009999.parquet"
+    pq.write_table(pa.table({}), empty)
+    with pytest.warns(RuntimeWarning, match="it has no columns"):
+        run = load_run(small_run)
+        assert run.steps["step"].tolist() == [0]
+        assert run.sql("SELECT count(*) AS n FROM steps")["n"][0] == 1
+    assert any(str(empty) in w for w in run.warnings)
+
+
+def test_looping_symlink_files_are_skipped_and_every_read_works(small_run, capsys):
+    folder = small_run / "steps" / "rank000"
+    (folder / "s00009998-00009998.parquet").symlink_to("s00009999-00009999.parquet")
+    (folder / "s00009999-00009999.parquet").symlink_to("s00009998-00009998.parquet")
+    with pytest.warns(RuntimeWarning, match="s00009999-00009999.parquet"):
+        run = load_run(small_run)
+        assert run.steps["step"].tolist() == [0]
+        assert run.sql("SELECT count(*) AS n FROM steps")["n"][0] == 1
+    assert main(["inspect", str(small_run)]) == 0
+
+
+def test_a_looping_folder_typed_in_the_runs_box_is_a_clear_error(tmp_path):
+    from tokengrad.read.served_root import confine
+
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    with pytest.raises(ValueError, match="cannot be opened"):
+        confine(tmp_path / "loop" / "x", tmp_path)
+
+
+def test_a_table_folder_linking_out_of_the_run_is_not_followed(tmp_path, small_run):
+    outside = tmp_path / "private"
+    with Recorder(outside, config={"secret": 1}, info=RunInfo(name="p")) as rec:
+        with rec.step(0) as st:
+            st.samples(sample_ids=[0], group_ids=[0], completions=["private text"])
+    (small_run / "samples").symlink_to(outside / "samples")
+    with pytest.warns(RuntimeWarning, match="links outside the run folder"):
+        assert load_run(small_run).samples.empty
+    assert load_run(small_run, follow_links_out=True).samples["completion"].tolist() == ["private text"]
