@@ -57,14 +57,14 @@ def cli_publish(argv: list[str]) -> int:
             make_tracker("wandb", args.wandb, mode=args.wandb_mode, name=name, config=config, **extra)
         )
     try:
-        n = publish_run(run, trackers)
-        for t in trackers:
-            t.close()
+        try:
+            n = publish_run(run, trackers)
+        finally:
+            for t in trackers:
+                t.close()
         if args.tensorboard:
             move_into(stage, Path(args.tensorboard))
     finally:
-        for t in trackers:
-            t.close()
         if args.tensorboard:
             shutil.rmtree(stage, ignore_errors=True)
     where = " and ".join(
