@@ -359,27 +359,14 @@ def bucket_label(lo: float, hi: float) -> str:
     return f"[{lo:.2f},{hi:.2f})"
 
 
-# What a reader of the run format may rely on (tokengrad.read.layout, record/writer.py, record/claim.py).
-READER_GUARANTEE = """
-## What a reader sees
-
-Each table of each rank is a folder of files `sFIRST-LAST.parquet` (the writer's commits FIRST..LAST),
-each written to a dot-named temporary file and renamed: a file with its final name is complete.
-
-* **While a run is written**: a read returns every step committed when its listing was made, each once;
-  a step in flight is either wholly in a table or not in it.
-* **While it is compacted**: a merge writes the merged file first and leaves the small files it covers in
-  place for `RETIRE_GRACE_S` (10 s), removed by a later merge or when the writer closes. A reader holding
-  a listing made before the merge still finds every file it named; ranges contained in another file are
-  ignored, so no row is read twice. A reader slower than the grace period lists again (at most 5 times).
-* **After a kill**: only whole files remain, plus temporary files (never read) and small files a merge
-  already covers (ignored); the next writer of that rank removes both. Steps are read once.
-* **After a resume**: rows of steps at or after the resumed step are removed before new ones are written;
-  meanwhile a reader sees either the old rows of a step or none.
-* **One writer per rank**: `ranks/rankRRR.lock` (pid, host, start time) claims a rank of the run for one
-  process and one Recorder; a second one is refused. A claim whose pid is gone on the same host is broken
-  automatically; one left on another host is broken by deleting that file.
-* Unusable files (corrupt, truncated, clashing column types, no columns) are skipped with a warning.
+READER_GUARANTEE = """\n## What a reader sees (read/layout.py, record/writer.py, record/claim.py)
+* Written: files are renamed into place whole; a read returns every step committed at its listing, each once.
+* Compacted: merged-away small files stay RETIRE_GRACE_S (10 s), so an older listing still finds every file;
+  contained ranges are ignored (no row twice); a reader slower than that lists again (at most 5 times).
+* Killed: only whole files remain (others ignored, tidied by the next writer). SIGTERM / Ctrl-C: completed
+  steps on disk, the one in flight not. Resumed: later rows go first. Bad or symlinked-out files: skipped.
+* One writer per rank: `ranks/rankRRR.lock` (pid, host); a second process or Recorder is refused; a dead
+  pid's claim on the same host is broken automatically, another host's by deleting that file.
 """
 
 
