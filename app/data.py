@@ -7,6 +7,10 @@ data; a finished run keeps its signature and is served from the cache. Views cal
 functions below (`meta`, `table`, `query`, ...), which compute the signature and call the cached loaders.
 
 Token-level data are never loaded whole: `query` runs one of tokengrad.read.queries' DuckDB aggregations.
+
+The cache is bounded in size and time: an entry whose run has a newer signature is dropped as soon as the
+new one is loaded (a live refresh keeps one copy of each table, not one per refresh), every entry expires
+after _CACHE_TTL_S, and there are at most _CACHE_ENTRIES per loader.
 """
 
 from __future__ import annotations
@@ -45,7 +49,9 @@ QUERIES = {
         entropy_queries.entropy_by_position,
     )
 }
-_CACHE_ENTRIES = 256
+_CACHE_ENTRIES = 64
+_CACHE_TTL_S = 900  # seconds: a run nobody looks at any more frees its memory
+_LATEST: dict[tuple, Signature] = {}  # (loader, its other arguments) -> the signature cached last
 
 
 class RunLoadError(RuntimeError):
@@ -87,17 +93,17 @@ def _open(run_dir: str):
 
 
 # ---- cached loaders (keyed on the signature) -------------------------------------------------------
-@st.cache_data(show_spinner=False, max_entries=_CACHE_ENTRIES)
+@st.cache_data(show_spinner=False, max_entries=_CACHE_ENTRIES, ttl=_CACHE_TTL_S)
 def _load_meta(run_dir: str, sig: Signature) -> dict:
     return _open(run_dir).meta
 
 
-@st.cache_data(show_spinner=False, max_entries=_CACHE_ENTRIES)
+@st.cache_data(show_spinner=False, max_entries=_CACHE_ENTRIES, ttl=_CACHE_TTL_S)
 def _load_table(run_dir: str, table: str, sig: Signature) -> pd.DataFrame:
     return _open(run_dir).table(table)  # corrupt files are skipped; warnings_for() reports them
 
 
-@st.cache_data(show_spinner=False, max_entries=_CACHE_ENTRIES)
+@st.cache_data(show_spinner=False, max_entries=_CACHE_ENTRIES, ttl=_CACHE_TTL_S)
 def _load_warnings(run_dir: str, sig: Signature) -> tuple[str, ...]:
     run = _open(run_dir)
     for table in schema.TABLES:
@@ -105,27 +111,38 @@ def _load_warnings(run_dir: str, sig: Signature) -> tuple[str, ...]:
     return tuple(run.warnings)
 
 
-@st.cache_data(show_spinner=False, max_entries=_CACHE_ENTRIES)
+@st.cache_data(show_spinner=False, max_entries=_CACHE_ENTRIES, ttl=_CACHE_TTL_S)
 def _run_query(run_dir: str, name: str, sig: Signature, kwargs: tuple[tuple[str, Any], ...]) -> Any:
     return QUERIES[name](_open(run_dir), **dict(kwargs))
 
 
-@st.cache_data(show_spinner=False, max_entries=_CACHE_ENTRIES)
+@st.cache_data(show_spinner=False, max_entries=_CACHE_ENTRIES, ttl=_CACHE_TTL_S)
 def _headline(run_dir: str, sig: Signature, step_range: tuple[int, int] | None) -> headline.Headline:
     return headline.low_prob_shares(_open(run_dir), step_range)
+
+
+def _current(loader, before: tuple, sig: Signature, after: tuple = ()) -> Any:
+    """`loader(*before, sig, *after)`, after dropping what it cached for the same arguments under an older
+    signature (a superseded copy is never asked for again)."""
+    key = (loader.__name__, before, after)
+    old = _LATEST.get(key)
+    if old is not None and old != sig:
+        loader.clear(*before, old, *after)
+    _LATEST[key] = sig
+    return loader(*before, sig, *after)
 
 
 # ---- façade used by the views -----------------------------------------------------------------------
 def meta(run_dir: str) -> dict:
     """The run's meta.json as a dict."""
-    return _load_meta(run_dir, signature(run_dir, ()))
+    return _current(_load_meta, (run_dir,), signature(run_dir, ()))
 
 
 def table(run_dir: str, name: str) -> pd.DataFrame:
     """A small table (steps, layers, buckets, samples, evals) of the run; empty frame when absent."""
     if name not in SMALL_TABLES:
         raise ValueError(f"table {name!r} is not loaded whole; small tables: {sorted(SMALL_TABLES)}")
-    return _load_table(run_dir, name, signature(run_dir, (name,)))
+    return _current(_load_table, (run_dir, name), signature(run_dir, (name,)))
 
 
 def has_table(run_dir: str, name: str) -> bool:
@@ -135,7 +152,7 @@ def has_table(run_dir: str, name: str) -> bool:
 
 def warnings_for(run_dir: str) -> tuple[str, ...]:
     """Problems met reading the run (corrupt or unreadable files), one message each."""
-    return _load_warnings(run_dir, signature(run_dir))
+    return _current(_load_warnings, (run_dir,), signature(run_dir))
 
 
 def query(run_dir: str, name: str, **kwargs) -> Any:
@@ -143,13 +160,13 @@ def query(run_dir: str, name: str, **kwargs) -> Any:
     if name not in QUERIES:
         raise ValueError(f"unknown query {name!r}; known: {sorted(QUERIES)}")
     items = tuple(sorted((k, _hashable(v)) for k, v in kwargs.items()))
-    return _run_query(run_dir, name, signature(run_dir, ("tokens", "samples")), items)
+    return _current(_run_query, (run_dir, name), signature(run_dir, ("tokens", "samples")), (items,))
 
 
 def low_prob_shares(run_dir: str, step_range: tuple[int, int] | None = None) -> headline.Headline:
     """The run's headline shares (tokengrad.read.headline.low_prob_shares: the one definition)."""
     sig = signature(run_dir, ("buckets", "layers", "tokens", "prob_bins"))
-    return _headline(run_dir, sig, tuple(step_range) if step_range else None)
+    return _current(_headline, (run_dir,), sig, (tuple(step_range) if step_range else None,))
 
 
 def status(run_dir: str) -> run_state.RunStatus:

@@ -4,13 +4,19 @@ every step the run has completed is read exactly once.
     python scripts/fault_injection.py                       # 10 kills, seed 0
     python scripts/fault_injection.py --kills 30 --seed 4 --slow-writer 0.3 --keep runs/fi
 
-Each attempt resumes the run (or starts it, while it has no meta.json) and is killed in one of two ways,
-drawn at random:
+Each attempt resumes the run (or starts it, while it has no meta.json) and is stopped in one of three
+ways, drawn at random:
   * timer: SIGKILL at a random moment after the attempt's first new step reached disk;
   * point: SIGKILL at the k-th pass through a fault point of tokengrad.faults (a commit, a Parquet write, a
-    merge and the removal of its small files, the two renames of a checkpoint save, a finished checkpoint).
+    merge, the removal of the small files it covers after their grace period, the two renames of a
+    checkpoint save, a finished checkpoint);
+  * term: SIGTERM at a random moment; the process must exit 143 with its rank status written, meta.json
+    unfinished and its claim on the run directory released.
 Attempts train a few steps past the checkpoint, so processes also end normally and compact their files,
-and kills land in that compaction too. `--slow-writer S` makes every commit wait S seconds (a slow disk).
+and kills land in that compaction too (a run killed after its last step is finished by the next resume).
+A SIGKILL leaves the run's claim (ranks/rank000.lock) behind: the next attempt must break it as stale.
+While each attempt runs, a reader reads the run in a loop: every read must succeed and hold each step once.
+`--slow-writer S` makes every commit wait S seconds (a slow disk).
 
 After every attempt the run on disk is checked: each step up to the checkpoint's is in the steps table
 exactly once, and no token row (step, pass_id, sample_id, position) or sample row is read twice. At the end
@@ -28,6 +34,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -51,6 +58,7 @@ checkpoint_every = 1
 """
 POINTS = ("commit", "write", "compacted", "unlinked", "checkpoint_renamed", "checkpoint_saved")
 SAMPLES_PER_STEP = 4  # prompts_per_step x group_size
+DUP_TOKENS = "SELECT count(*) - count(DISTINCT (step, pass_id, sample_id, position)) AS d FROM tokens"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -89,9 +97,7 @@ def check(run_dir: Path, complete_to: int | None) -> tuple[int, list[str]]:
         warnings.simplefilter("ignore")
         run = load_run(run_dir)
         steps = run.steps["step"].tolist()
-        dup_tokens = run.sql(
-            "SELECT count(*) - count(DISTINCT (step, pass_id, sample_id, position)) AS d FROM tokens"
-        )["d"][0]
+        dup_tokens = run.sql(DUP_TOKENS)["d"][0]
         samples = run.samples.groupby("step").size()
     problems = []
     if len(steps) != len(set(steps)):
@@ -113,6 +119,33 @@ def check(run_dir: Path, complete_to: int | None) -> tuple[int, list[str]]:
     return complete_to + 1, problems
 
 
+class Reader(threading.Thread):
+    """Reads the run in a loop while an attempt writes it: counts reads, failed reads and reads that held
+    a step twice or a gap before the last step."""
+
+    def __init__(self, run_dir: Path):
+        super().__init__(daemon=True)
+        self.run_dir, self.stop = run_dir, threading.Event()
+        self.reads, self.failed, self.wrong = 0, [], 0
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            if not (self.run_dir / "meta.json").exists():
+                time.sleep(0.05)
+                continue
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    run = load_run(self.run_dir)
+                    steps = run.steps["step"].tolist()
+                    dup = run.sql(DUP_TOKENS)
+            except Exception as err:  # noqa: BLE001 - every failure is reported
+                self.failed.append(f"{type(err).__name__}: {err}"[:200])
+                continue
+            self.reads += 1
+            self.wrong += len(steps) != len(set(steps)) or bool(dup["d"][0])
+
+
 def new_steps(run_dir: Path) -> int:
     """Committed files of the steps table (a cheap progress signal while a process runs)."""
     return len(list((run_dir / "steps").rglob("s*.parquet")))
@@ -123,6 +156,7 @@ class Attempts:
         self.args, self.run_dir, self.config = args, run_dir, config
         self.rng = random.Random(args.seed)
         self.step_time = 3.0  # seconds per step, refined from what the attempts show
+        self.reads = 0  # reads made while attempts wrote the run
 
     def command(self, steps: int) -> list[str]:
         cmd = [
@@ -146,8 +180,8 @@ class Attempts:
             env[faults.ENV] = ",".join(parts)
         return env
 
-    def run(self, steps: int, mode: str) -> tuple[int, str]:
-        """One attempt; returns (return code, what was done)."""
+    def run(self, steps: int, mode: str) -> tuple[int, str, list[str]]:
+        """One attempt; returns (return code, what was done, violations seen while it ran)."""
         spec = None
         if mode == "point":
             spec = f"{self.rng.choice(POINTS)}:kill@{self.rng.randint(1, 3)}"
@@ -158,15 +192,35 @@ class Attempts:
             stderr=subprocess.PIPE,
             text=True,
         )
-        if mode == "timer":
-            self.kill_later(proc)
+        reader = Reader(self.run_dir)
+        reader.start()
+        if mode in ("timer", "term"):
+            self.kill_later(proc, signal.SIGTERM if mode == "term" else signal.SIGKILL)
         err = proc.communicate()[1]
-        if proc.returncode not in (0, -signal.SIGKILL):
+        reader.stop.set()
+        reader.join()
+        self.reads += reader.reads
+        if proc.returncode not in (0, -signal.SIGKILL, 143):
             raise SystemExit(f"the training process failed (exit {proc.returncode}):\n{err[-3000:]}")
-        return proc.returncode, spec or mode
+        problems = [f"read failed while the run was written: {e}" for e in reader.failed[:3]]
+        problems += [f"{reader.wrong} reads held a row twice"] * bool(reader.wrong)
+        if proc.returncode == 143:
+            problems += self.check_terminated(err)
+        return proc.returncode, spec or mode, problems
 
-    def kill_later(self, proc: subprocess.Popen) -> None:
-        """SIGKILL at a random moment after this attempt's first new step file appears."""
+    def check_terminated(self, err: str) -> list[str]:
+        """What a SIGTERM must leave: one exit line, the rank status, meta.json unfinished, no claim."""
+        problems = []
+        if "Traceback" in err or "stopped by SIGTERM" not in err:
+            problems.append(f"SIGTERM exit was not one line: {err[-300:]!r}")
+        if not (self.run_dir / "ranks" / "rank000.json").exists():
+            problems.append("SIGTERM left no rank status")
+        if (self.run_dir / "ranks" / "rank000.lock").exists():
+            problems.append("SIGTERM left the run's claim behind")
+        return problems
+
+    def kill_later(self, proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+        """`sig` at a random moment after this attempt's first new step file appears."""
         start = new_steps(self.run_dir)
         while proc.poll() is None and new_steps(self.run_dir) == start:
             time.sleep(0.05)
@@ -178,7 +232,7 @@ class Attempts:
             done = new_steps(self.run_dir) - start
             if done > 1:
                 self.step_time = 0.5 * self.step_time + 0.5 * (time.time() - t0) / (done - 1)
-            proc.send_signal(signal.SIGKILL)
+            proc.send_signal(sig)
             proc.wait()
 
 
@@ -204,29 +258,34 @@ def main(argv=None) -> int:
             shutil.rmtree(run_dir)
             ckpt, first = None, 0
         steps = min(args.steps - 1, first + attempts.rng.randint(1, 4))
-        mode = attempts.rng.choice(("timer", "point"))
-        rc, what = attempts.run(steps, mode)
-        kills += rc == -signal.SIGKILL
+        mode = attempts.rng.choice(("timer", "point", "term"))
+        rc, what, seen = attempts.run(steps, mode)
+        kills += rc in (-signal.SIGKILL, 143)
         ckpt_after = checkpoint_step(run_dir)
         got, problems = check(run_dir, ckpt_after)
+        problems = seen + problems
         checked += got
         violations += len(problems)
-        outcome = "killed" if rc else "ended"
+        outcome = {0: "ended", 143: "terminated"}.get(rc, "killed")
         print(
             f"[{kills}/{args.kills}] attempt {n}: steps {first}..{steps - 1}, {what}: {outcome}; "
             f"checkpoint at {ckpt_after}; {got} steps checked"
             + "".join(f"\n    VIOLATION {p}" for p in problems),
             flush=True,
         )
-    rc, _ = attempts.run(args.steps, "none")
+    rc, _, seen = attempts.run(args.steps, "none")
     got, problems = check(run_dir, args.steps - 1)
+    problems = seen + problems
     checked += got
     violations += len(problems)
     if (checkpoint_path(run_dir) / TRAINER_FILE).exists() and not problems:
         print(f"final run: steps 0..{args.steps - 1} each read exactly once", flush=True)
     for p in problems:
         print(f"    VIOLATION {p}", flush=True)
-    print(f"kills: {kills}  attempts: {n + 1}  violations: {violations}  steps checked: {checked}")
+    print(
+        f"kills: {kills}  attempts: {n + 1}  violations: {violations}  steps checked: {checked}  "
+        f"reads while writing: {attempts.reads}"
+    )
     if tmp:
         shutil.rmtree(tmp, ignore_errors=True)
     return 1 if violations else 0

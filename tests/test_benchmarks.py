@@ -49,6 +49,11 @@ FIGURES = {
         "diagnosis per committed step, s         median",
         "-> alert, s",
     ),
+    "bench_read_while_compacting.py": (
+        "reads:",
+        "failed reads:",
+        "wrong reads (missing or duplicate rows):",
+    ),
     "bench_recorder.py": (
         "no tokenizer:",
         "byte tokenizer:",

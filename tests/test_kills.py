@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -84,3 +85,17 @@ def test_a_read_only_run_directory_exits_0(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     assert re.search(r"\d+ rows could not be written .*could not be saved either", done.stderr)
+
+
+def test_a_kill_in_the_final_compaction_is_finished_by_a_resume(tmp_path):
+    """Killed while merging its files after the last step: the checkpoint is at the last step and the run
+    is not finished; --resume trains nothing, tidies the files and marks it finished."""
+    run_dir = tmp_path / "run"
+    killed = train(tmp_path, run_dir, fault="compacted:kill@1", steps=3)
+    assert killed.returncode == -signal.SIGKILL
+    assert load_run(run_dir).meta["finished"] is False
+    done = train(tmp_path, run_dir, "--resume", steps=3)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "stopped after its last step 2; finishing it" in done.stderr
+    assert load_run(run_dir).meta["finished"] is True
+    assert_each_step_once(run_dir, 3)

@@ -16,7 +16,7 @@ import torch
 
 from tokengrad import Recorder, faults, load_run, schema
 from tokengrad.read import layout
-from tokengrad.record import Output, RunInfo
+from tokengrad.record import Output, RunInfo, writer
 from tokengrad.record.rows import scalar_table
 
 N, T = 2, 5  # two sequences of five tokens per step; the second one masks its last two
@@ -84,11 +84,13 @@ def test_small_files_left_by_a_cut_compaction_are_removed_on_reopen(tmp_path, mo
     that overlaps the first merge, and every step is read once."""
     run_dir = tmp_path / "r"
     monkeypatch.setenv(faults.ENV, "unlinked:crash@1")
+    monkeypatch.setattr(writer, "RETIRE_GRACE_S", 0.0)  # merged files removed at once: the window is now
     rec = Recorder(run_dir, config={"lr": 1.0}, info=RunInfo(name="r"), output=Output(compact_every=3)).open()
     for step in range(3):  # commits 0, 2, 4 (the evals take 1, 3): the third one merges
         record_step(rec, step)
     rec._writer._thread.join(10)
     assert not rec._writer._thread.is_alive()
+    rec._lock.release()  # the process is gone (as after a kill): its claim with it
     monkeypatch.delenv(faults.ENV)
     found = layout.entries(run_dir / "tokens" / "rank000")
     widest = max(found, key=lambda e: e[1] - e[0])

@@ -3,6 +3,8 @@ Recorder(trackers=...), read back with TensorBoard's own EventAccumulator (and W
 
 from __future__ import annotations
 
+import time
+
 import pandas as pd
 import pytest
 import torch
@@ -205,8 +207,14 @@ def test_publish_to_wandb_offline(recorded, monkeypatch):
     argv = ["--wandb", "tokengrad-test", "--wandb-mode", "offline", "--wandb-dir", str(tmp)]
     assert main(["publish", str(run.path), *argv]) == 0
     (path,) = list((tmp / "wandb").glob("offline-run-*/run-*.wandb"))
+    records = _wandb_records(path)
+    for _ in range(100):  # W&B's core process may still be writing the file when finish() returns
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            break
+        time.sleep(0.2)
+        records = _wandb_records(path)
     logged = {}
-    for rec in _wandb_records(path):
+    for rec in records:
         if rec.WhichOneof("record_type") == "history":
             items = {i.key or "/".join(i.nested_key): i.value_json for i in rec.history.item}
             logged[int(float(items["step"]))] = items

@@ -50,7 +50,7 @@ def _controls() -> dict:
     smoothing = c1.slider(
         "Smoothing (debiased EMA weight)",
         0.0,
-        0.99,
+        urlstate.SMOOTH_MAX,
         step=0.01,
         key="ov_smooth",
         help="TensorBoard-style smoothing over live steps; 0 shows the raw curves only.",

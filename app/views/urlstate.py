@@ -6,7 +6,8 @@ Each synced widget is listed once in PARAMS (query parameter -> session key and 
 script run of a browser session, `restore()` copies the URL's values into Session State before any
 widget is created; the widgets read their defaults through `default()` (never a `value=` argument, which
 Streamlit would report as set twice); `push()` writes the current values back, so the address bar can be
-copied at any time. A value that does not parse is ignored (the widget keeps its default).
+copied at any time. A value that does not parse or lies outside what its widget offers (`?smooth=5`,
+`-1`, `1e999`, `nan`, an unknown x axis) is ignored: the widget keeps its default.
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ from typing import Any, NamedTuple
 
 import streamlit as st
 
+from tokengrad.figures.curves import X_AXES
+
 _RESTORED_KEY = "tg_url_restored"
+SMOOTH_MAX = 0.99  # the Overview slider's upper end
 
 
 class Param(NamedTuple):
@@ -31,6 +35,20 @@ def _bool(text: str) -> bool:
     return text == "1"
 
 
+def _smoothing(text: str) -> float:
+    """The Overview's EMA weight: a number in the slider's range 0..0.99 (NaN fails the comparison)."""
+    value = float(text)
+    if not 0.0 <= value <= SMOOTH_MAX:
+        raise ValueError(text)
+    return round(value, 2)  # the slider's step
+
+
+def _x_axis(text: str) -> str:
+    if text not in X_AXES:
+        raise ValueError(text)
+    return text
+
+
 def _names(text: str) -> list[str]:
     return [t for t in text.split(",") if t]
 
@@ -38,9 +56,9 @@ def _names(text: str) -> list[str]:
 _LIST = (_names, lambda v: ",".join(v))
 PARAMS: dict[str, Param] = {
     "runs": Param("tg_pick", *_LIST),
-    "smooth": Param("ov_smooth", float, lambda v: f"{v:g}"),
+    "smooth": Param("ov_smooth", _smoothing, lambda v: f"{v:g}"),
     "logy": Param("ov_logy", _bool, lambda v: "1" if v else "0"),
-    "x": Param("ov_x", str, str),
+    "x": Param("ov_x", _x_axis, str),
     "metrics": Param("ov_metrics_pick", *_LIST),
     "step": Param("in_step", int, str),  # the inspected step (tokengrad doctor's links)
     "sample": Param("in_sample", int, str),  # the completion to show first at that step

@@ -23,6 +23,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from tokengrad.cli.signals import Terminated, sigterm_unwinds
 from tokengrad.read.served_root import ALLOW_ANY_FLAG, PACKAGE_PARENT, resolve_root
 
 DEFAULT_PORT = 8501
@@ -66,6 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"address to bind (default {DEFAULT_HOST}; 0.0.0.0 exposes the dashboard to the network)",
     )
     p.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="another host name the dashboard is reached by (e.g. behind a proxy); repeatable. Requests "
+        "naming any other host are refused (DNS rebinding)",
+    )
+    p.add_argument(
         ALLOW_ANY_FLAG,
         action="store_true",
         help="let the app's 'Runs folder' box open any folder the server can read (default: only folders "
@@ -74,8 +83,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def build_command(root: Path, host: str, port: int, allow_any: bool = False) -> list[str]:
+def allowed_hosts(host: str, extra: list[str] | None = None) -> list[str]:
+    """Host names the server answers to (its WebSocket refuses any other Host header, which stops a DNS
+    rebinding page from reaching a server bound to 127.0.0.1): the bound address, the loopback names,
+    this machine's names when bound to every interface, and the --allowed-host names."""
+    names = [host, "127.0.0.1", "localhost", "::1"]
+    if host in ("0.0.0.0", "::", ""):
+        names += [socket.gethostname(), socket.getfqdn()]
+    return list(dict.fromkeys(n for n in names + list(extra or []) if n))
+
+
+def build_command(
+    root: Path, host: str, port: int, allow_any: bool = False, extra_hosts: list[str] | None = None
+) -> list[str]:
     """The `python -m streamlit run ...` command line; everything after `--` goes to the app."""
+    hosts = [arg for name in allowed_hosts(host, extra_hosts) for arg in ("--server.allowedHosts", name)]
     return [
         sys.executable,
         "-m",
@@ -92,6 +114,7 @@ def build_command(root: Path, host: str, port: int, allow_any: bool = False) -> 
         "false",
         "--client.toolbarMode",
         "minimal",
+        *hosts,
         "--",
         "--root",
         str(root),
@@ -120,8 +143,12 @@ def cli_dashboard(argv: list[str]) -> int:
         return 2
     print(f"tokengrad dashboard: serving {root} at http://{args.host}:{args.port}", flush=True)
     try:
-        command = build_command(root, args.host, args.port, args.allow_any_folder)
-        return subprocess.call(command, env=server_env())
+        command = build_command(root, args.host, args.port, args.allow_any_folder, args.allowed_host)
+        # SIGTERM unwinds like Ctrl-C: subprocess.call then stops the server instead of orphaning it
+        with sigterm_unwinds():
+            return subprocess.call(command, env=server_env())
+    except Terminated:
+        return 143
     except KeyboardInterrupt:  # Ctrl-C stops the server; that is the normal way to leave
         return 0
 

@@ -3,9 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+from pathlib import Path
 
 from tokengrad.integrations.trackers.backends import make_tracker, publish_run
 from tokengrad.read.runs import load_run
+
+
+def staging_dir(logdir: Path) -> Path:
+    """A fresh folder beside `logdir` (outside it: TensorBoard would list a folder inside as a run)."""
+    return logdir.parent / f".{logdir.name}.partial-{os.getpid()}"
+
+
+def move_into(stage: Path, logdir: Path) -> None:
+    """Move the complete event files from `stage` into `logdir` (renames: each appears whole)."""
+    logdir.mkdir(parents=True, exist_ok=True)
+    for f in sorted(stage.iterdir()) if stage.is_dir() else ():
+        os.replace(f, logdir / f.name)
 
 
 def cli_publish(argv: list[str]) -> int:
@@ -31,8 +46,9 @@ def cli_publish(argv: list[str]) -> int:
         p.error("give --tensorboard DIR and/or --wandb PROJECT")
     run = load_run(args.run)
     trackers = []
-    if args.tensorboard:
-        trackers.append(make_tracker("tensorboard", args.tensorboard))
+    if args.tensorboard:  # written next to DIR and moved in when complete: a killed publish leaves no
+        stage = staging_dir(Path(args.tensorboard))  # partial event file that looks whole
+        trackers.append(make_tracker("tensorboard", stage))
     if args.wandb:
         name = args.wandb_name or run.name
         config = run.meta.get("config") or {}
@@ -41,12 +57,19 @@ def cli_publish(argv: list[str]) -> int:
             make_tracker("wandb", args.wandb, mode=args.wandb_mode, name=name, config=config, **extra)
         )
     try:
-        n = publish_run(run, trackers)
+        try:
+            n = publish_run(run, trackers)
+        finally:
+            for t in trackers:
+                t.close()
+        if args.tensorboard:
+            move_into(stage, Path(args.tensorboard))
     finally:
-        for t in trackers:
-            t.close()
+        if args.tensorboard:
+            shutil.rmtree(stage, ignore_errors=True)
     where = " and ".join(
-        f"{type(t).__name__[:-7]} ({t.logdir if hasattr(t, 'logdir') else t.project})" for t in trackers
+        f"{type(t).__name__[:-7]} ({args.tensorboard if hasattr(t, 'logdir') else t.project})"
+        for t in trackers
     )
     print(f"published {n} scalars of {run.name} to {where}")
     return 0

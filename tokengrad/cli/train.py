@@ -1,9 +1,16 @@
-"""`tokengrad train CONFIG [key=value ...] [--run-dir DIR] [--resume]`: the built-in trainer on a config."""
+"""`tokengrad train CONFIG [key=value ...] [--run-dir DIR] [--resume]`: the built-in trainer on a config.
+
+Ctrl-C and SIGTERM (what schedulers and `docker stop` send) stop it the same way: the step in flight is
+discarded, every completed step is flushed to disk, the rank status and meta.json are written
+(finished: false), and one line says where to resume; exit status 130 (Ctrl-C) or 143 (SIGTERM).
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
+from tokengrad.cli.signals import Terminated, sigterm_unwinds
 from tokengrad.train import distributed as dist
 from tokengrad.train.config import describe_config, load_config
 
@@ -25,8 +32,29 @@ def cli_train(argv: list[str]) -> int:
     cfg = load_config(args.config, [*args.overrides, *extra])  # a ValueError ends in the CLI's error line
     from tokengrad.train.trainer import Trainer
 
-    trainer = Trainer(cfg).setup()
-    run_dir = trainer.train()
+    trainer = Trainer(cfg)
+    try:
+        with sigterm_unwinds():
+            run_dir = trainer.setup().train()
+    except KeyboardInterrupt as err:
+        print(_stopped_line(trainer, err), file=sys.stderr)
+        return 143 if isinstance(err, Terminated) else 130
     if dist.is_main():
         print(run_dir)
     return 0
+
+
+def _stopped_line(trainer, err: KeyboardInterrupt) -> str:
+    by = "SIGTERM" if isinstance(err, Terminated) else "Ctrl-C"
+    rec = getattr(trainer, "rec", None)
+    if rec is None:
+        return f"tokengrad train: stopped by {by} before training began"
+    done = (
+        "no step completed this session"
+        if rec.last_step is None
+        else f"steps up to {rec.last_step} are recorded"
+    )
+    return (
+        f"tokengrad train: stopped by {by}; the step in flight was discarded, {done} in {trainer.run_dir} "
+        "(continue with --resume)"
+    )

@@ -100,7 +100,9 @@ def figure_to_bytes(
 def write_static(
     specs: Sequence[FigureSpec], out_dir: Path, formats: str | Sequence[str] = "png"
 ) -> list[Path]:
-    """Write paper-styled figures in one or more formats with one browser for all; returns the paths."""
+    """Write paper-styled figures in one or more formats with one browser for all; returns the paths.
+    Each file is written under a temporary name and renamed when complete (a PNG with its 300 dpi), so a
+    killed export leaves no partial file under a final name."""
     import kaleido
 
     formats = [formats] if isinstance(formats, str) else list(formats)
@@ -109,15 +111,27 @@ def write_static(
         fig = paper_style(spec.figure, spec.width, spec.height_in, keep_title=spec.keep_title)
         for fmt in formats:
             path = out_dir / f"{spec.name}.{fmt}"
-            jobs.append({"fig": fig, "path": str(path), "opts": _opts(fig, fmt, None, None, None)})
+            jobs.append(
+                {"fig": fig, "path": str(partial_path(path)), "opts": _opts(fig, fmt, None, None, None)}
+            )
             paths.append(path)
-    errors = kaleido.write_fig_from_object_sync(jobs, kopts={"path": _browser(), **_KOPTS})
-    if errors:
-        raise RuntimeError(f"kaleido failed on {len(errors)} figure(s): {errors[0]!r}")
-    for path in paths:
-        if path.suffix == ".png":
-            set_png_dpi(path)
+    try:
+        errors = kaleido.write_fig_from_object_sync(jobs, kopts={"path": _browser(), **_KOPTS})
+        if errors:
+            raise RuntimeError(f"kaleido failed on {len(errors)} figure(s): {errors[0]!r}")
+        for path in paths:
+            if path.suffix == ".png":
+                set_png_dpi(partial_path(path))
+            os.replace(partial_path(path), path)
+    finally:
+        for path in paths:
+            partial_path(path).unlink(missing_ok=True)
     return paths
+
+
+def partial_path(path: Path) -> Path:
+    """Where `path` is written before its rename: a dot file with the same extension."""
+    return path.with_name(f".{path.stem}.partial{path.suffix}")
 
 
 def set_png_dpi(path: Path, dpi: int = PNG_DPI) -> None:
@@ -149,6 +163,7 @@ def write_html(specs: Sequence[FigureSpec], out_dir: Path) -> list[Path]:
     for spec in specs:
         path = out_dir / f"{spec.name}.html"
         fig = paper_style(spec.figure, spec.width, spec.height_in, keep_title=spec.keep_title)
-        fig.write_html(path, include_plotlyjs="directory")
+        fig.write_html(partial_path(path), include_plotlyjs="directory")
+        os.replace(partial_path(path), path)
         paths.append(path)
     return paths

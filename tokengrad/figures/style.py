@@ -293,3 +293,13 @@ def empty_figure(message: str, title: str | None = None) -> go.Figure:
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
     return dashboard_layout(fig, title)
+
+
+# A token is drawn with at most this many characters: one pathological token (a 1 MB "word") would
+# otherwise fail a word cloud or keep the server busy for minutes.
+MAX_TOKEN_CHARS = 40
+
+
+def cap_text(text: str, limit: int = MAX_TOKEN_CHARS) -> str:
+    """`text` cut to `limit` characters, the last one an ellipsis when anything was cut."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"

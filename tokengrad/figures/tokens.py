@@ -20,7 +20,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import sample_colorscale, unlabel_rgb
 
-from tokengrad.figures.style import dashboard_layout, empty_figure
+from tokengrad.figures.style import cap_text, dashboard_layout, empty_figure
 from tokengrad.schema import TOK
 
 # -coef: gradient descent moves log pi_t by about -lr * coef * |grad log pi_t|^2, so a positive push raises
@@ -115,15 +115,15 @@ def _text_color(bg: str | None) -> str:
 
 
 def display_token(text: str) -> str:
-    """Token text made visible: newlines and tabs as ↵ / ⇥, an empty token as ∅."""
+    """Token text made visible: newlines and tabs as ↵ / ⇥, an empty token as ∅, a long one capped."""
     if not text:
         return "∅"
-    return "".join(WHITESPACE_SYMBOLS.get(ch, ch) for ch in text)
+    return cap_text("".join(WHITESPACE_SYMBOLS.get(ch, ch) for ch in cap_text(text)))
 
 
 def hover_text(row: pd.Series, columns) -> str:
     """'name value' lines of every recorded value of one token (floats in 4 significant digits)."""
-    lines = [f"token {row.get(TOK.token, '')!r}"]
+    lines = [f"token {cap_text(str(row.get(TOK.token, '')))!r}"]
     for c in columns:
         v = row.get(c)
         if v is None or pd.isna(v):

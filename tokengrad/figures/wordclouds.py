@@ -30,7 +30,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from tokengrad.figures.style import dashboard_layout, empty_figure
+from tokengrad.figures.style import MAX_TOKEN_CHARS, cap_text, dashboard_layout, empty_figure
 from tokengrad.schema import BIN, TOK
 
 MARKERS = {"Ġ": " ", "▁": " ", "Ċ": "\n", "ĉ": "\t"}  # byte-level BPE and SentencePiece (U+2581) markers
@@ -44,14 +44,16 @@ DEFAULT_FONT_FAMILY = "DejaVu Sans"
 
 
 def clean_token(token: str, *, show_whitespace: bool = True) -> str | None:
-    """Display text of a token; None when the token should not appear (empty, or whitespace hidden)."""
-    text = "".join(MARKERS.get(ch, ch) for ch in str(token))
+    """Display text of a token (at most MAX_TOKEN_CHARS); None when the token should not appear (empty, or
+    whitespace hidden)."""
+    # a bounded prefix first: markers and whitespace never need more than a few characters of slack
+    text = "".join(MARKERS.get(ch, ch) for ch in str(token)[: 4 * MAX_TOKEN_CHARS])
     stripped = text.strip()
     if stripped:
-        return stripped
+        return cap_text(stripped)
     if not text or not show_whitespace:
         return None
-    return "".join(WHITESPACE_SYMBOLS.get(ch, ch) for ch in text)
+    return cap_text("".join(WHITESPACE_SYMBOLS.get(ch, ch) for ch in text))
 
 
 def prepare_frequencies(
@@ -126,7 +128,10 @@ def _cloud(freqs: Mapping[str, float], width: int, height: int, hue: int, seed: 
         relative_scaling=0.5,
         collocations=False,
     )
-    return wc.generate_from_frequencies(dict(freqs))
+    capped: dict[str, float] = {}  # freqs that did not come through prepare_frequencies: capped here
+    for word, size in freqs.items():
+        capped[cap_text(str(word))] = capped.get(cap_text(str(word)), 0.0) + size
+    return wc.generate_from_frequencies(capped)
 
 
 def wordcloud_array(

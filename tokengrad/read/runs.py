@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 
 from tokengrad import schema
 from tokengrad.read import layout
+from tokengrad.read.meta_file import read_meta
 
 READ_ATTEMPTS = 5  # listings tried while compaction keeps replacing files under a reader
 # DuckDB errors of a query's own mistakes; any other DuckDB error may come from a vanished or damaged file
@@ -58,25 +59,20 @@ def list_runs(root: str | os.PathLike, follow_links_out: bool = False) -> list[s
     )
 
 
-def load_run(path: str | os.PathLike) -> "Run":
-    """Open a run directory; raises FileNotFoundError / SchemaVersionError with the reason."""
-    return Run(path)
+def load_run(path: str | os.PathLike, follow_links_out: bool = False) -> "Run":
+    """Open a run directory; raises FileNotFoundError / SchemaVersionError with the reason. A data file
+    (or table folder) that links outside the run folder is skipped with a warning unless
+    `follow_links_out`."""
+    return Run(path, follow_links_out)
 
 
 class Run:
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, follow_links_out: bool = False):
         self.path = Path(path)
-        meta_path = self.path / schema.META_FILE
-        if not meta_path.exists():
-            raise FileNotFoundError(f"{self.path} is not a tokengrad run: {schema.META_FILE} is missing")
-        try:
-            self.meta: dict = json.loads(meta_path.read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{meta_path} is not valid JSON ({err}); the run metadata is damaged") from None
-        if not isinstance(self.meta, dict):
-            raise ValueError(f"{meta_path} must hold a JSON object, got {type(self.meta).__name__}")
+        self._inside = None if follow_links_out else self.path.resolve()
+        self.meta: dict = read_meta(self.path)
         version = self.meta.get("schema_version")
-        if not isinstance(version, int) or version > schema.SCHEMA_VERSION:
+        if not isinstance(version, int) or version > schema.SCHEMA_VERSION:  # read_meta checked the type
             raise SchemaVersionError(
                 f"{self.path} uses run-format schema version {version!r}; this tokengrad reads versions "
                 f"<= {schema.SCHEMA_VERSION}. Upgrade tokengrad to read it."
@@ -136,10 +132,16 @@ class Run:
 
     def _usable(self, table: str, p: Path) -> bool | None:
         """Whether the file can be read with the others; None if it vanished (compacted away)."""
+        why = self._outside(p)
         try:
             st = p.stat()
         except FileNotFoundError:
             return None
+        except OSError as err:  # a symlink loop, a permission
+            why = why or f"{type(err).__name__}: {err.strerror}"
+        if why:
+            self._warn(f"skipped file {p}: {why}")
+            return False
         key = f"{p}:{st.st_size}:{st.st_mtime_ns}"
         if key not in self._checked:
             try:
@@ -150,11 +152,21 @@ class Run:
                 self._warn(f"skipped corrupt file {p}: {type(err).__name__}: {err}")
                 self._checked[key] = False
                 return False
-            clash = self._type_clash(table, file_schema)
+            clash = "it has no columns" if not len(file_schema) else self._type_clash(table, file_schema)
             if clash:
                 self._warn(f"skipped file {p}: {clash}")
             self._checked[key] = not clash
         return self._checked[key]
+
+    def _outside(self, p: Path) -> str | None:
+        """Why a file may not be read because of where it really is (a link out of the run folder)."""
+        if self._inside is None:
+            return None
+        try:
+            real = p.resolve()
+        except (OSError, RuntimeError) as err:  # RuntimeError: a symlink loop (Python < 3.13)
+            return f"it cannot be resolved ({err})"
+        return None if real.is_relative_to(self._inside) else f"it links outside the run folder, to {real}"
 
     def _type_clash(self, table: str, file_schema: pa.Schema) -> str | None:
         """Why the file's column types cannot be read together with the run's other files, or None. Fixed

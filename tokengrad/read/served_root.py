@@ -33,7 +33,10 @@ def resolve_root(root: str | os.PathLike | None) -> Path:
 def confine(folder: str | os.PathLike, root: str | os.PathLike, allow_any: bool = False) -> Path:
     """`folder` resolved (symlinks followed), if it lies inside the served `root` or `allow_any`; otherwise a
     ValueError that says how to allow it."""
-    path = Path(folder).expanduser().resolve()
+    try:
+        path = Path(folder).expanduser().resolve()
+    except (OSError, RuntimeError) as err:  # RuntimeError: a symlink loop (Python < 3.13)
+        raise ValueError(f"{folder} cannot be opened: {err}") from None
     real_root = Path(root).expanduser().resolve()
     if allow_any or path.is_relative_to(real_root):
         return path

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from tokengrad import schema
+from tokengrad.record.token_text import safe_text
 
 MAX_ID = 2**31 - 1  # token_id is an int32 column
 # st.log() / st.samples() names the recorder fills itself
@@ -108,10 +109,21 @@ def check_scalars(scalars: dict, numeric: set[str]) -> dict:
             v = float(v)
         elif v is not None and not isinstance(v, (str, bool)):
             raise ValueError(f"st.log(): {k!r} = {v!r} is a {type(v).__name__}; log numbers, text or bools")
+        if isinstance(v, str):
+            v = safe_text(v, f"st.log(): {k!r}")
         if k in numeric and not (v is None or isinstance(v, float)):
             raise ValueError(f"st.log(): {k!r} is a numeric column, got {type(v).__name__} {v!r}")
         out[k] = v
     return out
+
+
+def safe_texts(value, where: str):
+    """A samples() column with each string made storable (see safe_text); other values as they are."""
+    if isinstance(value, str):
+        return safe_text(value, where)
+    if isinstance(value, (list, tuple)) or getattr(getattr(value, "dtype", None), "kind", "") in ("O", "U"):
+        return [safe_text(v, where) if isinstance(v, str) else v for v in value]
+    return value
 
 
 def as_ids(ids: torch.Tensor | None, n: int, dev) -> torch.Tensor:

@@ -29,7 +29,7 @@ import torch
 
 from tokengrad import schema
 from tokengrad.read import layout
-from tokengrad.record import run_meta
+from tokengrad.record import claim, run_meta
 from tokengrad.record.budget import Budget
 from tokengrad.record.gradnorms import NamesFilter
 from tokengrad.record.options import (
@@ -122,6 +122,7 @@ class Recorder:
         self.last_step: int | None = None
         self._floor: int | None = None  # the last step already on disk when opened: new steps come after it
         self._last_seq: int | None = None
+        self._lock: claim.Claim | None = None
         self.doctor = as_doctor(doctor) if self.rank == 0 else None
         self.live_doctor = None  # tokengrad.doctor.live.LiveDoctor while open with a doctor
 
@@ -149,7 +150,9 @@ class Recorder:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
-            if self._step is not None:  # an interrupted step is still recorded as far as it got
+            if self._step is not None and exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+                self.discard_step()  # Ctrl-C / SIGTERM: the step in flight did not happen
+            elif self._step is not None:  # a step that failed is still recorded as far as it got
                 self.end_step()
         finally:
             self.close(finished=exc_type is None)  # a run that ended in an error is not finished
@@ -161,12 +164,17 @@ class Recorder:
             from tokengrad.doctor.live import LiveDoctor  # pandas/DuckDB/scipy: loaded only when asked for
 
             self.live_doctor = LiveDoctor(self.run_dir, self.doctor, self._trackers)
-        old = self._claim()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        carried = self._carried_rows_dropped(old)
-        self._writer = RunWriter(
-            self.run_dir, self.rank, self._on_error, self._compact_every, rows_dropped=carried
-        )
+        # The directory's claim first (one process, one Recorder per rank), then what it holds.
+        self._lock = claim.adopt(self.run_dir, self.rank, self)
+        try:
+            old = self._claim()
+            carried = self._carried_rows_dropped(old)
+            self._writer = RunWriter(
+                self.run_dir, self.rank, self._on_error, self._compact_every, rows_dropped=carried
+            )
+        except BaseException:
+            self._lock.release()
+            raise
         if self.rank == 0:
             self._write_meta(finished=False)
         self._floor = self._last_recorded_step() if self._resume_step is None else self._resume_step - 1
@@ -207,6 +215,7 @@ class Recorder:
                     stacklevel=2,
                 )
             self._writer = None
+            self._lock.release()
 
     def flush(self) -> None:
         """Wait until every finished step is on disk."""
@@ -272,6 +281,13 @@ class Recorder:
         self.last_step = st.step
         if self._on_error == "raise":  # the error belongs to this step, not the next one
             writer.wait_for(self._last_seq)
+
+    def discard_step(self) -> None:
+        """Drop the open step without recording it (an interrupted step: a resume runs it again)."""
+        st, self._step = self._step, None
+        if st is None:
+            raise RuntimeError("no step is open")
+        st.discard()
 
     @property
     def on_error(self) -> str:

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tokengrad import schema
-from tokengrad.record.token_text import piece_text
+from tokengrad.record.token_text import piece_text, safe_text
 
 # Labels of tokens.selected_by, by the codes record.budget uses.
 SELECTED_BY = ("all", "sequence", "top_update_share", "top_grad_norm", "top_abs_coef")
@@ -92,7 +92,8 @@ class TokenDecoder:
     def _decode(self, i: int) -> str | None:
         """One id's text; an id the tokenizer cannot decode keeps its row, with a null `token` (warned)."""
         try:
-            return piece_text(self.tokenizer, i)  # bytes that are no text alone read <0xNN>
+            # bytes that are no text alone read <0xNN>; a lone surrogate is stored escaped
+            return safe_text(piece_text(self.tokenizer, i), f"the text of token id {i}")
         except Exception as err:  # noqa: BLE001 - tokenizers raise many types; the row matters more
             warnings.warn(
                 f"tokengrad: the tokenizer cannot decode token id {i} ({type(err).__name__}: {err}); "

@@ -18,7 +18,14 @@ import torch
 from tokengrad import schema
 from tokengrad.record.bucket_rows import BucketState
 from tokengrad.record.budget import budgeted, capture_pass
-from tokengrad.record.checks import RESERVED, as_ids, check_ids, check_scalars, check_track_inputs
+from tokengrad.record.checks import (
+    RESERVED,
+    as_ids,
+    check_ids,
+    check_scalars,
+    check_track_inputs,
+    safe_texts,
+)
 from tokengrad.record.distributed import global_grad_norms, grads_are_sharded
 from tokengrad.record.gradnorms import grad_norms, trainable_params
 from tokengrad.record.rows import sample_rows, scalar_table, steps_row, tokens_table
@@ -65,7 +72,12 @@ class StepRecorder:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if self.rec.current_step is self:
-            self.rec.end_step()
+            # Ctrl-C or SIGTERM mid-step: the step did not happen (a resume trains it again); another
+            # error keeps what the step recorded so far, to show where it failed.
+            if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+                self.rec.discard_step()
+            else:
+                self.rec.end_step()
 
     # ---- passes ------------------------------------------------------------------------------------
     def track(
@@ -323,9 +335,17 @@ class StepRecorder:
             difficulty=difficulty,
             **extra,
         )
+        cols = {k: safe_texts(v, f"samples(): {k}") for k, v in cols.items()}
         self._samples += sample_rows(cols, step=self.step, rank=self.rec.rank)
 
     # ---- end of step -------------------------------------------------------------------------------
+    def discard(self) -> None:
+        """Drop the step: its hooks removed, nothing of it recorded."""
+        for p in self._passes:
+            if p.handle is not None:
+                p.handle.remove()
+        self._passes, self._samples, self._scalars = [], [], {}
+
     def finish(self) -> dict:
         """Remove hooks, move captured tensors to numpy; row building is deferred to the writer thread."""
         t = time.perf_counter()

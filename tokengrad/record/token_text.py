@@ -12,6 +12,7 @@ U+0100 onwards, in byte order), and SentencePiece's byte fallback spells it '<0x
 from __future__ import annotations
 
 import re
+import warnings
 from functools import lru_cache
 
 REPLACEMENT = "\ufffd"
@@ -54,3 +55,20 @@ def piece_text(tokenizer, token_id: int) -> str:
     if raw and all(c in table for c in raw):  # byte-level BPE
         return bytes_text(bytes(table[c] for c in raw))
     return text
+
+
+def safe_text(text: str, where: str) -> str:
+    """`text` as it can be stored (Parquet text is UTF-8): a lone surrogate, e.g. an undecodable byte that
+    surrogateescape turned into U+DC80..U+DCFF, is kept as its backslash escape (`\\udcff`), with a
+    warning naming `where`, instead of failing the whole table on the writer thread."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        warnings.warn(
+            f"tokengrad: {where} holds text that is not valid UTF-8 ({text[:40]!r}); stored with "
+            "backslash escapes",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -6,7 +6,9 @@ table of the bundle as one file named by a per-rank commit sequence number, atom
 os.replace), so a process killed at any moment leaves only whole files. Every `compact_every` commits the
 small files of a table are merged into one file covering their sequence range; the reader drops files whose
 range is contained in another, so compaction needs no lock (tokengrad.read.layout resolves the ranges, and a
-writer opening a rank folder again first removes what a kill left over there).
+writer opening a rank folder again first removes what a kill left over there). The small files a merge
+covers stay in place for RETIRE_GRACE_S seconds (removed by a later compaction or at close), so a reader
+holding a listing made just before the merge still finds every file it named.
 
 A failure while writing (unwritable directory, disk full) never stops training by default: the rows are
 counted as dropped (the exact number: a payload the writer builds says how many rows it holds, see Rows),
@@ -17,9 +19,11 @@ on_error="raise" the error is re-raised in the training thread at the next submi
 from __future__ import annotations
 
 import json
+import math
 import os
 import queue
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Callable, NamedTuple, Union
@@ -45,6 +49,9 @@ Payload = Union[pa.Table, Rows, Callable[[], "pa.Table | None"]]
 _STOP = object()
 COMPRESSION = "zstd"
 MAX_BATCH = 16  # bundles committed together at most, when they have queued up
+# How long merged-away small files stay readable: far longer than a reader needs from listing to opening
+# (~0.1 s for 2,000 steps), short enough that a live run holds few redundant files.
+RETIRE_GRACE_S = 10.0
 
 
 def atomic_write_json(path: Path, obj: dict) -> None:
@@ -75,6 +82,7 @@ class RunWriter:
         max_queue: bundles waiting before submit() blocks (back-pressure instead of unbounded memory).
         rows_dropped: counts carried over from an earlier session of this rank (a resumed or re-opened
             run), so the run's total stays right.
+        retire_grace_s: seconds the small files a merge covers stay (default RETIRE_GRACE_S).
     """
 
     def __init__(
@@ -85,6 +93,7 @@ class RunWriter:
         compact_every: int = 64,
         max_queue: int = 8,
         rows_dropped: dict[str, int] | None = None,
+        retire_grace_s: float | None = None,
     ):
         if on_error not in ("count", "raise"):
             raise ValueError(f"on_error must be 'count' or 'raise', got {on_error!r}")
@@ -92,6 +101,8 @@ class RunWriter:
         self.rank = rank
         self.on_error = on_error
         self.compact_every = compact_every
+        self.retire_grace_s = RETIRE_GRACE_S if retire_grace_s is None else retire_grace_s
+        self._retired: list[tuple[float, list[Path]]] = []  # (when merged, the small files it covers)
         self.rows_dropped: dict[str, int] = dict(rows_dropped or {})
         self.rows_written: dict[str, int] = {}
         self.last_committed: int = -1  # last bundle sequence number fully handled
@@ -129,6 +140,7 @@ class RunWriter:
             self._queue.put((None, _STOP))
             self._thread.join()
         self._compact_all()
+        self._remove_retired(math.inf)
         self._raise_pending()
 
     # ---- writer-thread side ---------------------------------------------------------------------
@@ -240,9 +252,16 @@ class RunWriter:
                 stacklevel=2,
             )
             return
-        for _, _, p in files:  # the merged file now covers them; readers ignore contained ranges
-            p.unlink(missing_ok=True)
-            fault_point("unlinked")
+        # The merged file now covers them (readers ignore contained ranges); they go after the grace period.
+        self._retired.append((time.monotonic(), [p for _, _, p in files]))
+        self._remove_retired(time.monotonic() - self.retire_grace_s)
+
+    def _remove_retired(self, merged_before: float) -> None:
+        """Remove the small files of merges made before `merged_before` (time.monotonic())."""
+        while self._retired and self._retired[0][0] <= merged_before:
+            for p in self._retired.pop(0)[1]:
+                p.unlink(missing_ok=True)
+                fault_point("unlinked")
 
     def _compact_all(self) -> None:
         for table in self._small:

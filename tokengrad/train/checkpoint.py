@@ -230,12 +230,30 @@ def resume_state(cfg: TrainConfig, run_dir: Path) -> dict | None:
             RuntimeWarning,
             stacklevel=2,
         )
+    if state["step"] + 1 == cfg.steps and not _finished(run_dir):
+        # killed after its last step (e.g. in its final compaction): resuming trains nothing and closes
+        # the run, which tidies its files and marks it finished
+        warnings.warn(
+            f"tokengrad: {run_dir} stopped after its last step {state['step']}; finishing it",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return state
     if state["step"] + 1 >= cfg.steps:
         raise ValueError(
             f"cannot resume {run_dir}: its checkpoint is at step {state['step']} and steps={cfg.steps}; "
             "raise steps to train further"
         )
     return state
+
+
+def _finished(run_dir: Path) -> bool:
+    """meta.json says the run finished (an unreadable one: not finished)."""
+    try:
+        meta = json.loads((run_dir / "meta.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("finished") is True
 
 
 def _meta_config(run_dir: Path) -> dict:

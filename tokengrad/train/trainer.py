@@ -40,6 +40,7 @@ from tqdm.auto import tqdm
 from tokengrad.objective.advantages import keep_groups
 from tokengrad.objective.weighting import check_rule, get_weighting, rule_meta, rule_params
 from tokengrad.record import Attribution, RunInfo
+from tokengrad.record import claim as run_claim
 from tokengrad.record.recorder import Recorder
 from tokengrad.train import batch as tb
 from tokengrad.train import distributed as dist
@@ -76,6 +77,17 @@ class Trainer(Updates):
         self.share = dist.shard(cfg.prompts_per_step, "prompts_per_step")  # this rank's prompts of a step
         self.owns_group = dist.init_from_env(self.device)
         self.run_dir = dist.on_main(lambda: resolve_run_dir(cfg))  # one name (and check) for all ranks
+        # This rank's claim on the run directory before any work (a second trainer, or a --resume while
+        # this one runs, is refused here); the Recorder records under it and releases it when it closes.
+        self.claim = run_claim.take(self.run_dir, dist.rank())
+        try:
+            return self._setup_run()
+        except BaseException:
+            self.claim.release()
+            raise
+
+    def _setup_run(self) -> "Trainer":
+        cfg = self.cfg
         self.task = get_task(cfg.task, **cfg.task_params)  # bad task params fail before the model loads
         self.rule, self.rule_params = get_weighting(cfg.weighting), _rule_kwargs(cfg)
         for msg in check_rule(

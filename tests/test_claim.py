@@ -1,0 +1,104 @@
+"""The claim on a run directory (tokengrad.record.claim): one process and one Recorder per rank at a time,
+taken by the trainer before its model loads, released on exit, stale claims broken or named."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.test_reliability import record_step
+from tests.test_trainer import tiny
+from tokengrad import Recorder, load_run
+from tokengrad.record import RunInfo, claim
+from tokengrad.train import trainer
+
+
+def hold(run_dir, pid: int, host: str | None = None) -> None:
+    """A lock file as another process would leave it."""
+    path = claim.lock_path(run_dir, 0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    info = {"pid": pid, "host": host or socket.gethostname(), "started": time.time()}
+    path.write_text(json.dumps(info))
+
+
+@pytest.fixture
+def other_process():
+    """A live process that is not this one (its pid stands for another trainer's)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield proc.pid
+    proc.kill()
+    proc.wait()
+
+
+def open_recorder(run_dir) -> Recorder:
+    return Recorder(run_dir, config={"lr": 1.0}, info=RunInfo(name="r")).open()
+
+
+def test_a_second_recorder_in_one_process_is_refused_and_loses_no_rows(tmp_path):
+    a = open_recorder(tmp_path / "r")
+    with pytest.raises(claim.RunClaimedError, match="another open Recorder in this process"):
+        open_recorder(tmp_path / "r")
+    for step in range(3):
+        record_step(a, step)
+    a.close()
+    assert not claim.lock_path(tmp_path / "r", 0).exists()  # released on close
+    b = open_recorder(tmp_path / "r")  # the same run may be opened again once the first one is closed
+    record_step(b, 3)
+    b.close()
+    run = load_run(tmp_path / "r")
+    assert run.steps["step"].tolist() == [0, 1, 2, 3] and run.rows_dropped == 0
+
+
+def test_a_run_claimed_by_a_live_process_is_refused_with_its_pid_and_the_lock(tmp_path, other_process):
+    hold(tmp_path / "r", other_process)
+    with pytest.raises(claim.RunClaimedError) as err:
+        open_recorder(tmp_path / "r")
+    assert f"pid {other_process} on host {socket.gethostname()}" in str(err.value)
+    assert str(claim.lock_path(tmp_path / "r", 0)) in str(err.value)
+    assert not (tmp_path / "r" / "meta.json").exists()  # nothing was written
+
+
+def test_a_stale_claim_on_this_host_is_broken_with_a_warning(tmp_path):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    hold(tmp_path / "r", gone.pid)
+    with pytest.warns(RuntimeWarning, match=f"broke the stale claim .* pid {gone.pid}"):
+        rec = open_recorder(tmp_path / "r")
+    assert json.loads(claim.lock_path(tmp_path / "r", 0).read_text())["pid"] != gone.pid
+    rec.close()
+
+
+def test_a_claim_from_another_host_is_broken_by_deleting_the_named_file(tmp_path):
+    hold(tmp_path / "r", 1, host="other-node")
+    with pytest.raises(claim.RunClaimedError, match="delete .*rank000.lock to break the claim") as err:
+        open_recorder(tmp_path / "r")
+    assert "host other-node" in str(err.value)
+    claim.lock_path(tmp_path / "r", 0).unlink()  # the documented way to break it
+    open_recorder(tmp_path / "r").close()
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_second_trainer_or_a_resume_is_refused_before_the_model_loads(
+    tmp_path, monkeypatch, other_process, resume
+):
+    """While another trainer holds the run (its claim taken, meta.json not yet written: the model-load
+    window), a second trainer and a --resume are both refused before loading anything."""
+    cfg = trainer.load_config(None, tiny(tmp_path, resume=resume))
+    hold(tmp_path / "run", other_process)
+    monkeypatch.setattr(trainer, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(claim.RunClaimedError, match="is being recorded by pid"):
+        trainer.Trainer(cfg).setup()
+
+
+def test_the_trainer_releases_its_claim_when_it_ends_or_fails(tmp_path, monkeypatch):
+    run_dir = trainer.train(tiny(tmp_path, steps=1))
+    assert not claim.lock_path(run_dir, 0).exists()
+    monkeypatch.setattr(trainer, "load_model", lambda *a, **k: (_ for _ in ()).throw(OSError("no model")))
+    with pytest.raises(OSError, match="no model"):
+        trainer.Trainer(trainer.load_config(None, tiny(tmp_path, name="b"))).setup()
+    assert not claim.lock_path(tmp_path / "b", 0).exists()
