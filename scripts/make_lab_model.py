@@ -95,29 +95,11 @@ def build(
     targets = [task.teacher(p, drop, teacher_rng) for p in problems]
     prompts = [render_prompt(tok, p) for p in problems]
     held_out = task.eval_problems(EVAL_PER_CARRY, seed=10_000)  # a fixed set, apart from every RL seed's
-
-    def evaluate_now(step: int) -> dict:
-        with torch.no_grad():
-            greedy = evaluate(model, tok, task, held_out, 8, 1, 256)
-            n = sum(k for _, k in greedy.values())
-            out = {
-                "greedy": sum(a * k for a, k in greedy.values()) / n,
-                "sampled": sampled_accuracy(model, tok, task, held_out),
-            }
-        return out | {f"greedy_c{d}": a for d, (a, _) in greedy.items()}
-
+    evaluate_now = _evaluator(model, tok, task, held_out)
     history, first = [], 0
     for i, (steps, lr) in enumerate(phases):
-        offset = first * batch
         if i >= resume_phases:
-            examples = (
-                lambda step, o=offset: list(
-                    zip(
-                        prompts[o + step * batch : o + (step + 1) * batch],  # noqa: E731
-                        targets[o + step * batch : o + (step + 1) * batch],
-                    )
-                )
-            )
+            examples = _phase_examples(prompts, targets, first * batch, batch)
             cfg = SFTConfig(
                 steps=steps,
                 lr=lr,
@@ -131,6 +113,32 @@ def build(
             ]
         first += steps
     return model, tok, history
+
+
+def _phase_examples(prompts: list, targets: list, offset: int, batch: int):
+    """step -> the (prompt, target) pairs of that SFT step of a phase starting at problem `offset`."""
+
+    def examples(step: int) -> list:
+        lo = offset + step * batch
+        return list(zip(prompts[lo : lo + batch], targets[lo : lo + batch]))
+
+    return examples
+
+
+def _evaluator(model, tok, task, held_out):
+    """step -> held-out greedy and sampled exact match, and greedy by carries (the SFT history's row)."""
+
+    def evaluate_now(step: int) -> dict:
+        with torch.no_grad():
+            greedy = evaluate(model, tok, task, held_out, 8, 1, 256)
+            n = sum(k for _, k in greedy.values())
+            out = {
+                "greedy": sum(a * k for a, k in greedy.values()) / n,
+                "sampled": sampled_accuracy(model, tok, task, held_out),
+            }
+        return out | {f"greedy_c{d}": a for d, (a, _) in greedy.items()}
+
+    return evaluate_now
 
 
 def main(argv: list[str] | None = None) -> int:

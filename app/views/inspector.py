@@ -146,62 +146,72 @@ def _forensics(run: str, step: int) -> None:
     value = st.radio("Rank by", ranks, horizontal=True, key="in_rank_by")
     c1, c2 = st.columns([2, 3])
     with c1:
-        st.markdown("**Samples carrying most of the step's gradient** (click a row to open it)")
-        samples = data.query(run, "top_samples", step=step, k=10, value=value)
-        event = st.dataframe(
-            samples,
-            hide_index=True,
-            width="stretch",
-            key=f"in_top_samples_{step}",
-            on_select="rerun",
-            selection_mode="single-row",
-            column_config=SHARE,
-            column_order=[
-                "sample_id",
-                "share",
-                SAMPLE.reward,
-                "n_tokens",
-                "prob_mean",
-                TOK.advantage,
-                f"{value}_sum",
-                TOK.group_id,
-                SAMPLE.completion,
-            ],
-        )
-        _open_picked(step, "samples", samples, event)
+        _top_samples(run, step, value)
     with c2:
-        st.markdown("**Tokens carrying most of the step's gradient** (click a row to open its completion)")
-        tokens = data.query(run, "top_tokens", step=step, k=20, value=value)
-        event = st.dataframe(
-            tokens,
-            hide_index=True,
-            width="stretch",
-            key=f"in_top_tokens_{step}",
-            on_select="rerun",
-            selection_mode="single-row",
-            column_config={
-                **SHARE,
-                "context": st.column_config.TextColumn(
-                    "context (±5 tokens)", help="The token in ⟦ ⟧ with the 5 tokens before and after it."
-                ),
-                TOK.sample_id: st.column_config.NumberColumn("sample"),
-            },
-            column_order=[
-                TOK.sample_id,
-                TOK.position,
-                "context",
-                "share",
-                TOK.prob,
-                TOK.coef,
-                TOK.weight,
-                TOK.advantage,
-                value,
-                TOK.entropy,
-                TOK.clipped,
-                TOK.group_id,
-            ],
-        )
-        _open_picked(step, "tokens", tokens, event)
+        _top_tokens(run, step, value)
+
+
+def _top_samples(run: str, step: int, value: str) -> None:
+    """The step's 10 samples carrying most of its gradient; a clicked row opens that completion."""
+    st.markdown("**Samples carrying most of the step's gradient** (click a row to open it)")
+    samples = data.query(run, "top_samples", step=step, k=10, value=value)
+    event = st.dataframe(
+        samples,
+        hide_index=True,
+        width="stretch",
+        key=f"in_top_samples_{step}",
+        on_select="rerun",
+        selection_mode="single-row",
+        column_config=SHARE,
+        column_order=[
+            "sample_id",
+            "share",
+            SAMPLE.reward,
+            "n_tokens",
+            "prob_mean",
+            TOK.advantage,
+            f"{value}_sum",
+            TOK.group_id,
+            SAMPLE.completion,
+        ],
+    )
+    _open_picked(step, "samples", samples, event)
+
+
+def _top_tokens(run: str, step: int, value: str) -> None:
+    """The step's 20 tokens carrying most of its gradient, with context; a click opens its completion."""
+    st.markdown("**Tokens carrying most of the step's gradient** (click a row to open its completion)")
+    tokens = data.query(run, "top_tokens", step=step, k=20, value=value)
+    event = st.dataframe(
+        tokens,
+        hide_index=True,
+        width="stretch",
+        key=f"in_top_tokens_{step}",
+        on_select="rerun",
+        selection_mode="single-row",
+        column_config={
+            **SHARE,
+            "context": st.column_config.TextColumn(
+                "context (±5 tokens)", help="The token in ⟦ ⟧ with the 5 tokens before and after it."
+            ),
+            TOK.sample_id: st.column_config.NumberColumn("sample"),
+        },
+        column_order=[
+            TOK.sample_id,
+            TOK.position,
+            "context",
+            "share",
+            TOK.prob,
+            TOK.coef,
+            TOK.weight,
+            TOK.advantage,
+            value,
+            TOK.entropy,
+            TOK.clipped,
+            TOK.group_id,
+        ],
+    )
+    _open_picked(step, "tokens", tokens, event)
 
 
 def _pct(x) -> str:

@@ -141,6 +141,15 @@ def add_curve(
     pos = pos or dict(row=1, col=1)
     dead = dead_mask(y) if gradient else np.zeros(y.size, bool)
     shown = np.where(dead, np.nan, y)
+    _add_lines(fig, x, shown, name, color, smoothing, showlegend, pos)
+    if gradient and mark_dead and dead.any():
+        dead_markers(fig, x[dead], name, color, dead_note(int(dead.sum()), int(np.isfinite(y).sum())), pos)
+    if spike_k is not None:
+        _add_spikes(fig, x, y, name, color, spike_k, pos)
+
+
+def _add_lines(fig, x, shown, name: str, color: str, smoothing: float, showlegend: bool, pos: dict) -> None:
+    """The recorded line (faint when smoothed) and, with smoothing > 0, its debiased EMA on top."""
     smoothed = smoothing > 0
     fig.add_trace(
         go.Scatter(
@@ -158,42 +167,45 @@ def add_curve(
         ),
         **pos,
     )
-    if smoothed:
-        ema = debiased_ema(shown, smoothing)  # NaN (dead) points are skipped, not decayed through
-        fig.add_trace(
-            go.Scatter(
-                x=x,
-                y=ema,
-                customdata=shown,
-                mode="lines",
-                name=name,
-                legendgroup=name,
-                showlegend=showlegend,
-                connectgaps=True,
-                line=dict(color=color, width=2),
-                hovertemplate="%{y:.4g} (recorded %{customdata:.4g})",
-            ),
-            **pos,
-        )
-    if gradient and mark_dead and dead.any():
-        dead_markers(fig, x[dead], name, color, dead_note(int(dead.sum()), int(np.isfinite(y).sum())), pos)
-    if spike_k is not None:
-        live = np.flatnonzero(live_mask(y))
-        idx = live[find_spikes(y[live], spike_k)]
-        if idx.size:
-            fig.add_trace(
-                go.Scatter(
-                    x=x[idx],
-                    y=y[idx],
-                    mode="markers",
-                    name=f"{name} spikes",
-                    legendgroup=name,
-                    showlegend=False,
-                    marker=dict(color=color, symbol="x", size=9, line=dict(width=1)),
-                    hovertemplate="spike %{y:.4g}",
-                ),
-                **pos,
-            )
+    if not smoothed:
+        return
+    ema = debiased_ema(shown, smoothing)  # NaN (dead) points are skipped, not decayed through
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=ema,
+            customdata=shown,
+            mode="lines",
+            name=name,
+            legendgroup=name,
+            showlegend=showlegend,
+            connectgaps=True,
+            line=dict(color=color, width=2),
+            hovertemplate="%{y:.4g} (recorded %{customdata:.4g})",
+        ),
+        **pos,
+    )
+
+
+def _add_spikes(fig, x, y, name: str, color: str, spike_k: float, pos: dict) -> None:
+    """Markers on the robust-z spikes, searched among live (non-zero) steps only."""
+    live = np.flatnonzero(live_mask(y))
+    idx = live[find_spikes(y[live], spike_k)]
+    if not idx.size:
+        return
+    fig.add_trace(
+        go.Scatter(
+            x=x[idx],
+            y=y[idx],
+            mode="markers",
+            name=f"{name} spikes",
+            legendgroup=name,
+            showlegend=False,
+            marker=dict(color=color, symbol="x", size=9, line=dict(width=1)),
+            hovertemplate="spike %{y:.4g}",
+        ),
+        **pos,
+    )
 
 
 NO_GRADIENT = "step without gradient"

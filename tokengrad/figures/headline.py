@@ -47,42 +47,8 @@ def make_headline_figure(
     order = list(dict.fromkeys(b for s in have.values() for b in s[BUCKET.bucket]))
     fig = go.Figure()
     for name, s in have.items():
-        s = s.set_index(BUCKET.bucket).reindex(order)
-        n_tokens = s[BUCKET.n_tokens].fillna(0).to_numpy()
-        for col, hatched in ((BUCKET.token_share, True), (BUCKET.update_share, False)):
-            label = TOKEN_SHARE_NAME if hatched else UPDATE_SHARE_NAME
-            y = s[col].to_numpy(dtype=float)
-            fig.add_trace(
-                go.Bar(
-                    x=order,
-                    y=np.where(np.isfinite(y), y, 0.0),
-                    name=name,
-                    legendgroup=name,
-                    showlegend=not hatched,
-                    marker=dict(
-                        color="white" if hatched else cmap[name],
-                        line=dict(color=cmap[name], width=1.2),
-                        pattern=dict(shape="/", fgcolor=cmap[name], size=5) if hatched else None,
-                    ),
-                    text=None if hatched else [f"{v:.0%}" if np.isfinite(v) else "" for v in y],
-                    textposition="outside",
-                    cliponaxis=False,
-                    customdata=n_tokens,
-                    hovertemplate=f"{name}<br>%{{x}}: %{{y:.1%}} {label}<br>%{{customdata}} loss tokens"
-                    "<extra></extra>",
-                )
-            )
-    for label, symbol in ((TOKEN_SHARE_NAME, "square-open"), (UPDATE_SHARE_NAME, "square")):
-        fig.add_trace(  # legend key of the fills (a scatter: an empty bar would take a slot in each group)
-            go.Scatter(
-                x=[None],
-                y=[None],
-                mode="markers",
-                name=f"{'hatched' if symbol.endswith('open') else 'solid'}: {label}",
-                marker=dict(color=KEY_COLOR, symbol=symbol, size=11, line=dict(width=1.5, color=KEY_COLOR)),
-                hoverinfo="skip",
-            )
-        )
+        _add_run_bars(fig, name, s.set_index(BUCKET.bucket).reindex(order), order, cmap[name])
+    _add_fill_keys(fig)
     top = max(
         float(np.nanmax(s[[BUCKET.token_share, BUCKET.update_share]].to_numpy(float))) for s in have.values()
     )
@@ -101,3 +67,46 @@ def make_headline_figure(
 def _bottom(have: Mapping[str, pd.DataFrame]) -> float:
     low = min(float(np.nanmin(s[BUCKET.update_share].to_numpy(float))) for s in have.values())
     return low * 1.15 if low < 0 else 0.0
+
+
+def _add_run_bars(fig: go.Figure, name: str, s: pd.DataFrame, order: list[str], color: str) -> None:
+    """One run's two bars per bucket: hatched token share, solid update share labelled with its percentage."""
+    n_tokens = s[BUCKET.n_tokens].fillna(0).to_numpy()
+    for col, hatched in ((BUCKET.token_share, True), (BUCKET.update_share, False)):
+        label = TOKEN_SHARE_NAME if hatched else UPDATE_SHARE_NAME
+        y = s[col].to_numpy(dtype=float)
+        fig.add_trace(
+            go.Bar(
+                x=order,
+                y=np.where(np.isfinite(y), y, 0.0),
+                name=name,
+                legendgroup=name,
+                showlegend=not hatched,
+                marker=dict(
+                    color="white" if hatched else color,
+                    line=dict(color=color, width=1.2),
+                    pattern=dict(shape="/", fgcolor=color, size=5) if hatched else None,
+                ),
+                text=None if hatched else [f"{v:.0%}" if np.isfinite(v) else "" for v in y],
+                textposition="outside",
+                cliponaxis=False,
+                customdata=n_tokens,
+                hovertemplate=f"{name}<br>%{{x}}: %{{y:.1%}} {label}<br>%{{customdata}} loss tokens"
+                "<extra></extra>",
+            )
+        )
+
+
+def _add_fill_keys(fig: go.Figure) -> None:
+    """Legend keys of the two fills (a scatter: an empty bar would take a slot in each group)."""
+    for label, symbol in ((TOKEN_SHARE_NAME, "square-open"), (UPDATE_SHARE_NAME, "square")):
+        fig.add_trace(
+            go.Scatter(
+                x=[None],
+                y=[None],
+                mode="markers",
+                name=f"{'hatched' if symbol.endswith('open') else 'solid'}: {label}",
+                marker=dict(color=KEY_COLOR, symbol=symbol, size=11, line=dict(width=1.5, color=KEY_COLOR)),
+                hoverinfo="skip",
+            )
+        )
