@@ -58,9 +58,14 @@ def server(tmp_path):
         assert proc.poll() is None and time.time() < deadline, proc.stderr.read()[-2000:]
         time.sleep(0.5)
     yield proc, port
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+    if proc.poll() is None:  # SIGTERM: the command stops its Streamlit server (a SIGKILL would orphan it)
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert not serving(port), "the dashboard command left its Streamlit server running"
 
 
 def test_only_the_served_hosts_get_a_websocket(server):

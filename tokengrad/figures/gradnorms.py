@@ -28,6 +28,7 @@ from tokengrad.figures.curves import (
 from tokengrad.figures.liveness import count_note, dead_steps, live_mask
 from tokengrad.figures.smoothing import DEFAULT_SPIKE_K
 from tokengrad.figures.style import (
+    center_note,
     dashboard_layout,
     empty_figure,
     integer_step_axis,
@@ -101,15 +102,7 @@ def make_grad_norm_figure(
     if x_axis == "step":
         integer_step_axis(fig, [x for t in fig.data for x in (t.x if t.x is not None else ())])
     if not any_live:  # only dead-step ticks: no value axis to read
-        fig.add_annotation(
-            text="no step had a gradient",
-            showarrow=False,
-            x=0.5,
-            y=0.5,
-            xref="paper",
-            yref="paper",
-            font=dict(size=14, color="#666"),
-        )
+        center_note(fig, "no step had a gradient")
         fig.update_yaxes(type="linear", showticklabels=False, showgrid=False, secondary_y=False)
     fig.update_xaxes(title_text=x_axis)
     return finish_curves(fig, title)

@@ -278,18 +278,16 @@ def legend_height(fig: go.Figure, width_px: int) -> int:
     return 14 * rows + 14
 
 
+def center_note(fig: go.Figure, message: str) -> None:
+    """A grey note in the middle of the plotting area (why a chart shows nothing to read)."""
+    note = dict(showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font=dict(size=14, color="#666"))
+    fig.add_annotation(text=message, **note)
+
+
 def empty_figure(message: str, title: str | None = None) -> go.Figure:
     """A blank figure that says why it is blank (no data recorded, nothing selected)."""
     fig = go.Figure()
-    fig.add_annotation(
-        text=message,
-        showarrow=False,
-        x=0.5,
-        y=0.5,
-        xref="paper",
-        yref="paper",
-        font=dict(size=14, color="#666"),
-    )
+    center_note(fig, message)
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
     return dashboard_layout(fig, title)
