@@ -91,7 +91,7 @@ def length_hacking(view: RunView) -> list[Finding]:
     ]
 
 
-def _truncated(view: RunView, limit: int) -> tuple[pd.DataFrame, bool]:
+def truncated_completions(view: RunView, limit: int) -> tuple[pd.DataFrame, bool]:
     """[step, sample_id, truncated] per completion and whether end tokens were read from the tokens table
     (exact) or only the length is known (estimate: a completion at the limit may have ended there)."""
     s = view.samples[["step", "sample_id", "length", "completion"]].dropna(subset=["length"])
@@ -114,7 +114,7 @@ def truncation(view: RunView) -> list[Finding]:
     limit = view.max_new_tokens
     if limit is None or view.samples.empty:
         return []
-    flags, exact = _truncated(view, limit)
+    flags, exact = truncated_completions(view, limit)
     if flags.empty:
         return []
     steps, share = _per_step(flags, "truncated")
