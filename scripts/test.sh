@@ -20,4 +20,5 @@ python -m pytest -q -p no:cacheprovider -m "slow" tests/test_trl_deepspeed.py "$
   || { rc=$?; [ "$rc" = 5 ] && echo "no DeepSpeed engine tests" || exit "$rc"; }
 deactivate
 bash scripts/verl_env.sh
-PYTHONPATH="$PWD" .venv-verl/bin/python -m pytest -q -p no:cacheprovider tests/test_verl.py "$@"
+PYTHONPATH="$PWD" .venv-verl/bin/python -m pytest -q -p no:cacheprovider tests/test_verl.py tests/test_verl_rollout.py \
+  tests/test_verl_probe.py "$@"

@@ -55,6 +55,7 @@ ADDED_IN = {
         "rollout_mismatch_p99",
         "rollout_seq_log_ratio",
     },
+    5: {"rs_masked_tokens", "rs_masked_sequences"},
 }
 TABLES_ADDED_IN = {"prob_bins": 2, "vocab": 2}  # tables an older run has no files of
 

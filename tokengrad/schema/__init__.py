@@ -38,7 +38,7 @@ from tokengrad.schema.columns import (  # noqa: E402, F401
     Column,
 )
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # Version history: 2 added tokens.update_share / dlogprob_pred / dlogprob / selected_by, steps.n_token_rows
 # and the prob_bins and vocab tables (attribution and budgeted recording); 3 added tokens.rollout_logprob,
 # steps.rollout_mismatch / groups_generated / groups_kept / gen_rounds / ds_grad_norm and meta temperature
@@ -47,7 +47,8 @@ SCHEMA_VERSION = 4
 # entropy_share_residual / cov_logprob_adv and prob_bins.sum_entropy_share (entropy attribution), and the
 # rollout engine's side (tokengrad.objective.rollout_correction): tokens.is_weight / masked / masked_by, the
 # gap and IS-weight metrics in steps, samples.rollout_seq_log_ratio / rollout_gap_mean. Older runs read with
-# the newer columns null and tables empty.
+# the newer columns null and tables empty. 5 added steps.rs_masked_tokens / rs_masked_sequences and the
+# mask reason rs_mask (verl's rejection sampling, tokengrad.integrations.verl.rollout).
 
 META_FILE = "meta.json"
 RANKS_DIR = "ranks"
@@ -56,8 +57,11 @@ FILE_RE = re.compile(r"^s(\d{8})-(\d{8})\.parquet$")
 # Default probability buckets: AR-Lopti Fig. 1 (arXiv 2505.12929) uses [0, .25, .5, .75, 1].
 # Why a host trainer removed a token's gradient (tokens.masked_by; several joined by "+"), in bit order:
 # TRL's IS sequence / token mask (vllm_importance_sampling_mode), its off-policy sequence mask
-# (off_policy_mask_threshold, DeepSeek-V3.2) and its entropy mask (top_entropy_quantile, arXiv 2506.01939).
-MASK_REASONS = ("is_sequence_mask", "is_token_mask", "off_policy_mask", "entropy_mask")
+# (off_policy_mask_threshold, DeepSeek-V3.2) and its entropy mask (top_entropy_quantile, arXiv 2506.01939);
+# verl's IcePop weights (rollout_is_threshold "lower_upper": weight 0 outside the interval) count as
+# is_token_mask / is_sequence_mask, and verl's rejection sampling (algorithm.rollout_correction.rollout_rs:
+# the token's or its sequence's divergence from the rollout exceeded rollout_rs_threshold) is rs_mask.
+MASK_REASONS = ("is_sequence_mask", "is_token_mask", "off_policy_mask", "entropy_mask", "rs_mask")
 
 DEFAULT_BUCKET_EDGES = (0.0, 0.25, 0.5, 0.75, 1.0)
 DECILE_BUCKET_EDGES = tuple(round(i / 10, 1) for i in range(11))

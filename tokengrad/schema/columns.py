@@ -161,6 +161,18 @@ STEPS = [
     _c("is_ess", pa.float64(), "(sum w)^2 / (n sum w^2) over loss tokens: verl's rollout_is_eff_sample_size"),
     _c("is_masked_tokens", pa.int64(), "loss tokens the IS mask set to weight 0"),
     _c("is_masked_sequences", pa.int64(), "sequences the IS mask removed whole"),
+    _c(
+        "rs_masked_tokens",
+        pa.int64(),
+        "loss tokens verl's rejection sampling (rollout_rs) removed; / loss tokens = verl "
+        "rollout_corr/rollout_rs_masked_fraction",
+    ),
+    _c(
+        "rs_masked_sequences",
+        pa.int64(),
+        "sequences with a token verl's rejection sampling removed; / sequences = verl "
+        "rollout_corr/rollout_rs_seq_masked_fraction",
+    ),
     _c("groups_generated", pa.int64(), "prompt groups generated in the step (dynamic sampling refills)"),
     _c("groups_kept", pa.int64(), "prompt groups in the update batch (informative, up to prompts_per_step)"),
     _c("gen_rounds", pa.int16(), "generation rounds of prompts_per_step prompts (max_gen_batches)"),

@@ -27,20 +27,21 @@ import contextvars
 import functools
 import os
 import threading
+import warnings
 
 import torch
 
+from tokengrad.integrations.verl import rollout
+from tokengrad.integrations.verl.options import VerlOptions
 from tokengrad.objective.weighting import TokenBatch
 from tokengrad.record import RunInfo
 from tokengrad.record.recorder import Recorder
 
 TESTED_VERL = ("0.9", "0.10")  # [lowest, first untested) minor versions; keep in step with the `verl` extra
-RUN_DIR_ENV = "TOKENGRAD_RUN_DIR"
-BUDGET_ENV = "TOKENGRAD_TOKEN_BUDGET"  # token rows per step and rank (the Recorder's budget=K); unset = all
-DEFAULT_RUN_DIR = os.path.join("tokengrad_runs", "verl")
 LOSS_PREFIX = "tokengrad"
-# [B, T] response token ids of the micro-batch in verl's loss entry (the policy loss gets log-probs only)
-_RESPONSES: contextvars.ContextVar = contextvars.ContextVar("tokengrad_verl_responses", default=None)
+# the micro-batch's fields the policy loss does not receive (rollout.ENTRY_KEYS: response ids, the engine's
+# log-probs, rejection and probe masks), set by verl's loss entry
+_ENTRY: contextvars.ContextVar = contextvars.ContextVar("tokengrad_verl_entry", default=None)
 SAMPLE_STRIDE = 1 << 32  # sample_id = rank * SAMPLE_STRIDE + row: unique over ranks within a step
 
 
@@ -69,6 +70,7 @@ def register_losses() -> list[str]:
             f"{verl.__version__} is installed; its policy-loss signature may differ. Install tokengrad[verl]."
         )
     _wrap_loss_entry()
+    rollout.wrap_rollout_correction()
     names = []
     for rule in [None, *supported_weightings()]:
         name = loss_name(rule)
@@ -93,12 +95,11 @@ def _wrap_loss_entry() -> None:
         mode = str(config.policy_loss.get("loss_mode", "vanilla"))
         if not mode.startswith(LOSS_PREFIX) or "responses" not in data.keys():
             return entry(config, model_output, data, *args, **kwargs)
-        resp = data["responses"]
-        token = _RESPONSES.set(resp.to_padded_tensor(0) if resp.is_nested else resp)  # [B, R]
+        token = _ENTRY.set({k: data[k] for k in rollout.ENTRY_KEYS if k in data.keys()})
         try:
             return entry(config, model_output, data, *args, **kwargs)
         finally:
-            _RESPONSES.reset(token)
+            _ENTRY.reset(token)
 
     ppo_loss._tokengrad = True
     losses.ppo_loss = ppo_loss
@@ -123,7 +124,8 @@ def make_policy_loss(rule: str | None):
 
         weights = _weights(resolved, log_prob, old_log_prob, advantages, response_mask)  # [B, T] or None
         if torch.is_grad_enabled() and log_prob.requires_grad:
-            recording(rule).track(log_prob, old_log_prob, advantages, response_mask, weights)
+            rec = recording(rule)
+            rec.track(log_prob, old_log_prob, advantages, response_mask, weights, rollout_is_weights)
         pg_loss, metrics = compute_policy_loss_vanilla(
             old_log_prob,
             log_prob,
@@ -154,60 +156,74 @@ def _weights(resolved, log_prob, old, adv, mask) -> torch.Tensor | None:
 class VerlRecording:
     """The recorder of one verl process; a step spans the loss passes until the next optimizer update."""
 
-    def __init__(self, run_dir: str | os.PathLike, rule: str | None):
+    def __init__(self, run_dir: str | os.PathLike, rule: str | None, budget: int | None = None):
         import verl
 
         from tokengrad.objective.gradient_scale import weighting_meta
 
         meta = weighting_meta(rule, None)
-        budget = os.environ.get(BUDGET_ENV)
         self.recorder = Recorder(
             run_dir,
             config={"integration": "verl", "verl_version": verl.__version__, "loss_mode": loss_name(rule)},
             info=RunInfo(weighting=meta),
-            budget=int(budget) if budget else None,
+            budget=budget,
         ).open()
         self.rule = rule
         self.step = None
         self.next_step = 0
         self._rows = 0
+        self._parts: list[rollout.MicroBatch] = []  # the step's rollout tensors, for its metrics
         self._lock = threading.Lock()
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         self._hook = register_optimizer_step_post_hook(self._on_update)
 
-    def track(self, log_prob, old_log_prob, advantages, response_mask, weights) -> None:
+    def track(self, log_prob, old_log_prob, advantages, response_mask, weights, is_weights=None) -> None:
         with self._lock:
             if self.step is None:
                 self.step = self.recorder.begin_step(self.next_step)
-                self._rows = 0
+                self._rows, self._parts = 0, []
             n, t = log_prob.shape
-            ids = _RESPONSES.get()
+            entry = {k: rollout.padded(v, t) for k, v in (_ENTRY.get() or {}).items()}
+            ids = entry.get("responses")
             if ids is None or tuple(ids.shape) != (n, t):
                 raise RuntimeError(
                     f"tokengrad's verl loss needs the response ids of its micro-batch [{n}, {t}] from verl's "
                     f"loss entry (verl.workers.utils.losses.ppo_loss, wrapped when verl loads the plugin); "
                     f"got {None if ids is None else tuple(ids.shape)}. Call it through that entry."
                 )
+            dev = log_prob.device
+            part = rollout.micro_batch(
+                {k: v.to(dev) for k, v in entry.items()}, old_log_prob, response_mask, is_weights
+            )
+            self._parts.append(part)
             first = self.recorder.rank * SAMPLE_STRIDE + self._rows
             self._rows += n
-            sid = torch.arange(first, first + n, device=log_prob.device)  # [B]
+            sid = torch.arange(first, first + n, device=dev)  # [B]
             self.step.track(
                 log_prob,
-                token_ids=ids.to(log_prob.device),
-                mask=response_mask,
-                old_logprobs=old_log_prob,
+                token_ids=ids.to(dev),
+                mask=part.mask,
+                loss_mask=response_mask,
+                old_logprobs=part.old,
+                rollout_logprobs=part.rollout,
+                is_weights=part.is_weights,
+                mask_codes=part.codes,
                 advantages=advantages,
                 weights=weights,
                 scale_grad=weights,
                 sample_ids=sid,
             )
 
+    def _end_step(self) -> None:
+        self.step.log(**rollout.step_metrics(self._parts))
+        self.recorder.end_step()
+        self.step, self._parts = None, []
+
     def _on_update(self, optimizer, args, kwargs) -> None:
         with self._lock:
             if self.step is not None:
-                self.recorder.end_step()
-                self.step = None
+                self._end_step()
                 self.next_step += 1
 
     def close(self) -> None:
@@ -215,8 +231,7 @@ class VerlRecording:
         with self._lock:
             self._hook.remove()
             if self.step is not None:
-                self.recorder.end_step()
-                self.step = None
+                self._end_step()
             self.recorder.close()
 
 
@@ -227,7 +242,18 @@ def recording(rule: str | None = None) -> VerlRecording:
     """This process's recording, opened by the first tokengrad loss call into $TOKENGRAD_RUN_DIR."""
     global _RECORDING
     if _RECORDING is None:
-        _RECORDING = VerlRecording(os.environ.get(RUN_DIR_ENV, DEFAULT_RUN_DIR), rule)
+        opts = VerlOptions.from_env()
+        _RECORDING = VerlRecording(opts.run_dir, rule, opts.token_budget)
+        if opts.mismatch_probe_every is not None:
+            from tokengrad.integrations.verl import probe
+
+            if probe.INSTALL_ERROR is not None:
+                warnings.warn(
+                    f"tokengrad: mismatch_probe_every={opts.mismatch_probe_every} is set but the probe is "
+                    f"{probe.INSTALL_ERROR}; in bypass mode the gap stays unrecorded",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
         atexit.register(close_recording)
     elif _RECORDING.rule != rule:
         raise ValueError(
