@@ -214,3 +214,33 @@ def test_mask_codes_name_each_reason():
         [bit["is_sequence_mask"] | rs_bit, bit["is_sequence_mask"], 0, 0],
         [0, 0, rs_bit, rs_bit],
     ]
+
+
+def test_bypass_is_recognised_with_unscored_tokens():
+    """An engine's NaN (TRL #6166) copied into old_log_probs still reads as bypass; any real gap does not."""
+    mask = torch.tensor([[1, 1, 1, 0]], dtype=torch.bool)
+    mu = torch.tensor([[-0.5, float("nan"), -1.2, 0.0]])
+    assert rollout.is_bypass(mu.clone(), mu, mask)
+    assert not rollout.is_bypass(mu + torch.tensor([[0.0, 0.0, 1e-6, 0.0]]), mu, mask)
+    assert not rollout.is_bypass(torch.tensor([[-0.5, -0.7, -1.2, 0.0]]), mu, mask)
+
+
+def test_driver_wrapper_returns_verls_result_unchanged():
+    cfg = {
+        "rollout_is": "sequence",
+        "rollout_is_threshold": 2.0,
+        "rollout_rs": "token_k1",
+        "rollout_rs_threshold": 1.5,
+    }
+    plain_batch, plain_metrics = helper.compute_rollout_correction_and_add_to_batch.__wrapped__(
+        _rollout_batch(), cfg
+    )
+    batch, metrics = helper.compute_rollout_correction_and_add_to_batch(_rollout_batch(), cfg)
+    assert metrics == plain_metrics
+    for key in plain_batch.batch.keys():
+        assert torch.equal(batch.batch[key], plain_batch.batch[key]), key
+    assert set(batch.batch.keys()) - set(plain_batch.batch.keys()) == {rollout.RS_KEY}
+    rejected = _rollout_batch().batch["response_mask"].bool() & ~plain_batch.batch["response_mask"].bool()
+    assert (
+        torch.equal(batch.batch[rollout.RS_KEY], rejected) and int(rejected.sum()) == 3
+    )  # the three far tokens

@@ -23,7 +23,7 @@ import torch
 
 from tokengrad.integrations.verl.losses import LOSS_PREFIX
 from tokengrad.integrations.verl.options import VerlOptions
-from tokengrad.integrations.verl.rollout import PROBE_KEY, ROLLOUT_KEY
+from tokengrad.integrations.verl.rollout import PROBE_KEY, ROLLOUT_KEY, same
 
 _UPDATES: dict[int, int] = {}  # id(worker) -> tokengrad bypass updates seen in this process
 
@@ -44,9 +44,9 @@ def in_bypass(data) -> bool:
         return False
     old, roll = data["old_log_probs"], data[ROLLOUT_KEY]
     if old.is_nested or roll.is_nested:
-        return old.is_nested and roll.is_nested and torch.equal(_values(old), _values(roll).to(old.dtype))
+        return old.is_nested and roll.is_nested and same(_values(old), _values(roll))
     mask = data["response_mask"].bool()  # [B, R]
-    return bool(mask.any()) and torch.equal(old[mask], roll[mask].to(old.dtype))
+    return bool(mask.any()) and same(old[mask], roll[mask])
 
 
 def due(worker, data, every: int | None) -> bool:

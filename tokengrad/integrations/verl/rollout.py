@@ -54,9 +54,15 @@ class MicroBatch:
     codes: torch.Tensor | None  # int32 schema.MASK_REASONS bits, None when no mask applied
 
 
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal element for element, NaN equal to NaN (an engine's unscored tokens copied along)."""
+    b = b.to(a.dtype)
+    return a.shape == b.shape and bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
+
+
 def is_bypass(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor) -> bool:
     """verl's bypass mode copies rollout_log_probs into old_log_probs: equal on every loss token."""
-    return bool(mask.any()) and torch.equal(old[mask], rollout[mask].to(old.dtype))
+    return bool(mask.any()) and same(old[mask], rollout[mask])
 
 
 def micro_batch(entry: dict, old_log_prob, response_mask, rollout_is_weights) -> MicroBatch:
