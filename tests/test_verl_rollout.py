@@ -244,3 +244,34 @@ def test_driver_wrapper_returns_verls_result_unchanged():
     assert (
         torch.equal(batch.batch[rollout.RS_KEY], rejected) and int(rejected.sum()) == 3
     )  # the three far tokens
+
+
+def test_v1_nested_layout(run_dir):
+    """verl's v1 trainer hands the actor jagged nested fields (TransferQueue): the engine's log-probs are
+    read from them alike, and the gap of exactly 0.03 per token comes out as such."""
+    lens = [4, 2, 3]
+    g = torch.Generator().manual_seed(0)
+    nested = lambda xs: torch.nested.as_nested_tensor(xs, layout=torch.jagged)  # noqa: E731
+    old = [-torch.rand(n, generator=g) for n in lens]
+    td = TensorDict(
+        {
+            "prompts": nested([torch.randint(0, 9, (P,), generator=g) for _ in lens]),
+            "responses": nested([torch.randint(0, 9, (n,), generator=g) for n in lens]),
+            "response_mask": nested([torch.ones(n) for n in lens]),
+            "old_log_probs": nested(old),
+            "rollout_log_probs": nested([o - 0.03 for o in old]),
+            "advantages": nested([torch.full((n,), a) for n, a in zip(lens, [1.0, -1.0, 0.5])]),
+        },
+        batch_size=[len(lens)],
+    )
+    for key, value in (("dp_size", 1), ("batch_num_tokens", sum(lens)), ("global_batch_size", len(lens))):
+        tu.assign_non_tensor_data(td, key, value)
+    log_probs = (-torch.rand(sum(P + n for n in lens), generator=g)).requires_grad_(True)
+    losses.ppo_loss(_config(), {"log_probs": log_probs}, td)[0].backward()
+    torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1).step()
+    tok, steps = _recorded(run_dir)
+    want = torch.cat(old) - 0.03
+    assert torch.allclose(torch.tensor(tok["rollout_logprob"].to_numpy()), want, atol=1e-6)
+    assert steps["rollout_mismatch"] == pytest.approx(0.03, rel=1e-5)
+    assert steps["rollout_kl_k1"] == pytest.approx(-0.03, rel=1e-5)
+    assert steps["n_rollout_nan"] == 0
