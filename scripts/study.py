@@ -55,6 +55,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from study_report import report  # noqa: E402
 
 RULES = ("grpo", "tr_grpo", "tr_grpo_reverse", "ar", "lopti", "ar_lopti", "cw_grpo")
+# GRPO with a second optimizer step per batch (configs/lab_add_grpo_<variant>.toml): is Lopti's gain its
+# phase split or only its second step? (mu2: num_iterations = 2; mb2: mini_batches = 2)
+CONTROLS = ("grpo_mu2", "grpo_mb2")
 LOW_EDGE = 0.25  # the lowest probability bucket of the default edges [0, .25, .5, .75, 1]
 
 
@@ -211,7 +214,7 @@ def run_row(run_dir: Path) -> dict:
     tenth = max(1, len(steps) // 10)
     gn = live["grad_norm"].to_numpy(dtype=float)
     row = {
-        "rule": run.meta["weighting"]["name"],
+        "rule": str(run.meta["run_name"]).rsplit("-s", 1)[0],  # the config: grpo_mu2 is not grpo
         "seed": int(run.meta["config"]["seed"]),
         "live_share": len(live) / len(steps),
         "grad_cv": coefficient_of_variation(gn),
@@ -270,7 +273,7 @@ def figures(out: Path, fig_dir: Path, rules: list[str]) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rules", nargs="+", default=list(RULES), choices=RULES)
+    ap.add_argument("--rules", nargs="+", default=list(RULES), choices=[*RULES, *CONTROLS])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "study")
     ap.add_argument("--table", type=Path, default=ROOT / "docs" / "study_results.md")
@@ -300,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"no runs under {args.out}")
     df = pd.DataFrame(rows)
     df.to_csv(args.out / "study_runs.csv", index=False)
-    text = report(df, [*RULES, "control"])
+    text = report(df, [*RULES, *CONTROLS, "control"])
     print(text)
     if args.table:
         args.table.parent.mkdir(parents=True, exist_ok=True)
