@@ -278,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "study")
     ap.add_argument("--table", type=Path, default=ROOT / "docs" / "study_results.md")
     ap.add_argument("--figures", default=str(ROOT / "docs" / "figures"), help="PNG folder ('' = none)")
+    ap.add_argument("--baseline", default="grpo", help="the rule every paired difference is taken to")
     ap.add_argument("--no-control", action="store_true", help="skip the SFT-continuation control")
     ap.add_argument("--table-only", action="store_true", help="summarise the runs in --out, train nothing")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per run (1: deterministic)")
@@ -303,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"no runs under {args.out}")
     df = pd.DataFrame(rows)
     df.to_csv(args.out / "study_runs.csv", index=False)
-    text = report(df, [*RULES, *CONTROLS, "control"])
+    text = report(df, [*RULES, *CONTROLS, "control"], args.baseline)
     print(text)
     if args.table:
         args.table.parent.mkdir(parents=True, exist_ok=True)

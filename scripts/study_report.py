@@ -1,5 +1,5 @@
 """The study's summary statistics: mean over seeds with a percentile bootstrap 95 % interval (resampling
-seeds), the paired difference of every rule to grpo on the same seeds, and the markdown report
+seeds), the paired difference of every rule to a baseline (grpo) on the same seeds, and the markdown report
 (docs/study_results.md). Used by scripts/study.py."""
 
 from __future__ import annotations
@@ -26,21 +26,21 @@ def fmt(ci: tuple[float, float, float]) -> str:
 
 
 def summary_tables(
-    df: pd.DataFrame, metrics: list[str], rules: list[str], seed: int = 0
+    df: pd.DataFrame, metrics: list[str], rules: list[str], baseline: str = "grpo", seed: int = 0
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(per rule in `rules` order: mean [95 % CI] over seeds; paired difference to grpo [95 % CI])."""
+    """(per rule in `rules` order: mean [95 % CI] over seeds; paired difference to the baseline [95 % CI])."""
     rng = np.random.default_rng(seed)
     est, diff = [], []
-    base = df[df["rule"] == "grpo"].set_index("seed")
+    base = df[df["rule"] == baseline].set_index("seed")
     for rule in [r for r in rules if r in set(df["rule"])]:
         g = df[df["rule"] == rule].set_index("seed")
         cells = {m: fmt(bootstrap_ci(g[m].to_numpy(float), rng)) if m in g else "n/a" for m in metrics}
         est.append({"rule": rule, "seeds": len(g), **cells})
-        if rule != "grpo" and len(base):
+        if rule != baseline and len(base):
             paired = g.index.intersection(base.index)
             diff.append(
                 {
-                    "rule": f"{rule} − grpo",
+                    "rule": f"{rule} − {baseline}",
                     "pairs": len(paired),
                     **{
                         m: fmt(bootstrap_ci((g.loc[paired, m] - base.loc[paired, m]).to_numpy(float), rng))
@@ -84,7 +84,7 @@ SECTIONS = {
 }
 
 
-def report(df: pd.DataFrame, rules: list[str]) -> str:
+def report(df: pd.DataFrame, rules: list[str], baseline: str = "grpo") -> str:
     """The markdown report: one estimate table and one paired-difference table per claim (rules in order)."""
     parts = [
         "# Study results (written by scripts/study.py; read docs/study.md first)",
@@ -96,6 +96,7 @@ def report(df: pd.DataFrame, rules: list[str]) -> str:
         cols = [c for c in cols if c in df]
         if not cols:
             continue
-        est, diff = summary_tables(df, cols, rules)
-        parts += [f"### {title}", markdown(est), "Paired difference to grpo (same seeds):", markdown(diff)]
+        est, diff = summary_tables(df, cols, rules, baseline)
+        paired = f"Paired difference to {baseline} (same seeds):"
+        parts += [f"### {title}", markdown(est), paired, markdown(diff)]
     return "\n\n".join(parts) + "\n"
