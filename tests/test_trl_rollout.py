@@ -123,8 +123,9 @@ def test_trl_4772_arithmetic_sequence_mask_removes_the_sequence(tmp_path, monkey
     assert steps.is_weight_min == 0.0 and steps.is_weight_max == pytest.approx(math.exp(0.5), rel=2e-3)
 
 
-@pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
-def test_every_is_mode_records_trls_own_weights_and_metrics(tmp_path, monkeypatch, mode):
+def noisy_engine_run(tmp_path, monkeypatch, mode: str, clip_max: float = 1.5):
+    """One recorded TRL step whose engine log-probs are log pi + 0.8 N(0, 1) per token, in IS mode `mode`;
+    returns the run and TRL's compute_loss inputs of its first micro-batch."""
     g = torch.Generator().manual_seed(0)
     noise = lambda i, lp, logits, c: lp + 0.8 * torch.randn(lp.shape, generator=g)  # noqa: E731
     trainer = stand_in_trainer(
@@ -132,14 +133,18 @@ def test_every_is_mode_records_trls_own_weights_and_metrics(tmp_path, monkeypatc
         monkeypatch,
         noise,
         vllm_importance_sampling_mode=mode,
-        vllm_importance_sampling_clip_max=1.5,
+        vllm_importance_sampling_clip_max=clip_max,
     )
     seen = captured_inputs(trainer)
     tg_trl.attach(trainer, tmp_path / "run")
     trainer.train()
-    run = load_run(tmp_path / "run")
+    return load_run(tmp_path / "run"), seen[0]
+
+
+@pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
+def test_every_is_mode_records_trls_own_weights_and_metrics(tmp_path, monkeypatch, mode):
+    run, inputs = noisy_engine_run(tmp_path, monkeypatch, mode)
     tok = run.tokens().sort_values(["pass_id", "sample_id", "position"])
-    inputs = seen[0]
     m = inputs["completion_mask"].bool()
     sid = inputs[tg_trl.SAMPLE_KEY]
     order = sid.argsort()

@@ -111,7 +111,9 @@ def _one(w: Tensor | None) -> Tensor | float:
     return 1.0 if w is None else w.detach()
 
 
-def _check_inputs(logprobs, old_logprobs, advantages, mask, norm_mask, ref_logprobs, weights, beta) -> None:
+def _check_inputs(
+    logprobs, old_logprobs, advantages, mask, norm_mask, ref_logprobs, weights, beta, is_weight
+):
     check_token_tensors(
         logprobs=logprobs,
         old_logprobs=old_logprobs,
@@ -123,6 +125,7 @@ def _check_inputs(logprobs, old_logprobs, advantages, mask, norm_mask, ref_logpr
         ratio_weight=weights.ratio_weight,
         advantage_weight=weights.advantage_weight,
         kl_cov_coef=weights.kl_cov_coef,
+        is_weight=is_weight,
     )
     if beta != 0.0 and ref_logprobs is None:
         raise ValueError(f"beta={beta} needs ref_logprobs (the frozen reference's log-probs)")
@@ -132,7 +135,10 @@ def _check_inputs(logprobs, old_logprobs, advantages, mask, norm_mask, ref_logpr
         old_logprobs=old_logprobs,
         advantages=advantages,
         ref_logprobs=ref_logprobs,
+        is_weight=is_weight,
     )
+    if is_weight is not None and bool((is_weight[mask > 0] < 0).any()):
+        raise ValueError("is_weight must be >= 0 at tokens inside the mask")
 
 
 def clipped_surrogate(
@@ -170,16 +176,20 @@ def policy_loss(
     norm_mask: Tensor | None = None,
     ppo_clip: bool = True,
     clip_ratio_c: float = 0.0,
+    is_weight: Tensor | None = None,
 ) -> LossOutput:
     """PPO-clip GRPO loss with token weights (arXiv:2402.03300; asymmetric clip, arXiv:2503.14476).
 
     Per token, with r = exp(logprobs - old_logprobs), A' = A * advantage_weight, u = r * ratio_weight:
         s_t = min(u A', clip(u, 1 - eps_low, 1 + eps_high) A')      (u A' when ppo_clip is False)
         s_t = max(s_t, c A') where A' < 0                           (dual-clip, when clip_ratio_c = c > 0)
-        loss_t = -s_t * loss_weight + kl_cov_coef * |log r| + beta * k3(logprobs, ref_logprobs)
+        loss_t = w_t (-s_t * loss_weight + kl_cov_coef * |log r|) + beta * k3(logprobs, ref_logprobs)
     then aggregated by ``AGGREGATIONS[aggregation]``. Weights are detached; ``loss_weight`` scales the
     policy-gradient term only (the reference KL is left unweighted). |log r| counts as 0 below fp32
     rounding of the log-probs (``ROUNDING``), so an on-policy token gets no random-sign KL-Cov push.
+    w_t is the rollout correction's importance-sampling weight (``is_weight``, 1 without one): as in
+    TRL 1.16 it multiplies the policy term and not the reference KL, and a masked token (w_t = 0) stays in
+    the aggregation's denominator.
 
     Args:
         logprobs: [N, T] log pi_theta of the sampled tokens (carries the gradient).
@@ -199,6 +209,8 @@ def policy_loss(
         clip_ratio_c: dual-clip PPO's c (arXiv:1912.09729; verl's default 3, AR-Lopti's scripts 10): for
             A' < 0 the surrogate is bounded below by c A', so a huge ratio on a bad token cannot blow up
             the loss. 0 = off; otherwise c > 1.
+        is_weight: [N, T] the rollout correction's weight (``rollout_correction.correction_weights``,
+            broadcast to tokens; >= 0, detached); None = 1.
     """
     if clip_ratio_c != 0.0 and clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c must be 0 (off) or > 1, got {clip_ratio_c}")
@@ -206,30 +218,40 @@ def policy_loss(
     weights = weights if weights is not None else TokenWeights()
     norm_mask = mask if norm_mask is None else norm_mask
     advantages = broadcast_tokens(advantages.detach(), logprobs, "advantages")  # [N, T]
-    _check_inputs(logprobs, old_logprobs, advantages, mask, norm_mask, ref_logprobs, weights, beta)
+    _check_inputs(logprobs, old_logprobs, advantages, mask, norm_mask, ref_logprobs, weights, beta, is_weight)
     valid = mask > 0  # [N, T]
     # Off-mask values may be -inf/NaN (padding); zero them before any op so no NaN reaches the grad.
     lp = torch.where(valid, logprobs, 0.0)  # [N, T]
     log_ratio = lp - torch.where(valid, old_logprobs.detach(), 0.0)  # [N, T]
     ratio = log_ratio.exp()  # [N, T]
     adv = torch.where(valid, advantages, 0.0) * _one(weights.advantage_weight)  # [N, T]
-    u = ratio * _one(weights.ratio_weight)  # [N, T]
-    obj, clipped = clipped_surrogate(u, adv, eps_low, eps_high, ppo_clip, clip_ratio_c)  # [N, T]
+    obj, clipped = clipped_surrogate(
+        ratio * _one(weights.ratio_weight), adv, eps_low, eps_high, ppo_clip, clip_ratio_c
+    )
     clipped = clipped & valid
-    pg = -obj * _one(weights.loss_weight)  # [N, T]
-    per_token = pg
-    if weights.kl_cov_coef is not None:
-        per_token = per_token + weights.kl_cov_coef.detach() * _above_rounding(log_ratio, old_logprobs)
-    kl = None
-    if ref_logprobs is not None:
-        kl = torch.where(valid, k3_kl(lp, torch.where(valid, ref_logprobs.detach(), 0.0)), 0.0)  # [N, T]
-        per_token = per_token + beta * kl
-    per_token = torch.where(valid, per_token, 0.0)  # [N, T]
+    pg = -obj * _one(weights.loss_weight) * _one(is_weight)  # [N, T]
+    kl = _reference_kl(lp, ref_logprobs, valid)  # [N, T] or None
+    per_token = pg + _kl_cov_penalty(weights, log_ratio, old_logprobs) * _one(is_weight)
+    per_token = torch.where(valid, per_token + (beta * kl if kl is not None else 0.0), 0.0)  # [N, T]
     norm = norm_mask.to(per_token.dtype)  # [N, T]
     loss = agg(per_token, norm, max_len)
     pg_loss = agg(torch.where(valid, pg, 0.0), norm, max_len)
     metrics = _metrics(ratio, log_ratio, adv, clipped, kl, mask, weights, pg_loss)
     return LossOutput(loss, per_token, ratio, clipped, kl, metrics)
+
+
+def _reference_kl(lp: Tensor, ref_logprobs: Tensor | None, valid: Tensor) -> Tensor | None:
+    """[N, T] k3 KL to the reference on the loss tokens (0 elsewhere); None without ref_logprobs."""
+    if ref_logprobs is None:
+        return None
+    return torch.where(valid, k3_kl(lp, torch.where(valid, ref_logprobs.detach(), 0.0)), 0.0)
+
+
+def _kl_cov_penalty(weights: TokenWeights, log_ratio: Tensor, old_logprobs: Tensor) -> Tensor | float:
+    """[N, T] KL-Cov's kl_cov_coef * |log r| (arXiv:2505.22617), 0 for rules without it."""
+    if weights.kl_cov_coef is None:
+        return 0.0
+    return weights.kl_cov_coef.detach() * _above_rounding(log_ratio, old_logprobs)
 
 
 # fp32 log-probs of size |L| carry rounding of about |L| * 2^-23; a |log r| below a few of those is noise.

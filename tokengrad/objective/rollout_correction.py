@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tokengrad import schema
 from tokengrad.registry import Registry
 
 SAFETY_BOUND = 20.0  # |log ratio| cap before exp in the chi^2 metrics, as verl's rollout_corr_helper
@@ -67,6 +68,16 @@ class RolloutCorrection:
     def masks(self) -> bool:
         return self.mode.endswith("mask")
 
+    @property
+    def mask_reason(self) -> str | None:
+        """tokens.masked_by of a token this correction removed (schema.MASK_REASONS); None: truncation."""
+        return MASK_REASON.get(self.mode)
+
+
+# the masks-reason (schema.MASK_REASONS) of each masking mode
+MASK_REASON = {"sequence_mask": "is_sequence_mask", "token_mask": "is_token_mask"}
+MASK_BIT = {name: 1 << i for i, name in enumerate(schema.MASK_REASONS)}  # tokens.masked_by bit codes
+
 
 def gap(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """[B, T] d = log pi_old - log mu on loss tokens, 0 elsewhere and where mu is NaN (TRL's convention)."""
@@ -86,6 +97,20 @@ def correction_weights(old, rollout, mask, corr: RolloutCorrection) -> torch.Ten
         old: [B, T] log pi_old; rollout: [B, T] log mu (NaN = not scored); mask: [B, T] loss mask.
     """
     return MODES[corr.mode](raw_ratio(old, rollout, mask, corr.sequence_level), corr.clip_min, corr.clip_max)
+
+
+def zero_weight_codes(weights: torch.Tensor, mask: torch.Tensor, reason: str) -> torch.Tensor:
+    """[B, T] int32: the bit of `reason` (MASK_BIT) on loss tokens whose weight ([B, T] or [B, 1]) is 0."""
+    zero = (weights.detach().expand(mask.shape) == 0) & mask.bool()  # [B, T]
+    return torch.where(zero, MASK_BIT[reason], 0).to(torch.int32)
+
+
+def masked_counts(weights: torch.Tensor, mask: torch.Tensor) -> dict[str, int]:
+    """Loss tokens a mask mode set to weight 0, and sequences whose every loss token it zeroed."""
+    m = mask.bool()
+    zero = (weights.detach().expand(m.shape) == 0) & m  # [B, T]
+    whole = (zero.sum(-1) == m.sum(-1)) & (m.sum(-1) > 0)  # [B]
+    return {"is_masked_tokens": int(zero.sum()), "is_masked_sequences": int(whole.sum())}
 
 
 def _scored(rollout: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -133,7 +158,8 @@ def weight_metrics(weights: torch.Tensor, mask: torch.Tensor) -> dict[str, float
 
 
 def sequence_gaps(old, rollout, mask) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per sequence [B]: sum_t d (TRL 1.16's log sequence ratio) and the mean gap over its scored tokens."""
-    ok = _scored(rollout, mask)
+    """Per sequence [B]: sum_t d (TRL 1.16's log sequence ratio) and the mean gap over its scored tokens
+    (NaN for a sequence without any)."""
+    n = _scored(rollout, mask).sum(-1)  # [B]
     total = gap(old, rollout, mask).sum(-1)  # [B]
-    return total, total / ok.sum(-1).clamp(min=1)
+    return total, torch.where(n > 0, total / n.clamp(min=1), math.nan)

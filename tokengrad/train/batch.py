@@ -38,6 +38,7 @@ class Batch(NamedTuple):
     old_logprobs: Tensor  # [N, T] log pi_old
     ref_logprobs: Tensor | None  # [N, T] log pi_ref, or None when beta = 0
     rollout_logprobs: Tensor  # [N, T] log-prob under the sampler's distribution (NaN where none)
+    is_weights: Tensor | None  # [N, T] or [N, 1] rollout correction's weight (train.correction); None: off
     sample_ids: Tensor  # [N] row in the step's global rollout (unique over ranks)
     group_ids: Tensor  # [N] prompt of the row, numbered over ranks
 
@@ -61,19 +62,10 @@ def select_rows(g, device) -> Batch | None:
         old_logprobs=torch.zeros(comp.shape, device=device),
         ref_logprobs=None,
         rollout_logprobs=on(r.rollout_logprobs),
+        is_weights=None,
         sample_ids=on(g.sample_ids),
         group_ids=on(g.group_ids),
     )
-
-
-def mismatch_sums(b: Batch | None) -> list[float]:
-    """[sum of |log pi_old - log pi_rollout|, count] over loss tokens with a sampler log-prob; summed over
-    ranks, their quotient is the step's training/inference mismatch."""
-    if b is None:
-        return [0.0, 0.0]
-    d = (b.old_logprobs - b.rollout_logprobs).abs()  # [N, T]
-    sel = (b.loss_mask > 0) & d.isfinite()  # [N, T]
-    return [float(d[sel].double().sum()), float(sel.sum())]
 
 
 class Update(NamedTuple):

@@ -19,6 +19,9 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from tokengrad.train import config_registries as reg
+from tokengrad.train.config_files import read_config_file  # noqa: F401  (importable from here too)
+
 Check = Callable[[Any], "str | None"]  # returns an error message, or None when the value is fine
 
 
@@ -53,37 +56,6 @@ def _one_of(registry: Callable[[], Mapping | Sequence]) -> Check:
     return check
 
 
-def _tasks() -> Mapping:
-    import tokengrad.train.tasks  # noqa: F401  (importing the package registers the built-in tasks)
-    from tokengrad.train.tasks.base import TASKS
-
-    return TASKS
-
-
-def _weightings() -> Mapping:
-    from tokengrad.objective.weighting import WEIGHTINGS
-
-    return WEIGHTINGS
-
-
-def _aggregations() -> Mapping:
-    from tokengrad.objective.loss import AGGREGATIONS
-
-    return AGGREGATIONS
-
-
-def _scales() -> Mapping:
-    from tokengrad.objective.advantages import ADVANTAGE_SCALES
-
-    return ADVANTAGE_SCALES
-
-
-def _attribution_methods() -> Mapping:
-    from tokengrad.record.attribution import ATTRIBUTION_METHODS
-
-    return ATTRIBUTION_METHODS
-
-
 def _importable(modules: list) -> str | None:
     """Import each plugin module (once; Python caches imports) so that its registrations exist."""
     import importlib
@@ -109,7 +81,10 @@ def _model(v: str) -> str | None:
 
 
 # Keys renamed since the first release -> (new key, why); the old key is an error naming the new one.
-RENAMED = {"mu": ("num_iterations", "PPO epochs are named as in TRL; mu is tr_grpo's sigmoid offset")}
+RENAMED = {
+    "mu": ("num_iterations", "PPO epochs are named as in TRL; mu is tr_grpo's sigmoid offset"),
+    "rollout_correction_cap": ("rollout_correction_clip_max", "TRL 1.16 renamed its _cap to _clip_max"),
+}
 
 
 @dataclass
@@ -123,9 +98,9 @@ class TrainConfig:
     )
     # what to train
     model: str = _f("tiny", "registered model name or a local transformers checkpoint directory", _model)
-    task: str = _f("kk", "registered task name", _one_of(_tasks))
+    task: str = _f("kk", "registered task name", _one_of(reg.tasks))
     task_params: dict = _f({}, "keyword arguments of the task factory, e.g. {n_people = [3, 5]} for kk")
-    weighting: str = _f("grpo", "token-weighting rule", _one_of(_weightings))
+    weighting: str = _f("grpo", "token-weighting rule", _one_of(reg.weightings))
     weighting_params: dict = _f({}, "parameters of the weighting rule; unset ones keep the rule's defaults")
     seed: int = _f(
         0,
@@ -151,7 +126,7 @@ class TrainConfig:
     adv_scale: str = _f(
         "group",
         "advantage scale: group (GRPO, divide by the group std), batch, none (Dr. GRPO)",
-        _one_of(_scales),
+        _one_of(reg.adv_scales),
     )
     dynamic_sampling: bool = _f(
         False, "drop groups whose rewards are all equal (DAPO dynamic sampling, arXiv 2503.14476)"
@@ -188,7 +163,20 @@ class TrainConfig:
         0.0, "coefficient of the k3 KL to the frozen initial model (0 = no reference model)", _at_least(0.0)
     )
     aggregation: str = _f(
-        "grpo", "loss aggregation (what the summed per-token loss is divided by)", _one_of(_aggregations)
+        "grpo", "loss aggregation (what the summed per-token loss is divided by)", _one_of(reg.aggregations)
+    )
+    rollout_correction: str = _f(
+        "off",
+        "importance-sampling correction of the sampler/trainer gap d = log pi_old - log mu, TRL 1.16's "
+        "vllm_importance_sampling_mode (TIS/MIS): weight exp(d) per token or exp(sum d) per sequence, "
+        "truncated to the clip range or masked to 0 outside it, times each token's policy term",
+        _one_of(reg.rollout_corrections),
+    )
+    rollout_correction_clip_max: float = _f(
+        3.0, "C_max of rollout_correction (TRL vllm_importance_sampling_clip_max)", _positive
+    )
+    rollout_correction_clip_min: float = _f(
+        0.0, "C_min of rollout_correction (TRL vllm_importance_sampling_clip_min; 0 = none)", _at_least(0.0)
     )
     # optimisation
     lr: float = _f(1e-6, "AdamW learning rate", _positive)
@@ -230,7 +218,7 @@ class TrainConfig:
     attribute_method: str = _f(
         "jvp",
         "how update shares are computed: jvp (exact) or central_difference",
-        _one_of(_attribution_methods),
+        _one_of(reg.attribution_methods),
     )
     attribute_entropy: bool = _f(
         False,
@@ -263,7 +251,13 @@ class TrainConfig:
 
 
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(TrainConfig)}
-REGISTRY_KEYS = {"task": _tasks, "weighting": _weightings, "aggregation": _aggregations, "adv_scale": _scales}
+REGISTRY_KEYS = {
+    "task": reg.tasks,
+    "weighting": reg.weightings,
+    "aggregation": reg.aggregations,
+    "adv_scale": reg.adv_scales,
+    "rollout_correction": reg.rollout_corrections,
+}
 DICT_FIELDS = tuple(name for name, f in FIELDS.items() if f.type in ("dict", dict))
 
 
@@ -293,32 +287,6 @@ def load_config(
             key, value = parse_override(item)
             _set(values, key, value)
     return make_config(values)
-
-
-def read_config_file(path: str | os.PathLike) -> dict:
-    """The mapping in a .toml, .yaml or .yml file."""
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise ValueError(f"config file {path!r} does not exist")
-    if path.endswith(".toml"):
-        with open(path, "rb") as fh:
-            try:
-                data = tomllib.load(fh)
-            except tomllib.TOMLDecodeError as err:
-                raise ValueError(f"{path}: invalid TOML: {err}") from None
-    elif path.endswith((".yaml", ".yml")):
-        import yaml
-
-        with open(path) as fh:
-            try:
-                data = yaml.safe_load(fh) or {}
-            except yaml.YAMLError as err:
-                raise ValueError(f"{path}: invalid YAML: {err}") from None
-    else:
-        raise ValueError(f"config file {path!r} must end in .toml, .yaml or .yml")
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: the config must be a mapping of keys to values")
-    return data
 
 
 def parse_override(item: str) -> tuple[str, Any]:
@@ -367,6 +335,11 @@ def make_config(values: Mapping[str, Any]) -> TrainConfig:
         if problem:
             raise ValueError(f"config key {name!r} = {getattr(cfg, name)!r}: {problem}")
     _check_weighting_params(cfg)
+    if cfg.rollout_correction_clip_min >= cfg.rollout_correction_clip_max:
+        raise ValueError(
+            f"config key 'rollout_correction_clip_min' = {cfg.rollout_correction_clip_min!r} must be below "
+            f"rollout_correction_clip_max = {cfg.rollout_correction_clip_max!r}"
+        )
     return cfg
 
 

@@ -155,6 +155,24 @@ def gather_cat(t: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts).to(t.device)
 
 
+def gather_rows(tensors: list[torch.Tensor], fill: float = 0.0) -> list[torch.Tensor]:
+    """Every rank's 2-D tensors ([n_r, T_r] each, n_r the same for all of a rank's tensors, 0 allowed)
+    concatenated along rows in rank order, each padded along dim 1 with `fill` to its widest rank's T;
+    the tensors themselves in one process."""
+    if not _group_ready() or world_size() == 1:
+        return tensors
+    n = tensors[0].shape[0]
+    sizes = all_reduce([n] + [t.shape[1] for t in tensors], "max").long().tolist()  # [n_max, T_1 ..]
+    counts = gather_cat(torch.tensor([n], dtype=torch.long)).tolist()  # rows of each rank
+    out = []
+    for t, width in zip(tensors, sizes[1:]):
+        padded = torch.full((sizes[0], width), fill, dtype=t.dtype, device=t.device)  # [n_max, T]
+        padded[:n, : t.shape[1]] = t
+        parts = gather_cat(padded).split(sizes[0])  # one [n_max, T] block per rank
+        out.append(torch.cat([p[:c] for p, c in zip(parts, counts)]))
+    return out
+
+
 def merge_accuracies(mine: dict[str, tuple[float, int]], labels: list[str]) -> dict[str, tuple[float, int]]:
     """{label: (accuracy, n)} over all ranks from each rank's own results on its share of the problems
     (labels: every label any rank can have, in the order wanted; labels no rank saw are left out)."""

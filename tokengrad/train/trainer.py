@@ -43,6 +43,7 @@ from tokengrad.record import Attribution, RunInfo
 from tokengrad.record import claim as run_claim
 from tokengrad.record.recorder import Recorder
 from tokengrad.train import batch as tb
+from tokengrad.train import correction
 from tokengrad.train import distributed as dist
 from tokengrad.train.checkpoint import checkpoint_after_step, checkpoint_path, resolve_run_dir, resume_state
 from tokengrad.train.config import TrainConfig, load_config, make_config
@@ -90,6 +91,7 @@ class Trainer(Updates):
         cfg = self.cfg
         self.task = get_task(cfg.task, **cfg.task_params)  # bad task params fail before the model loads
         self.rule, self.rule_params = get_weighting(cfg.weighting), _rule_kwargs(cfg)
+        self.correction = correction.correction_of(cfg)  # None: rollout_correction = "off"
         for msg in check_rule(
             cfg.weighting, cfg.weighting_params, eps_low=cfg.eps_low, eps_high=cfg.eps_high
         ):
@@ -223,7 +225,7 @@ class Trainer(Updates):
                 adv_scale=cfg.adv_scale,
             )
             t1 = time.perf_counter()
-            batch, mismatch = self.score(g)
+            batch, rollout = self.score(g)
             t2 = time.perf_counter()
             logged = self.update(st, batch, g)
             t3 = time.perf_counter()
@@ -237,12 +239,14 @@ class Trainer(Updates):
                 groups_kept=g.n_kept,
                 gen_rounds=g.n_rounds,
             )
-            if mismatch is not None:  # None: no loss token has a sampler log-prob (greedy, no rows)
-                logged["rollout_mismatch"] = mismatch
+            logged.update(rollout)  # the gap's metrics: none without a sampler log-prob (greedy, no rows)
             if not logged.get("grad_norm"):  # 0, or no update at all
                 self.dead_steps["other" if keep_groups(g.scores[..., 0]).any() else "tied"] += 1
             st.log(**logged)
-            st.samples(**sample_rows(g, self.cfg.task, self.cfg.group_size))
+            st.samples(
+                **sample_rows(g, self.cfg.task, self.cfg.group_size),
+                **correction.sample_columns(batch, g.in_update),
+            )
         return logged
 
     def generate_round(self, step: int, k: int) -> tuple:
@@ -262,15 +266,15 @@ class Trainer(Updates):
         return comps, problems, score_completions(comps, self.task, problems)
 
     @torch.no_grad()
-    def score(self, g: Gathered) -> tuple[tb.Batch | None, float | None]:
-        """The update batch of this rank (None if it holds no kept group) with log pi_old and log pi_ref,
-        and the step's mean |log pi_old - log pi_rollout| over loss tokens of all ranks (None without any)."""
+    def score(self, g: Gathered) -> tuple[tb.Batch | None, dict]:
+        """The update batch of this rank (None if it holds no kept group) with log pi_old, log pi_ref and the
+        rollout correction's weights, and the step's gap and IS-weight metrics over all ranks."""
         b = tb.select_rows(g, self.device)
         if b is not None:  # the loss passes' own micro-batches, through the loss's own function
             ref = self.score_rows(self.ref, b) if self.ref is not None else None
             b = b._replace(old_logprobs=self.score_rows(self.model, b), ref_logprobs=ref)
-        total, n = dist.all_reduce(tb.mismatch_sums(b)).tolist()
-        return b, (total / n if n else None)
+        b = correction.with_weights(b, self.correction)
+        return b, correction.step_metrics(b, self.correction)
 
     def evaluate(self, step: int) -> dict:
         """Greedy accuracy on the held-out problems, per difficulty, into the evals table (each rank

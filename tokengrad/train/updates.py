@@ -10,6 +10,7 @@ from torch import Tensor
 from tokengrad.objective.loss import micro_batch_share, normaliser, phase_masks, policy_loss
 from tokengrad.objective.weighting import TokenBatch
 from tokengrad.train import batch as tb
+from tokengrad.train import correction
 from tokengrad.train import distributed as dist
 from tokengrad.train.policy import directional_logprobs, score_logprobs, token_logprobs
 from tokengrad.train.sampling import Gathered
@@ -128,6 +129,7 @@ class Updates:
             norm_mask=loss_mask,
             ppo_clip=getattr(self.rule, "ppo_clip", True),
             clip_ratio_c=cfg.clip_ratio_c,
+            is_weight=None if b.is_weights is None else b.is_weights[rows].expand_as(logprobs),
         )
         self.track_pass(st, b, u, rows, logprobs, stats, hidden, w, out.clipped, update_id)
         share = micro_batch_share(cfg.aggregation, loss_mask, b.loss_mask[u.rows]) * rank_scale
@@ -154,6 +156,7 @@ class Updates:
             clipped=clipped,
             update_id=update_id,
             rollout_logprobs=b.rollout_logprobs[rows],
+            **correction.token_columns(b, rows, u.phase[rows], self.correction),
             recompute=lambda: directional_logprobs(  # attribution's second look at the same rows
                 self.model,
                 b.input_ids[rows],

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from tokengrad import schema
 from tokengrad.objective import rollout_correction as rc
 
-_BIT = {name: 1 << i for i, name in enumerate(schema.MASK_REASONS)}
+_BIT = rc.MASK_BIT
 
 
 def loss_mask(inputs: dict) -> torch.Tensor:
@@ -31,8 +30,7 @@ def is_mask_reason(trainer) -> str | None:
     """The masks-reason of TRL's IS correction, None when it truncates (or is off)."""
     if not (trainer.use_vllm and trainer.vllm_importance_sampling_correction):
         return None
-    mode = trainer.vllm_importance_sampling_mode
-    return {"sequence_mask": "is_sequence_mask", "token_mask": "is_token_mask"}.get(mode)
+    return rc.MASK_REASON.get(trainer.vllm_importance_sampling_mode)
 
 
 def mask_codes(trainer, inputs: dict, captured: dict, like: torch.Tensor) -> torch.Tensor | None:
@@ -43,7 +41,7 @@ def mask_codes(trainer, inputs: dict, captured: dict, like: torch.Tensor) -> tor
     applied = False
     reason, w = is_mask_reason(trainer), inputs.get("importance_sampling_ratio")
     if reason is not None and torch.is_tensor(w):
-        code |= torch.where(w.expand_as(code) == 0, _BIT[reason], 0).to(code.dtype)
+        code |= rc.zero_weight_codes(w, m, reason)
         applied = True
     if "off_policy_mask" in captured:
         code |= torch.where(
@@ -73,9 +71,7 @@ def step_metrics(trainer, out: dict) -> dict[str, float]:
     if torch.is_tensor(w):
         metrics.update(rc.weight_metrics(w, m))
         if is_mask_reason(trainer) is not None:
-            zero = (w.expand_as(m) == 0) & m.bool()  # [B, T]
-            metrics["is_masked_tokens"] = int(zero.sum())
-            metrics["is_masked_sequences"] = int((zero.sum(-1) == m.sum(-1)).logical_and(m.sum(-1) > 0).sum())
+            metrics.update(rc.masked_counts(w, m))
     return metrics
 
 
