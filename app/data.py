@@ -22,7 +22,7 @@ import pandas as pd
 import streamlit as st
 
 from tokengrad import schema
-from tokengrad.read import entropy_queries, gradient_shares, headline, queries, share_queries
+from tokengrad.read import entropy_queries, gradient_shares, headline, queries, rollout_queries, share_queries
 from tokengrad.read import status as run_state
 from tokengrad.read.runs import load_run
 from tokengrad.read.served_root import runs_below
@@ -47,6 +47,11 @@ QUERIES = {
         entropy_queries.entropy_drainers,
         entropy_queries.entropy_quadrants,
         entropy_queries.entropy_by_position,
+        rollout_queries.has_rollout,
+        rollout_queries.gap_by_prob,
+        rollout_queries.gap_by_position,
+        rollout_queries.mismatch_update_share,
+        rollout_queries.masked_sequences,
     )
 }
 _CACHE_ENTRIES = 64

@@ -24,6 +24,7 @@ PAGES = (  # file, title, icon
     ("wordclouds.py", "Word clouds", ":material/cloud:"),
     ("inspector.py", "Token inspector", ":material/text_fields:"),
     ("entropy.py", "Entropy", ":material/water_drop:"),
+    ("rollout.py", "Rollout vs trainer", ":material/compare_arrows:"),
     ("evaluation.py", "Evaluation", ":material/checklist:"),
 )
 

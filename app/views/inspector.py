@@ -11,7 +11,7 @@ from app.views import common
 from tokengrad.figures.gradnorms import run_grad_norms
 from tokengrad.figures.liveness import live_mask
 from tokengrad.figures.smoothing import find_spikes
-from tokengrad.figures.tokens import PUSH, make_token_figure, token_html, with_push
+from tokengrad.figures.tokens import GAP, PUSH, make_token_figure, token_html, with_gap, with_push
 from tokengrad.schema import SAMPLE, STEP, TOK
 
 COLOR_BY = (
@@ -28,6 +28,8 @@ COLOR_BY = (
     TOK.update_share,
     TOK.entropy_share,
     TOK.dentropy,
+    GAP,  # log pi_old - log mu: where the rollout engine and the trainer disagree (figures.tokens.GAP)
+    TOK.is_weight,
 )
 RANK_BY = (TOK.logit_grad_norm, TOK.head_grad_norm, TOK.logit_grad_unit)
 # with per-token attribution recorded, a token's exact share of the update ranks first (arXiv 2505.12929's
@@ -35,7 +37,7 @@ RANK_BY = (TOK.logit_grad_norm, TOK.head_grad_norm, TOK.logit_grad_unit)
 RANK_BY_ATTRIBUTED = (TOK.update_share, *RANK_BY)
 SHARE = {"share": st.column_config.ProgressColumn("share", format="percent", min_value=0.0, max_value=1.0)}
 STEP_KEY, STEP_RUN_KEY, PICKED_KEY = "in_step", "in_step_run", "in_picked_row"
-COLOR_NAMES = {PUSH: "−coef: pushed up / pushed down"}
+COLOR_NAMES = {PUSH: "−coef: pushed up / pushed down", GAP: "rollout gap: log π_old − log μ"}
 
 
 def _grad_norms(run: str) -> pd.DataFrame:
@@ -247,7 +249,7 @@ def _completion(run: str, step: int) -> None:
         format_func=lambda c: COLOR_NAMES.get(c, c),
         help="−coef = −∂L/∂log π: blue tokens the update makes more likely, red ones less likely.",
     )
-    tokens = with_push(data.query(run, "sample_tokens", step=step, sample_id=sample))
+    tokens = with_gap(with_push(data.query(run, "sample_tokens", step=step, sample_id=sample)))
     if tokens.empty or color_by not in tokens or tokens[color_by].isna().all():
         st.info(f"'{color_by}' was not recorded for this completion; pick another colour.")
         return

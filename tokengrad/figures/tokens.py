@@ -27,8 +27,11 @@ from tokengrad.schema import TOK
 # the token's probability (the coefficient itself is negative on a rewarded completion's tokens)
 PUSH = "push"
 PUSH_ENDS = ("pushed down", "pushed up")
+# d = log pi_old - log mu: the trainer's log-prob minus the rollout engine's (tokengrad.read.rollout_queries)
+GAP = "rollout_gap"
 COLOR_SCALES = {
     PUSH: "RdBu",
+    GAP: "RdBu",
     TOK.prob: "RdYlBu",
     TOK.logprob: "RdYlBu",
     TOK.weight: "Purples",
@@ -40,12 +43,13 @@ COLOR_SCALES = {
     TOK.entropy: "YlOrRd",
     TOK.ratio: "RdBu",
 }
-SIGNED = frozenset({TOK.coef, TOK.advantage, PUSH})
+SIGNED = frozenset({TOK.coef, TOK.advantage, PUSH, GAP})
 CENTRES = {
     TOK.coef: 0.0,
     TOK.advantage: 0.0,
     TOK.ratio: 1.0,
     PUSH: 0.0,
+    GAP: 0.0,
 }  # diverging scales: the neutral value
 FIXED_RANGES = {TOK.prob: (0.0, 1.0), TOK.logit_grad_unit: (0.0, float(np.sqrt(2.0)))}
 # Columns shown on hover, in this order, when present.
@@ -56,6 +60,10 @@ HOVER_COLUMNS = (
     TOK.logprob,
     TOK.old_logprob,
     TOK.ref_logprob,
+    TOK.rollout_logprob,
+    GAP,
+    TOK.is_weight,
+    TOK.masked_by,
     TOK.entropy,
     TOK.advantage,
     TOK.weight,
@@ -137,6 +145,15 @@ def with_push(tokens: pd.DataFrame) -> pd.DataFrame:
     if TOK.coef not in tokens.columns:
         return tokens
     return tokens.assign(**{PUSH: -pd.to_numeric(tokens[TOK.coef], errors="coerce")})
+
+
+def with_gap(tokens: pd.DataFrame) -> pd.DataFrame:
+    """The tokens with column rollout_gap = old_logprob - rollout_logprob (GAP; NaN where the engine gave
+    no log-prob): > 0 where the engine gave the token less mass than the trainer."""
+    if TOK.rollout_logprob not in tokens.columns or TOK.old_logprob not in tokens.columns:
+        return tokens
+    old = pd.to_numeric(tokens[TOK.old_logprob], errors="coerce")
+    return tokens.assign(**{GAP: old - pd.to_numeric(tokens[TOK.rollout_logprob], errors="coerce")})
 
 
 def _hover_columns(df: pd.DataFrame) -> list[str]:

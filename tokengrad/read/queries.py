@@ -175,15 +175,16 @@ def bin_edges(bins: int | Sequence[float]) -> np.ndarray:
     return edges
 
 
-def _binned(run, edges: np.ndarray, select: str, w: _Where) -> pd.DataFrame:
-    """Rows of `select` aggregates grouped by probability bin, all bins present (count 0 if empty).
+def _binned(run, edges: np.ndarray, select: str, w: _Where, column: str = TOK.prob) -> pd.DataFrame:
+    """Rows of `select` aggregates grouped by bin of `column` (default the probability), all bins present
+    (count 0 if empty).
 
-    The bin index is the number of interior edges <= prob, so bin i is [e_i, e_{i+1}) and the top edge
-    is inclusive; tokens outside [e_0, e_last] are left out.
+    The bin index is the number of interior edges <= the value, so bin i is [e_i, e_{i+1}) and the top
+    edge is inclusive; tokens outside [e_0, e_last] are left out.
     """
     inner = edges[1:-1].tolist()
-    index = " + ".join([f"CAST({TOK.prob} >= ? AS INTEGER)"] * len(inner)) or "0"
-    w.add(f"{TOK.prob} BETWEEN ? AND ?", float(edges[0]), float(edges[-1]))
+    index = " + ".join([f"CAST({column} >= ? AS INTEGER)"] * len(inner)) or "0"
+    w.add(f"{column} BETWEEN ? AND ?", float(edges[0]), float(edges[-1]))
     q = (
         f"SELECT b, count(*) AS {BIN.count}{', ' + select if select else ''} FROM "
         f"(SELECT {index} AS b, * FROM tokens{w.sql()}) GROUP BY b ORDER BY b"
