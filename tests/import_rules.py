@@ -77,6 +77,7 @@ LOADED_FORBIDDEN = {
     "tokengrad.read.queries": DATA_LAYER_FORBIDDEN,
     "tokengrad.read.gradient_shares": DATA_LAYER_FORBIDDEN,
     "tokengrad.read.share_queries": DATA_LAYER_FORBIDDEN,
+    "tokengrad.read.rollout_queries": DATA_LAYER_FORBIDDEN,
     "tokengrad.read.entropy_queries": DATA_LAYER_FORBIDDEN,
     "tokengrad.read.layout": DATA_LAYER_FORBIDDEN + ["pandas", "duckdb"],
     "tokengrad.doctor": DATA_LAYER_FORBIDDEN + ["pandas", "duckdb", "scipy"],
