@@ -11,7 +11,8 @@ Layers, bottom up:
   integrations  tokengrad.integrations: other trainers (TRL, verl) and trackers; never the built-in trainer
   figures       tokengrad.figures: pure Plotly builders (never torch)
   doctor        tokengrad.doctor: findings on runs, read through read/ (never torch); record/ may start its
-                live runner (tokengrad.doctor.live), which loads the detectors on its own thread
+                live runner (tokengrad.doctor.live), which loads the detectors on its own thread, and reads
+                the spike rule (tokengrad.doctor.spike_rule, numpy only) for on-spike attribution
   cli, app      the entry points: the `tokengrad` command and the Streamlit app
 """
 
@@ -36,7 +37,8 @@ ALLOWED = {
     "tokengrad._version": [],
     "tokengrad.read": GROUND + READ,
     "tokengrad.objective": GROUND + OBJECTIVE,
-    "tokengrad.record": GROUND + LAYOUT + RECORD + ["tokengrad.doctor.live"],  # only when doctor= is set
+    # doctor.live only when doctor= is set; doctor.spike_rule (numpy only) for Attribution(on_spike=True)
+    "tokengrad.record": GROUND + LAYOUT + RECORD + ["tokengrad.doctor.live", "tokengrad.doctor.spike_rule"],
     "tokengrad.train": GROUND + OBJECTIVE + RECORD + TRAIN,
     "tokengrad.integrations": GROUND + OBJECTIVE + RECORD + INTEGRATIONS + READ,
     "tokengrad.figures": GROUND + READ + FIGURES,

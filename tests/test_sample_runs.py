@@ -55,7 +55,14 @@ ADDED_IN = {
         "rollout_mismatch_p99",
         "rollout_seq_log_ratio",
     },
-    5: {"rs_masked_tokens", "rs_masked_sequences"},
+    5: {
+        "rs_masked_tokens",
+        "rs_masked_sequences",
+        "spike_z",
+        "grad_norm_without_top1",
+        "grad_norm_without_top5",
+        "grad_norm_without_top20",
+    },
 }
 TABLES_ADDED_IN = {"prob_bins": 2, "vocab": 2}  # tables an older run has no files of
 

@@ -11,20 +11,21 @@ from tokengrad.doctor.culprits import culprits, summarize
 from tokengrad.doctor.detect_steps import TREND_ALPHA
 from tokengrad.doctor.finding import Action, Finding
 from tokengrad.doctor.registry import detector, fmt, pct
-from tokengrad.doctor.stats import confidence_from_excess, robust_z, trend
+from tokengrad.doctor.spike_rule import SPIKE_MIN_STEPS, SPIKE_Z, robust_z
+from tokengrad.doctor.stats import confidence_from_excess, trend
 from tokengrad.doctor.view import RunView
-from tokengrad.schema import TOTAL_LAYER
+from tokengrad.schema import REPLAY_K, TOTAL_LAYER
 
-# Spike: modified z-score above 3.5 (Iglewicz & Hoaglin 1993; the dashboard's DEFAULT_SPIKE_K); critical
-# when also 10x the median live norm and z above 10 (tokengrad default: far past what gradient clipping at
-# 1.0 absorbs in the shipped runs, whose largest spike is 6x the median).
-SPIKE_Z = 3.5
+# Spike: modified z-score above 3.5 (Iglewicz & Hoaglin 1993; doctor/spike_rule.py, shared with the
+# recorder's on-spike attribution); critical when also 10x the median live norm and z above 10 (tokengrad
+# default: far past what gradient clipping at 1.0 absorbs in the shipped runs, whose largest spike is 6x
+# the median).
 SPIKE_WARNING_RATIO = 3.0  # tokengrad default: below 3x the median a z > 3.5 step is reported as info
-SPIKE_MIN_STEPS = 10  # live steps needed for a median/MAD reference
 SPIKE_CRITICAL_Z = 10.0
 SPIKE_CRITICAL_RATIO = 10.0
 SPIKE_MAX_FINDINGS = 5  # the largest spikes get a finding each
 CULPRITS_K = 20
+REPLAY_SAID = 5  # the one the message names
 # Low-probability dominance (AR-Lopti, arXiv 2505.12929 Fig. 1: the few low-probability tokens dominate
 # the gradient): the lowest bucket's median update share at least half, and at least 4x its token share.
 LOW_SHARE = 0.5
@@ -78,9 +79,12 @@ def gradient_spike(view: RunView) -> list[Finding]:
         level = "critical" if critical else "warning" if row.ratio >= SPIKE_WARNING_RATIO else "info"
         tokens = culprits(view, step, CULPRITS_K)
         who = summarize(tokens)
+        replay = replayed_norms(view, step)
         msg = (
             f"step {step}: grad_norm {fmt(row.grad_norm)} = {fmt(row.ratio)}x the median live norm "
-            f"(robust z {row.z:.1f})" + (f"; {who} of step {step}" if who else "")
+            f"(robust z {row.z:.1f})"
+            + (f"; {who} of step {step}" if who else "")
+            + _replay_clause(replay, row)
         )
         evidence = {
             "statistic": "modified z-score 0.6745 (x - median) / MAD over the live steps",
@@ -88,6 +92,7 @@ def gradient_spike(view: RunView) -> list[Finding]:
                 "grad_norm": float(row.grad_norm),
                 "z": float(row.z),
                 "ratio_to_median": float(row.ratio),
+                **{f"grad_norm_without_top{k}": v for k, v in replay.items()},
             },
             "thresholds": {
                 "z": SPIKE_Z,
@@ -105,6 +110,28 @@ def gradient_spike(view: RunView) -> list[Finding]:
         conf = confidence_from_excess(float(row.z), SPIKE_Z)
         out.append(Finding("gradient_spike", level, conf, step, step, msg, evidence, tokens, actions))
     return out
+
+
+def replayed_norms(view: RunView, step: int) -> dict[int, float]:
+    """{k: the step's pre-clip gradient norm without its top-k culprit tokens} where the recorder replayed it
+    (steps.grad_norm_without_top{k}, Attribution(on_spike=True): exact, by backward passes)."""
+    st = view.steps
+    cols = {k: f"grad_norm_without_top{k}" for k in REPLAY_K if f"grad_norm_without_top{k}" in st.columns}
+    at = st[st["step"] == step] if cols else st.iloc[:0]
+    if at.empty:
+        return {}
+    return {k: float(at[c].iloc[0]) for k, c in cols.items() if np.isfinite(at[c].iloc[0])}
+
+
+def _replay_clause(replay: dict[int, float], row) -> str:
+    if REPLAY_SAID not in replay:
+        return ""
+    others = ", ".join(f"top {k}: {fmt(v)}" for k, v in replay.items() if k != REPLAY_SAID)
+    return (
+        f"; without its top {REPLAY_SAID} culprit tokens the step's gradient norm is "
+        f"{fmt(replay[REPLAY_SAID])}, not {fmt(row.grad_norm)} (exact replay"
+        + (f"; {others})" if others else ")")
+    )
 
 
 def _bucket_rows(view: RunView) -> pd.DataFrame:

@@ -16,25 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as sps
 
-# Iglewicz & Hoaglin (1993), "How to Detect and Handle Outliers": modified z-score M = 0.6745 (x - med) / MAD;
-# 0.6745 = 1 / 1.4826 makes the MAD estimate the standard deviation of normal data.
-MAD_Z = 0.6745
-
-
-def robust_z(values, reference=None) -> np.ndarray:
-    """Modified z-scores of `values` against the median and MAD of `reference` (default: the values
-    themselves), over the finite reference values. All NaN when there is no robust scale (MAD 0: more
-    than half of the reference values are equal) or no reference value."""
-    x = np.asarray(values, dtype=float)
-    ref = x if reference is None else np.asarray(reference, dtype=float)
-    ref = ref[np.isfinite(ref)]
-    if ref.size == 0:
-        return np.full(x.shape, np.nan)
-    med = float(np.median(ref))
-    mad = float(np.median(np.abs(ref - med)))
-    if mad <= 0:
-        return np.full(x.shape, np.nan)
-    return MAD_Z * (x - med) / mad
+from tokengrad.doctor.spike_rule import MAD_Z, robust_z  # noqa: F401 - the doctor's statistics in one place
 
 
 @dataclass(frozen=True)

@@ -69,18 +69,23 @@ class Attribution:
     applied (one parameter-sized copy); `entropy`: also each token's share of the change of the mean token
     entropy (`entropy_share`), `dentropy_pred` / `dentropy` and the step's entropy change and Cov(log pi, A)
     (record/entropy_attribution.py: one more backward and one more directional pass per update;
-    `recompute()` must then return the pair (log-probs, entropy))."""
+    `recompute()` must then return the pair (log-probs, entropy)). `on_spike`: also attribute a step whose
+    pre-clip gradient norm is a spike by the doctor's rule (robust z > 3.5 against the steps so far, read in
+    `record_grad_norms` before the optimizer step) and replay it without its top-1/5/20 culprit tokens
+    (steps.grad_norm_without_top{k} and spike_z; record/spike_replay.py)."""
 
     every: int = 0
     method: str = "jvp"
     eps: float | None = None
     applied: bool = True
     entropy: bool = False
+    on_spike: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "every", _every("attribution.every", self.every))
-        if not isinstance(self.entropy, bool):
-            raise ValueError(f"attribution.entropy must be True or False, got {self.entropy!r}")
+        for name in ("entropy", "on_spike"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"attribution.{name} must be True or False, got {getattr(self, name)!r}")
         ATTRIBUTION_METHODS[self.method]  # an unknown name raises ValueError listing the known ones
 
 

@@ -46,6 +46,7 @@ from tokengrad.record.options import (
     grouped_options,
 )
 from tokengrad.record.rows import TokenDecoder, scalar_table
+from tokengrad.record.spike_replay import SpikeWatch
 from tokengrad.record.step_recorder import StepRecorder
 from tokengrad.record.writer import Rows, RunWriter
 
@@ -68,8 +69,9 @@ class Recorder:
         config: the full training config (stored in meta.json).
         info: `RunInfo`: the run's name, the model's name, the weighting rule, the sampling temperature.
         buckets: `Buckets(every, edges)`, or N: the probability-bucket analysis every N steps (0 = never).
-        attribution: `Attribution(every, method, eps, applied)`, or N: each token's exact share of the
-            update every N steps (passes tracked with `recompute=`; record/step_attribution.py).
+        attribution: `Attribution(every, method, eps, applied, entropy, on_spike)`, or N: each token's exact
+            share of the update every N steps (passes tracked with `recompute=`; record/step_attribution.py);
+            `on_spike` also on gradient-norm spikes, with the replay without the top culprits.
         budget: `Budget(k, ...)`, or k: at most k token rows per step and rank (None = all): whole sampled
             sequences plus the largest |update_share| (else gradient norm) tokens, flagged in
             `selected_by`; steps, buckets, prob_bins and vocab stay exact over all tokens (record/budget.py).
@@ -124,6 +126,8 @@ class Recorder:
         self._last_seq: int | None = None
         self._lock: claim.Claim | None = None
         self.doctor = as_doctor(doctor) if self.rank == 0 else None
+        # every rank: DDP ranks read the same all-reduced norm, so they flag the same spikes
+        self.spike_watch = SpikeWatch() if self.attribution.on_spike and model is not None else None
         self.live_doctor = None  # tokengrad.doctor.live.LiveDoctor while open with a doctor
 
     # With Doctor(halt=True): begin_step raises DoctorHalt (a plain loop). An integration that stops its

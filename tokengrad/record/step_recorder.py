@@ -18,21 +18,15 @@ import torch
 from tokengrad import schema
 from tokengrad.record.bucket_rows import BucketState
 from tokengrad.record.budget import budgeted, capture_pass
-from tokengrad.record.checks import (
-    RESERVED,
-    as_ids,
-    check_ids,
-    check_scalars,
-    check_track_inputs,
-    safe_texts,
-)
+from tokengrad.record.checks import RESERVED, as_ids, check_scalars, safe_texts
 from tokengrad.record.distributed import global_grad_norms, grads_are_sharded
 from tokengrad.record.gradnorms import grad_norms, trainable_params
 from tokengrad.record.rows import sample_rows, scalar_table, steps_row, tokens_table
-from tokengrad.record.stats import TokenStats, pass_values
+from tokengrad.record.spike_replay import replay_spike
+from tokengrad.record.stats import TokenStats
 from tokengrad.record.step_attribution import StepAttribution, bucket_share_rows
 from tokengrad.record.step_buckets import StepBuckets
-from tokengrad.record.tracked_pass import TrackedPass, new_pass
+from tokengrad.record.tracked_pass import TrackedPass, build_pass
 from tokengrad.record.writer import Rows
 
 _NUMERIC_STEP_COLUMNS = {
@@ -47,17 +41,8 @@ class StepRecorder:
         self.rec = recorder
         self.step = step
         self.is_bucket_step = bucket_step and recorder.model is not None
-        self.attribution = (
-            StepAttribution(
-                recorder.model,
-                recorder.attribute_method,
-                recorder.attribute_eps,
-                recorder.attribute_applied,
-                recorder.attribution.entropy,
-            )
-            if attribute_step and recorder.model is not None
-            else None
-        )
+        self.attribution = self._new_attribution() if attribute_step and recorder.model is not None else None
+        self._spike: dict = {}  # the replay columns of the step's largest spiking update (spike_replay.py)
         self._passes: list[TrackedPass] = []
         self._scalars: dict = {}
         self._samples: list[dict] = []
@@ -66,6 +51,10 @@ class StepRecorder:
         self._update_norms: dict[int, float] = {}
         self._t0 = time.perf_counter()
         self._t_record = 0.0
+
+    def _new_attribution(self) -> StepAttribution:
+        a = self.rec.attribution
+        return StepAttribution(self.rec.model, a.method, a.eps, a.applied, a.entropy)
 
     def __enter__(self) -> "StepRecorder":
         return self
@@ -137,7 +126,8 @@ class StepRecorder:
             extra: name -> [N, T] tensors stored as extra token columns (names must not collide with
                 the schema's columns).
             recompute: () -> [N, T] these log-probs again (same batch, no dropout), run by attribution
-                steps (`Recorder(attribute_every=...)`) with substituted parameters; ignored otherwise.
+                steps (`Attribution(every=...)`, or `on_spike=True` on a spike step, whose replay also
+                backpropagates through it) with substituted parameters; ignored otherwise.
                 With `Attribution(entropy=True)` it returns the pair (log-probs [N, T], entropy [N, T]
                 of the same next-token distributions), differentiable in the parameters.
 
@@ -145,8 +135,7 @@ class StepRecorder:
             `logprobs` itself (so `lp = st.track(lp, ...)` reads naturally).
         """
         t = time.perf_counter()
-        N, T = check_track_inputs(
-            logprobs,
+        inputs = dict(
             token_ids=token_ids,
             mask=mask,
             loss_mask=loss_mask,
@@ -165,43 +154,26 @@ class StepRecorder:
             clipped=clipped,
             extra=extra,
         )
-        dev = logprobs.device
-        mask_b = torch.ones(N, T, dtype=torch.bool, device=dev) if mask is None else mask.to(torch.bool)
-        # a model's vocabulary may be larger than its tokenizer's, so only logits give the bound
-        vocab = logits.shape[-1] if logits is not None else None
-        check_ids(token_ids, mask_b, vocab, as_ids(sample_ids, N, dev))
-        in_loss = mask_b if loss_mask is None else (loss_mask.to(torch.bool) & mask_b)
-        tensors = pass_values(
-            logprobs,
-            token_ids,
-            mask_b,
-            old_logprobs,
-            ref_logprobs,
-            advantages,
-            weights,
-            logits,
-            stats,
-            hidden,
-        )
-        host = {"rollout_logprob": rollout_logprobs, "is_weight": is_weights, "mask_code": mask_codes}
-        tensors.update({k: v.detach().float() for k, v in host.items() if v is not None})
-        ids = (as_ids(sample_ids, N, dev), as_ids(group_ids, N, dev))
-        p = new_pass(
-            len(self._passes), logprobs, tensors, token_ids, mask_b, in_loss, ids, scale_grad, clipped, extra
-        )
+        p = build_pass(len(self._passes), logprobs, inputs, stats)
         p.update_id = int(update_id)
-        p.recompute = recompute if self.attribution is not None else None
+        # kept where this step may be attributed: on schedule, or on a spike found in record_grad_norms
+        wanted = self.attribution is not None or self.rec.spike_watch is not None
+        p.recompute = recompute if wanted else None
+        self._watch_coef(p, logprobs)
+        self._passes.append(p)
+        self._t_record += time.perf_counter() - t
+        return logprobs
+
+    def _watch_coef(self, p: TrackedPass, logprobs: torch.Tensor) -> None:
+        """The autograd hook that reads the pass's coef in the backward (removed at the end of the step)."""
         if logprobs.requires_grad:
             p.handle = logprobs.register_hook(self._make_hook(p))
         else:
             warnings.warn(
                 "tokengrad: tracked logprobs do not require grad; coef will be missing",
                 RuntimeWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
-        self._passes.append(p)
-        self._t_record += time.perf_counter() - t
-        return logprobs
 
     def _make_hook(self, p: TrackedPass):
         def hook(grad: torch.Tensor):
@@ -251,8 +223,11 @@ class StepRecorder:
             total, blocks = global_grad_norms(self.rec.model, self.rec.layers)
         else:  # one process or DDP (already all-reduced): read locally
             total, blocks = grad_norms(named, self.rec.layers)
+        spiked = self._watch_spike(total)
         if self.attribution is not None:  # shares along g, read before clipping changes .grad
             self.attribution.on_gradient(self._passes, update_id, total * total)
+        if spiked:  # the same gradient without its top-k culprit tokens
+            self._replay(update_id, total, named)
         self.add_grad_norms(total, blocks, update_id)
         if update_id in self.buckets.state:
             self.buckets.finish_update(
@@ -265,6 +240,24 @@ class StepRecorder:
             )
         self._t_record += time.perf_counter() - t
         return total
+
+    def _watch_spike(self, total: float) -> bool:
+        """Attribution(on_spike=True): whether this update's pre-clip norm is a spike against the steps so
+        far; a spike starts the step's attribution if its schedule had not."""
+        watch = self.rec.spike_watch
+        if watch is None:
+            return False
+        spiked, z = watch.flags(total)
+        if spiked and self.attribution is None:
+            self.attribution = self._new_attribution()
+        return spiked
+
+    def _replay(self, update_id: int, total: float, named: list) -> None:
+        if self._spike and self._spike["norm"] >= total:  # the step's largest spiking update is kept
+            return
+        mine = [p for p in self._passes if p.update_id == update_id]
+        cols = replay_spike(mine, named, self.attribution.world, self.rec.spike_watch)
+        self._spike = {"norm": total, "spike_z": self.rec.spike_watch.z(total), **cols}
 
     def add_grad_norms(self, total: float, blocks: dict[str, float], update_id: int = 0) -> None:
         """Record norms read elsewhere (e.g. through DeepSpeed's API, where `.grad` is partitioned)."""
@@ -381,6 +374,9 @@ class StepRecorder:
         if self._update_norms:
             scalars.setdefault("grad_norm", max(self._update_norms.values()))
         scalars.setdefault("n_updates", len({p.update_id for p in self._passes}) or None)
+        scalars.update({k: v for k, v in self._spike.items() if k != "norm"})
+        if self.rec.spike_watch is not None and self._update_norms:
+            self.rec.spike_watch.add(max(self._update_norms.values()))
         step, rank, decode = self.step, self.rec.rank, self.rec.decode
         layer_rows, bucket_rows, sample_rows = self._layer_rows, self.buckets.rows, self._samples
         # Rows(build, n): built on the writer thread; n counts them exactly if building fails there

@@ -1,12 +1,15 @@
 """One tracked backward pass while its step is open: the log-probs with their graph, the detached value
 columns, masks and ids, and the coef the autograd hook fills in (tensors stay on their device until the
-step ends)."""
+step ends); `build_pass` makes one from st.track()'s arguments."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+
+from tokengrad.record.checks import as_ids, check_ids, check_track_inputs
+from tokengrad.record.stats import pass_values
 
 
 @dataclass
@@ -28,7 +31,7 @@ class TrackedPass:
     coef: torch.Tensor | None = None  # [N, T] filled by the hook
     handle: object = None
     bucketed: bool = False
-    recompute: object = None  # () -> [N, T] log pi again, for attribution steps
+    recompute: object = None  # () -> [N, T] log pi again, for attribution (and on-spike) steps
 
 
 def new_pass(
@@ -48,4 +51,39 @@ def new_pass(
         None if scale_grad is None else scale_grad.detach().to(logprobs.dtype),
         None if clipped is None else clipped.detach().to(torch.bool),
         {k: v.detach() for k, v in (extra or {}).items()},
+    )
+
+
+def build_pass(index: int, logprobs: torch.Tensor, inputs: dict, stats) -> TrackedPass:
+    """Pass `index` from st.track()'s arguments (`inputs`: its keyword tensors by name, `stats` its
+    TokenStats), after checking every shape, device and id: the masks as bool, the detached value columns
+    (record/stats.py) and the host trainer's own per-token tensors."""
+    N, T = check_track_inputs(logprobs, **inputs)
+    dev = logprobs.device
+    mask = inputs["mask"]
+    mask_b = torch.ones(N, T, dtype=torch.bool, device=dev) if mask is None else mask.to(torch.bool)
+    logits = inputs["logits"]
+    # a model's vocabulary may be larger than its tokenizer's, so only logits give the bound
+    vocab = logits.shape[-1] if logits is not None else None
+    ids = (as_ids(inputs["sample_ids"], N, dev), as_ids(inputs["group_ids"], N, dev))
+    check_ids(inputs["token_ids"], mask_b, vocab, ids[0])
+    loss_mask = inputs["loss_mask"]
+    in_loss = mask_b if loss_mask is None else (loss_mask.to(torch.bool) & mask_b)
+    keys = ("old_logprobs", "ref_logprobs", "advantages", "weights", "logits")
+    tensors = pass_values(
+        logprobs, inputs["token_ids"], mask_b, *(inputs[k] for k in keys), stats, inputs["hidden"]
+    )
+    host = {"rollout_logprob": "rollout_logprobs", "is_weight": "is_weights", "mask_code": "mask_codes"}
+    tensors.update({col: inputs[k].detach().float() for col, k in host.items() if inputs[k] is not None})
+    return new_pass(
+        index,
+        logprobs,
+        tensors,
+        inputs["token_ids"],
+        mask_b,
+        in_loss,
+        ids,
+        inputs["scale_grad"],
+        inputs["clipped"],
+        inputs["extra"],
     )

@@ -30,6 +30,7 @@ from tokengrad.schema.columns import (  # noqa: E402, F401
     EXTENSIBLE,
     LAYERS,
     PROB_BINS,
+    REPLAY_K,
     SAMPLES,
     STEPS,
     TABLES,
@@ -48,7 +49,8 @@ SCHEMA_VERSION = 5
 # rollout engine's side (tokengrad.objective.rollout_correction): tokens.is_weight / masked / masked_by, the
 # gap and IS-weight metrics in steps, samples.rollout_seq_log_ratio / rollout_gap_mean. Older runs read with
 # the newer columns null and tables empty. 5 added steps.rs_masked_tokens / rs_masked_sequences and the
-# mask reason rs_mask (verl's rejection sampling, tokengrad.integrations.verl.rollout).
+# mask reason rs_mask (verl's rejection sampling, tokengrad.integrations.verl.rollout), and steps.spike_z /
+# grad_norm_without_top1 / top5 / top20 (the replay of a gradient spike, Attribution(on_spike=True)).
 
 META_FILE = "meta.json"
 RANKS_DIR = "ranks"

@@ -123,10 +123,29 @@ TOKENS = [
     ),
 ]
 
+REPLAY_K = (1, 5, 20)  # a spike's replay removes its top-k culprit tokens for each k (steps columns)
+
 STEPS = [
     *_KEY,
     _c("loss", pa.float64(), "training loss (mean over the step's passes)"),
     _c("grad_norm", pa.float64(), "total gradient norm before clipping (max over the step's updates)"),
+    _c(
+        "spike_z",
+        pa.float64(),
+        "Attribution(on_spike=True) steps: modified z-score 0.6745 (x - median) / MAD of the spiking "
+        "update's pre-clip norm against the steps before it (Iglewicz & Hoaglin 1993; > 3.5 started the "
+        "attribution)",
+    ),
+    *(
+        _c(
+            f"grad_norm_without_top{k}",
+            pa.float64(),
+            f"on-spike steps: |g - sum_t coef_t grad log pi_t| over the {k} loss tokens of largest "
+            "|update_share| (the spiking update's pre-clip norm without their loss terms, the other tokens' "
+            "coef held; record/spike_replay.py)",
+        )
+        for k in REPLAY_K
+    ),
     _c("n_updates", pa.int16(), "optimizer updates in the step"),
     _c("reward_mean", pa.float64(), "mean reward of the step's completions"),
     _c("reward_std", pa.float64(), "std of the step's rewards"),

@@ -225,6 +225,10 @@ class TrainConfig:
         "on attribution steps also each token's share of the change of the mean token entropy "
         "(entropy_share, dentropy_pred, dentropy, Cov(log pi, A); one more backward and directional pass)",
     )
+    attribute_on_spike: bool = _f(
+        False,
+        "also attribute grad-norm spikes (robust z > 3.5) and their norm without the top 1/5/20 tokens",
+    )
     token_budget: int = _f(
         0,
         "at most this many token rows per step and rank, aggregates kept exact (0 = record every token)",

@@ -139,7 +139,10 @@ class Trainer(Updates):
             ),
             buckets=cfg.bucket_every,
             attribution=Attribution(
-                every=cfg.attribute_every, method=cfg.attribute_method, entropy=cfg.attribute_entropy
+                every=cfg.attribute_every,
+                method=cfg.attribute_method,
+                entropy=cfg.attribute_entropy,
+                on_spike=cfg.attribute_on_spike,
             ),
             budget=cfg.token_budget or None,
             resume_step=self.start_step if cfg.resume else None,  # no checkpoint yet: from step 0
