@@ -120,7 +120,8 @@ def replayed_norms(view: RunView, step: int) -> dict[int, float]:
     at = st[st["step"] == step] if cols else st.iloc[:0]
     if at.empty:
         return {}
-    return {k: float(at[c].iloc[0]) for k, c in cols.items() if np.isfinite(at[c].iloc[0])}
+    values = {k: pd.to_numeric(at[c], errors="coerce").iloc[0] for k, c in cols.items()}  # null in older runs
+    return {k: float(v) for k, v in values.items() if np.isfinite(v)}
 
 
 def _replay_clause(replay: dict[int, float], row) -> str:
