@@ -6,7 +6,7 @@ so each pathology starts at a known step.
     write_doctor_run(tmp / "kl", edit=kl)              # KL blows up at step 40
 
 Tables are pandas frames (steps, samples, tokens, buckets, layers) written with the schema's types; extra
-columns (samples.correct, steps.masked_share) are kept. The values are seeded random draws shaped like a
+columns (samples.correct) are kept. The values are seeded random draws shaped like a
 healthy run: every detector is silent on the unedited run.
 """
 

@@ -132,8 +132,15 @@ def mismatch(t):
 
 
 def masked(t):
-    st = t["steps"]
-    st["masked_share"] = np.where(_after(st), 0.3, 0.01)
+    """TRL's IS sequence mask as the attach records it (tokens.masked / masked_by): from ONSET on, every loss
+    token of 6 of each step's 16 sequences (sample_id % 8 < 3) masked."""
+    tok = tokens_of(t["samples"], np.random.default_rng(0))
+    hit = _after(tok) & (tok["sample_id"] % 8 < 3)
+    tok["masked"] = np.where(hit, True, None)
+    tok["masked_by"] = np.where(hit, "is_sequence_mask", None)
+    early = (tok["step"] == 3) & (tok["sample_id"] % 8 == 0) & (tok["position"] == 0)
+    tok.loc[early, ["masked", "masked_by"]] = [True, "entropy_mask"]  # one token masked: not a sequence
+    t["tokens"] = tok
 
 
 # detector -> (edit, expected onset, tolerance, expected severity)
@@ -186,6 +193,32 @@ def test_healthy_runs_are_silent(tmp_path, seed):
     run = write_doctor_run(tmp_path / f"h{seed}", seed=seed)
     loud = [f for f in diagnose(run) if f.at_least("warning")]
     assert loud == [], [f.message for f in loud]
+
+
+def test_masked_sequences_counts_whole_sequences_and_their_reasons(tmp_path):
+    run = write_doctor_run(tmp_path / "masked", edit=masked)
+    f = next(f for f in diagnose(run) if f.id == "masked_sequences")
+    assert f.first_step == ONSET and f.last_step == 59  # the run's last step
+    assert f.evidence["values"]["first"] == pytest.approx(6 / 16)
+    assert f.evidence["values"]["reasons"] == {"is_sequence_mask": 6 * 30}  # the entropy-masked token: no
+    assert [t.sample_id for t in f.tokens] == [0, 1, 2, 8, 9] and f.tokens[0].share == pytest.approx(1 / 16)
+    assert "38 % of step 30's sequences lost their whole gradient" in f.message
+
+
+def test_masked_sequences_from_trls_step_count(tmp_path):
+    def counted(t):  # no token mask records: steps.is_masked_sequences over the step's completions
+        st = t["steps"]
+        st["is_masked_sequences"] = np.where(_after(st), 4, 1)
+
+    f = next(
+        f for f in diagnose(write_doctor_run(tmp_path / "count", edit=counted)) if f.id == "masked_sequences"
+    )
+    assert f.first_step == ONSET and f.evidence["values"]["peak"] == pytest.approx(4 / 16)
+    assert f.evidence["values"]["source"] == "steps.is_masked_sequences" and f.tokens == ()
+    quiet = lambda t: t["steps"].__setitem__("is_masked_sequences", 1)  # noqa: E731 - 1 of 16: below 10 %
+    assert not [
+        f for f in diagnose(write_doctor_run(tmp_path / "q", edit=quiet)) if f.id == "masked_sequences"
+    ]
 
 
 def test_spike_names_its_culprit_tokens(tmp_path):

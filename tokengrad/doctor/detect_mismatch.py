@@ -1,16 +1,17 @@
 """Rollout-trainer mismatch: the sampler's log-probs drift away from the trainer's (steps.rollout_mismatch,
-tokens.rollout_logprob, schema v3), and the share of sequences a mismatch correction masks out (any steps
-column whose name starts with "masked", as a share in [0, 1]). Every column is optional: a run without
-them gets no finding."""
+tokens.rollout_logprob, schema v3), and the share of sequences the host's masks remove whole (tokens.masked /
+masked_by, else steps.is_masked_sequences over the step's completions; schema v4). Every column is optional:
+a run without them gets no finding."""
 
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from tokengrad.doctor.detect_steps import TREND_ALPHA, _ends
 from tokengrad.doctor.finding import Action, Finding, TokenEvidence
 from tokengrad.doctor.registry import detector, fmt, pct
-from tokengrad.doctor.stats import confidence_from_p, sustained, trend
+from tokengrad.doctor.stats import confidence_from_p, sustained, sustained_confidence, trend
 from tokengrad.doctor.view import RunView
 
 # mean |log pi_old - log pi_rollout| per loss token, nats. ~1e-7 when the sampler is the trained fp32
@@ -98,41 +99,96 @@ def rollout_mismatch(view: RunView) -> list[Finding]:
     ]
 
 
-@detector("masked_sequences", tables=("steps",))
+def masked_per_sequence(view: RunView) -> pd.DataFrame:
+    """[step, sample_id, masked, reasons, token_id, token, position]: one row per recorded sequence, masked
+    when a host mask removed the gradient of every one of its loss tokens (tokens.masked, the TRL attach's
+    record of its IS sequence/token masks, off-policy mask and entropy mask; schema.MASK_REASONS), with the
+    reasons met on it and its first loss token. Empty for a run without mask records. A budgeted step's
+    rows kept only as top tokens are left out: a part of a sequence is not the sequence."""
+    cols = view.token_columns()
+    if not {"masked", "masked_by"} <= cols:
+        return pd.DataFrame()
+    n = view.sql("SELECT count(masked) AS n FROM tokens")["n"]
+    if not len(n) or not n.iloc[0]:  # mask information never recorded
+        return pd.DataFrame()
+    whole = "coalesce(selected_by, 'all') IN ('all', 'sequence')" if "selected_by" in cols else "true"
+    return view.sql(
+        "SELECT step, sample_id, bool_and(coalesce(masked, false)) AS masked, "
+        "string_agg(DISTINCT masked_by, '+') AS reasons, arg_min(token_id, position) AS token_id, "
+        "arg_min(token, position) AS token, min(position) AS position "
+        f"FROM tokens WHERE in_loss AND {whole} GROUP BY step, sample_id ORDER BY step, sample_id"
+    )
+
+
+def _masked_share(view: RunView) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    """([step, n, masked] per step, the per-sequence rows (may be empty), the source column)."""
+    seq = masked_per_sequence(view)
+    if not seq.empty:
+        per = seq.groupby("step", as_index=False).agg(n=("sample_id", "size"), masked=("masked", "sum"))
+        return per, seq, "tokens.masked"
+    col, samples = view.column("is_masked_sequences"), view.samples
+    if col is None or samples.empty:  # TRL's IS-mask count alone, over the step's completions
+        return pd.DataFrame(), seq, ""
+    n = samples.groupby("step").size()
+    per = pd.DataFrame({"step": col[0], "masked": col[1]}).assign(n=lambda d: d["step"].map(n))
+    return per.dropna(subset=["n"]), seq, "steps.is_masked_sequences"
+
+
+def _masked_evidence(seq: pd.DataFrame, step: int, n: int) -> tuple[TokenEvidence, ...]:
+    """The masked sequences of `step` (at most 5), each by its first loss token; share: 1 / sequences."""
+    if seq.empty:
+        return ()
+    hit = seq[(seq["step"] == step) & seq["masked"]].head(5)
+    return tuple(
+        TokenEvidence(
+            step=step,
+            sample_id=int(r.sample_id),
+            position=int(r.position),
+            token_id=int(r.token_id),
+            text=str(r.token or ""),
+            share=1.0 / n,
+            share_of="count",
+            exact=True,
+            rank=i,
+        )
+        for i, r in enumerate(hit.itertuples())
+    )
+
+
+@detector("masked_sequences", tables=("steps", "tokens", "samples"), page="inspector")
 def masked_sequences(view: RunView) -> list[Finding]:
-    """A mismatch correction masks over 10 % of the sequences for 5 steps (steps columns masked*)."""
-    out = []
-    for name in sorted(c for c in view.steps.columns if str(c).startswith("masked")):
-        col = view.column(name)
-        if col is None or not (0 <= np.nanmin(col[1]) and np.nanmax(col[1]) <= 1):
-            continue
-        steps, x = col
-        run = sustained(x > MASKED_WARNING, MASKED_SUSTAIN)
-        if run is None:
-            continue
-        a, b = run
-        msg = (
-            f"{name} above {pct(MASKED_WARNING)} for {b - a} steps from step {int(steps[a])} "
-            f"(peak {pct(x[a:b].max())})"
-        )
-        evidence = {
-            "statistic": "sustained threshold on the masked-sequence share",
-            "values": {"column": name, "peak": float(x[a:b].max()), "streak": b - a},
-            "thresholds": {"warning": MASKED_WARNING, "sustain": MASKED_SUSTAIN},
-        }
-        actions = (
-            Action("lower the mismatch: same precision and sampler for rollout and training", _SOURCE),
-        )
-        out.append(
-            Finding(
-                "masked_sequences",
-                "warning",
-                min(0.99, 0.5 + 0.05 * (b - a)),
-                int(steps[a]),
-                int(steps[b - 1]),
-                msg,
-                evidence,
-                actions=actions,
-            )
-        )
-    return out
+    """Host masks (TRL's IS sequence/token mask, off-policy mask, entropy mask) remove the whole gradient of
+    over 10 % of a step's sequences for 5 steps in a row (tokens.masked, else steps.is_masked_sequences)."""
+    per, seq, source = _masked_share(view)
+    if per.empty:
+        return []
+    steps, x = per["step"].to_numpy(), (per["masked"] / per["n"]).to_numpy(dtype=float)
+    run = sustained(x > MASKED_WARNING, MASKED_SUSTAIN)
+    if run is None:
+        return []
+    a, b = run
+    first, peak = int(steps[a]), float(x[a:b].max())
+    window = seq[seq["step"].between(first, int(steps[b - 1])) & seq["masked"]] if not seq.empty else seq
+    reasons = (
+        window["reasons"].dropna().str.split("+").explode().value_counts().to_dict() if not seq.empty else {}
+    )
+    why = ", ".join(f"{k} {v}" for k, v in reasons.items())
+    msg = (
+        f"{pct(float(x[a]))} of step {first}'s sequences lost their whole gradient to a mask, above "
+        f"{pct(MASKED_WARNING)} for {b - a} steps (peak {pct(peak)}; from {source})"
+        + (f"; masked sequences by reason: {why}" if why else "")
+    )
+    evidence = {
+        "statistic": "sustained threshold on the share of sequences whose every loss token is masked",
+        "values": {"source": source, "first": float(x[a]), "peak": peak, "streak": b - a, "reasons": reasons},
+        "thresholds": {"warning": MASKED_WARNING, "sustain": MASKED_SUSTAIN},
+        "exact": True,
+    }
+    actions = (
+        Action("lower the mismatch: same precision and sampler for rollout and training", _SOURCE),
+        Action("or raise the IS cap / off-policy threshold so fewer sequences are dropped", _SOURCE),
+    )
+    conf = sustained_confidence(b - a, MASKED_SUSTAIN, peak, MASKED_WARNING)
+    tokens = _masked_evidence(seq, first, int(per["n"].iloc[a]))
+    last = int(steps[b - 1])
+    return [Finding("masked_sequences", "warning", conf, first, last, msg, evidence, tokens, actions)]
