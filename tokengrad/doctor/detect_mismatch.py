@@ -41,19 +41,24 @@ def _worst_tokens(view: RunView, step: int, k: int = 5) -> tuple[TokenEvidence, 
         [int(step)],
     )["s"].iloc[0]
     return tuple(
-        TokenEvidence(
-            step=step,
-            sample_id=int(r.sample_id),
-            position=int(r.position),
-            token_id=int(r.token_id),
-            text=str(r.token or ""),
-            share=float(r.gap / total) if total else None,
-            share_of="count",
-            exact=True,
-            prob=float(r.prob) if r.prob is not None else None,
-            rank=i,
-        )
+        _counted(step, r, float(r.gap / total) if total else None, i, r.prob)
         for i, r in enumerate(df.itertuples())
+    )
+
+
+def _counted(step: int, r, share: float | None, rank: int, prob=None) -> TokenEvidence:
+    """A token row `r` (sample_id, position, token_id, token) as evidence with a counted (exact) share."""
+    return TokenEvidence(
+        step=step,
+        sample_id=int(r.sample_id),
+        position=int(r.position),
+        token_id=int(r.token_id),
+        text=str(r.token or ""),
+        share=share,
+        share_of="count",
+        exact=True,
+        prob=float(prob) if prob is not None else None,
+        rank=rank,
     )
 
 
@@ -139,20 +144,7 @@ def _masked_evidence(seq: pd.DataFrame, step: int, n: int) -> tuple[TokenEvidenc
     if seq.empty:
         return ()
     hit = seq[(seq["step"] == step) & seq["masked"]].head(5)
-    return tuple(
-        TokenEvidence(
-            step=step,
-            sample_id=int(r.sample_id),
-            position=int(r.position),
-            token_id=int(r.token_id),
-            text=str(r.token or ""),
-            share=1.0 / n,
-            share_of="count",
-            exact=True,
-            rank=i,
-        )
-        for i, r in enumerate(hit.itertuples())
-    )
+    return tuple(_counted(step, r, 1.0 / n, i) for i, r in enumerate(hit.itertuples()))
 
 
 @detector("masked_sequences", tables=("steps", "tokens", "samples"), page="inspector")
