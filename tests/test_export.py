@@ -73,6 +73,13 @@ def test_export_png_svg_pdf_with_one_browser(runs, tmp_path, capsys):
 
 @needs_browser
 @pytest.mark.browser
+def test_the_command_offers_exactly_the_static_formats():
+    """cli/export.py names the formats itself (its --help imports no plotly); they are the exporter's."""
+    from tokengrad.cli.export import FORMATS
+
+    assert FORMATS == export.STATIC_FORMATS
+
+
 def test_figure_to_bytes_formats():
     fig = go.Figure(go.Scatter(x=[0, 1], y=[1, 0]))
     assert figure_to_bytes(fig, "png", width=200, height=100)[:8] == MAGIC["png"]

@@ -13,7 +13,6 @@ import argparse
 import json
 from pathlib import Path
 
-from tokengrad.doctor.engine import diagnose, load_detectors
 from tokengrad.doctor.finding import SEVERITIES, rank_findings
 from tokengrad.doctor.links import DEFAULT_BASE
 from tokengrad.doctor.registry import DETECTORS
@@ -37,6 +36,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def cli_doctor(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    from tokengrad.doctor.engine import diagnose, load_detectors  # after parsing: --help without pandas
+
     if args.list:
         load_detectors()
         print(DETECTORS.describe())

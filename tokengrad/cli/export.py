@@ -7,15 +7,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from tokengrad.figures.export import (
-    INSTALL_HINT,
-    STATIC_FORMATS,
-    BrowserNotFoundError,
-    write_captions,
-    write_html,
-    write_static,
-)
-from tokengrad.figures.figureset import build_figure_set, headline_table, unique_names
+# tokengrad.figures.export.STATIC_FORMATS (tests/test_export.py holds them equal): named here so that
+# --help answers without importing plotly and pandas, which the figure modules import after parsing
+FORMATS = ("png", "svg", "pdf")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,7 +22,7 @@ def _parser() -> argparse.ArgumentParser:
         "--format",
         nargs="+",
         default=["png"],
-        choices=STATIC_FORMATS,
+        choices=FORMATS,
         help="image format(s) (default png, 300 dpi); several, e.g. --format pdf png, share one browser",
     )
     p.add_argument("--smoothing", type=float, default=0.6, help="debiased-EMA weight in [0, 1) (default 0.6)")
@@ -67,6 +61,14 @@ def cli_export(argv: list[str]) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exit_:
         return int(exit_.code or 0)
+    from tokengrad.figures.export import (
+        INSTALL_HINT,
+        BrowserNotFoundError,
+        write_captions,
+        write_html,
+        write_static,
+    )
+    from tokengrad.figures.figureset import build_figure_set, headline_table, unique_names
     from tokengrad.read.runs import load_run
 
     try:

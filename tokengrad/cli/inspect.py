@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import argparse
 
-from tokengrad import schema
-from tokengrad.read.runs import load_run
-
 
 def cli_inspect(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="tokengrad inspect", description="Summarise a run directory.")
     p.add_argument("run", nargs="?", help="run directory")
     p.add_argument("--schema", action="store_true", help="print the run-format schema (markdown) and exit")
     args = p.parse_args(argv)
+    from tokengrad import schema  # after parsing: --help answers without pyarrow and pandas
+    from tokengrad.read.runs import load_run
+
     if args.schema or not args.run:
         print(schema.describe(), end="")
         return 0

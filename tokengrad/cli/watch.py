@@ -10,10 +10,8 @@ import argparse
 import json
 import time
 
-from tokengrad.doctor.engine import diagnose
 from tokengrad.doctor.finding import SEVERITIES
 from tokengrad.doctor.report import as_text
-from tokengrad.read.runs import load_run
 
 
 def cli_watch(argv: list[str]) -> int:
@@ -25,6 +23,9 @@ def cli_watch(argv: list[str]) -> int:
     p.add_argument("--fail-on", choices=SEVERITIES[1:], help="exit 1 at the first finding this severe")
     p.add_argument("--json", action="store_true", help="one JSON object per new finding")
     args = p.parse_args(argv)
+    from tokengrad.doctor.engine import diagnose  # after parsing: --help answers without pandas
+    from tokengrad.read.runs import load_run
+
     if args.interval <= 0:
         raise ValueError(f"--interval must be > 0, got {args.interval}")
     seen: set[tuple] = set()
