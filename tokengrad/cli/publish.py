@@ -7,6 +7,9 @@ import os
 import shutil
 from pathlib import Path
 
+from tokengrad.integrations.trackers.backends import make_tracker, publish_run
+from tokengrad.read.runs import load_run
+
 
 def staging_dir(logdir: Path) -> Path:
     """A fresh folder beside `logdir` (outside it: TensorBoard would list a folder inside as a run)."""
@@ -39,10 +42,6 @@ def cli_publish(argv: list[str]) -> int:
     p.add_argument("--wandb-name", default=None, help="W&B run name (default: the run's name)")
     p.add_argument("--wandb-dir", default=None, help="where W&B keeps its files (default: WANDB_DIR or .)")
     args = p.parse_args(argv)
-    # after parsing, so that --help answers without pandas
-    from tokengrad.integrations.trackers.backends import make_tracker, publish_run
-    from tokengrad.read.runs import load_run
-
     if not (args.tensorboard or args.wandb):
         p.error("give --tensorboard DIR and/or --wandb PROJECT")
     run = load_run(args.run)
