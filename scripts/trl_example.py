@@ -15,12 +15,6 @@ from __future__ import annotations
 import argparse
 import warnings
 
-from datasets import Dataset
-from trl import GRPOConfig, GRPOTrainer
-
-from tokengrad.integrations.trl import attach
-from tokengrad.train.models import make_tiny_model, make_tiny_tokenizer
-
 PROMPTS = ["Count to five:", "Name a colour:", "2 + 2 =", "Say hello:"]
 
 
@@ -30,6 +24,13 @@ def distinct_characters(completions, **kwargs) -> list[float]:
 
 
 def main(run_dir: str, weighting: str | None = None, loss_type: str = "dapo", steps: int = 4) -> None:
+    # imported here, after the arguments are read, so that --help answers without loading torch and trl
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from tokengrad.integrations.trl import attach
+    from tokengrad.train.models import make_tiny_model, make_tiny_tokenizer
+
     tok = make_tiny_tokenizer()
     args = GRPOConfig(
         output_dir=f"{run_dir}/trl_output",

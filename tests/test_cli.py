@@ -1,5 +1,6 @@
 """`tokengrad` CLI: one error boundary, so every subcommand turns a user error into one line and exit 2."""
 
+import json
 import os
 import subprocess
 import sys
@@ -99,3 +100,68 @@ def test_the_installed_entry_point_has_the_boundary(tmp_path):
     cmd = [sys.executable, "-m", "tokengrad.cli", "inspect", str(tmp_path / "missing")]
     out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.strip().startswith("tokengrad inspect: error: "), out.stderr
+
+
+QUICK_PATHS = """
+import contextlib, io, json, sys
+from tokengrad.cli import main
+
+codes, err = {}, io.StringIO()
+for name, argv in {
+    "help": ["--help"],
+    "train help": ["train", "--help"],
+    "bad value": ["train", "configs/tiny_charset.toml", "lr=-1"],
+    "bad key": ["train", "configs/tiny_charset.toml", "stpes=3"],
+    "bad rule": ["train", "configs/tiny_charset.toml", "weighting=tr-grpo"],
+    "bad rule parameter": ["train", "configs/tiny_charset.toml", "weighting=ar", "weighting_params.eta=1"],
+    "bad model": ["train", "configs/tiny_charset.toml", "model=gpt-9"],
+    "bad method": ["train", "configs/tiny_charset.toml", "attribute_method=exact"],
+}.items():
+    with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.redirect_stderr(err):
+        try:
+            codes[name] = main(argv)
+        except SystemExit as e:
+            codes[name] = e.code
+    if name == "train help":
+        help_text = out.getvalue()
+before = sorted(m for m in ("torch", "transformers", "trl") if m in sys.modules)
+import tokengrad.train.trainer  # noqa: the control: the check sees a real torch import
+print(json.dumps({"codes": codes, "loaded": before, "control": "torch" in sys.modules,
+                  "err": err.getvalue(), "help": help_text}))
+"""
+
+
+@pytest.mark.subprocess
+def test_help_and_bad_config_values_answer_without_importing_torch():
+    """`tokengrad --help`, `train --help` and every kind of bad config value (a number out of range, a
+    misspelt key, an unknown rule, model or method, a rule parameter it does not take) are answered
+    before torch is imported (in a fresh interpreter), so they take a fraction of a second."""
+    out = subprocess.run(
+        [sys.executable, "-c", QUICK_PATHS], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["codes"] == {"help": 0, "train help": 0, **dict.fromkeys(list(got["codes"])[2:], 2)}, got
+    assert len(got["codes"]) == 8 and got["loaded"] == [] and got["control"] is True, got
+    err = got["err"].splitlines()
+    assert err[0] == "tokengrad train: error: config key 'lr' = -1.0: must be > 0", err
+    assert "'stpes' (did you mean 'steps'?)" in err[1], err
+    assert "unknown name 'tr-grpo'; known: ['ar', 'ar_lopti', " in err[2], err
+    assert "weighting rule 'ar' has no parameters ['eta']; it takes ['alpha']" in err[3], err
+    assert "model must be one of ['lab-add', 'smollm2-135m-instruct', 'tiny']" in err[4], err
+    assert "unknown name 'exact'; known: ['central_difference', 'jvp']" in err[5], err
+    assert "one of: ar, ar_lopti, clip_cov, cw_grpo, grpo, kl_cov, lopti, tr_grpo" in got["help"]
+
+
+@pytest.mark.subprocess
+def test_trl_example_help_answers_without_importing_trl():
+    """scripts/trl_example.py reads its arguments before importing torch, transformers and trl."""
+    code = (
+        "import runpy, sys; sys.argv = ['trl_example.py', '--help']\n"
+        "try:\n    runpy.run_path('scripts/trl_example.py', run_name='__main__')\n"
+        "except SystemExit as e:\n    assert e.code == 0, e.code\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'trl') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "--run-dir" in out.stdout and out.stdout.strip().splitlines()[-1] == "[]", out.stdout

@@ -3,6 +3,7 @@ starts."""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import pytest
@@ -141,3 +142,56 @@ def test_shipped_example_configs_are_valid(path):
             load_config(path)
     cfg = load_config(path, {"model": "tiny"} if path.name in USER_MODEL else {})
     assert cfg.steps >= 1
+
+
+def test_the_torch_free_names_equal_the_real_registries():
+    """tokengrad.train.names lists every registry's built-in entries (and each rule's parameter defaults)
+    for validation before torch is imported; it must hold exactly what the registries' modules register.
+    Entries registered by test plugins (defined outside tokengrad) are left out of the comparison."""
+    from tokengrad.objective.advantages import ADVANTAGE_SCALES
+    from tokengrad.objective.loss import AGGREGATIONS
+    from tokengrad.objective.rollout_correction import MODES
+    from tokengrad.objective.weighting import WEIGHTINGS, rule_params
+    from tokengrad.record.attribution import ATTRIBUTION_METHODS
+    from tokengrad.train import names
+    from tokengrad.train.models import MODELS
+
+    real = {
+        "model": MODELS,
+        "weighting": WEIGHTINGS,
+        "aggregation": AGGREGATIONS,
+        "adv_scale": ADVANTAGE_SCALES,
+        "attribute_method": ATTRIBUTION_METHODS,
+        "rollout_correction": MODES,
+    }
+    assert set(names.REGISTRIES) == set(names.BUILTIN) == set(real)
+    for key, registry in real.items():
+        module, attr = names.REGISTRIES[key]
+        assert getattr(importlib.import_module(module), attr) is registry, key
+        builtin = {n for n, entry in registry.items() if _defined_in_tokengrad(entry)}
+        assert set(names.BUILTIN[key]) == builtin, key
+        assert set(names.registered(key)) >= builtin  # the module is loaded: the live registry is read
+    assert set(names.WEIGHTING_PARAMS) == set(names.BUILTIN["weighting"])
+    assert {n: rule_params(n) for n in names.WEIGHTING_PARAMS} == names.WEIGHTING_PARAMS
+
+
+def _defined_in_tokengrad(entry) -> bool:
+    return getattr(entry, "__module__", "").startswith("tokengrad.")
+
+
+def test_a_registered_plugin_name_passes_validation():
+    """Once a plugin registers a rule, its name and its parameters are accepted (the live registry)."""
+    from tokengrad.objective.weighting import WEIGHTINGS, register_weighting
+
+    @register_weighting("half_weight_for_config_test", pointwise=True)
+    def half(batch, scale: float = 0.5):
+        raise AssertionError("never called by validation")
+
+    try:
+        cfg = make_config({"weighting": "half_weight_for_config_test", "weighting_params": {"scale": 0.25}})
+        assert cfg.weighting_params == {"scale": 0.25}
+        with pytest.raises(ValueError, match=r"scale='x' must be a number, like 0\.5"):
+            make_config({"weighting": "half_weight_for_config_test", "weighting_params": {"scale": "x"}})
+        assert "half_weight_for_config_test" in describe_config()
+    finally:
+        WEIGHTINGS.unregister("half_weight_for_config_test")

@@ -3,6 +3,10 @@
 Ctrl-C and SIGTERM (what schedulers and `docker stop` send) stop it the same way: the step in flight is
 discarded, every completed step is flushed to disk, the rank status and meta.json are written
 (finished: false), and one line says where to resume; exit status 130 (Ctrl-C) or 143 (SIGTERM).
+
+The arguments are parsed and the config checked before torch is imported (the registries' names come from
+tokengrad.train.names; the trainer's modules are imported when the run starts), so `--help` and a bad
+config value answer at once.
 """
 
 from __future__ import annotations
@@ -11,7 +15,6 @@ import argparse
 import sys
 
 from tokengrad.cli.signals import Terminated, sigterm_unwinds
-from tokengrad.train import distributed as dist
 from tokengrad.train.config import describe_config, load_config
 
 
@@ -30,6 +33,7 @@ def cli_train(argv: list[str]) -> int:
     args = parser.parse_intermixed_args(argv)
     extra = [f"run_dir={args.run_dir}"] * bool(args.run_dir) + ["resume=true"] * args.resume
     cfg = load_config(args.config, [*args.overrides, *extra])  # a ValueError ends in the CLI's error line
+    from tokengrad.train import distributed as dist
     from tokengrad.train.trainer import Trainer
 
     trainer = Trainer(cfg)

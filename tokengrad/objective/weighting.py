@@ -32,6 +32,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from tokengrad.objective.params import check_params
 from tokengrad.registry import Registry
 
 WEIGHTINGS: Registry[Callable[..., "TokenWeights"]] = Registry("weighting rule")
@@ -146,22 +147,8 @@ def rule_params(name: str) -> dict:
 
 
 def validate_params(name: str, params: dict) -> None:
-    """Raise ValueError if ``params`` has keys the rule does not take, or a value of another kind than the
-    parameter's default (a number given as a string or a bool, a string for a flag)."""
-    defaults = rule_params(name)
-    unknown = sorted(set(params) - set(defaults))
-    if unknown:
-        raise ValueError(f"weighting rule {name!r} has no parameters {unknown}; it takes {sorted(defaults)}")
-    for key, value in params.items():
-        kind = _KINDS.get(type(defaults[key]))  # a default of None takes any value
-        if kind and not (isinstance(value, kind[0]) and (kind[0] is bool or type(value) is not bool)):
-            raise ValueError(
-                f"weighting rule {name!r}: {key}={value!r} must be {kind[1]}, like {defaults[key]!r}"
-            )
-
-
-_KINDS = {bool: (bool, "a bool"), int: ((int, float), "a number"), float: ((int, float), "a number")}
-_KINDS[str] = (str, "a string")
+    """Raise ValueError if ``params`` does not fit the rule's signature (``check_params``)."""
+    check_params(name, params, rule_params(name))
 
 
 def rule_meta(name: str, params: dict) -> dict:

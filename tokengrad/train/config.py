@@ -19,8 +19,10 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from tokengrad.objective.params import check_params
 from tokengrad.train import config_registries as reg
 from tokengrad.train.config_files import read_config_file  # noqa: F401  (importable from here too)
+from tokengrad.train.names import registered, weighting_defaults
 
 Check = Callable[[Any], "str | None"]  # returns an error message, or None when the value is fine
 
@@ -71,13 +73,10 @@ def _importable(modules: list) -> str | None:
 
 
 def _model(v: str) -> str | None:
-    from tokengrad.train.models import check_model_name
-
-    try:
-        check_model_name(v)
-    except ValueError as err:
-        return str(err)
-    return None
+    known = registered("model")
+    if v in known or os.path.isdir(v):
+        return None
+    return f"model must be one of {sorted(known)} or a local checkpoint directory, got {v!r}"
 
 
 # Keys renamed since the first release -> (new key, why); the old key is an error naming the new one.
@@ -365,9 +364,7 @@ def _coerce(key: str, value: Any) -> Any:
 
 
 def _check_weighting_params(cfg: TrainConfig) -> None:
-    from tokengrad.objective.weighting import validate_params
-
     try:
-        validate_params(cfg.weighting, cfg.weighting_params)
+        check_params(cfg.weighting, cfg.weighting_params, weighting_defaults(cfg.weighting))
     except ValueError as err:
         raise ValueError(f"config key 'weighting_params': {err}") from None

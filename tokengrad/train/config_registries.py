@@ -1,9 +1,12 @@
-"""The registries that config keys name (task, weighting, aggregation, ...), each imported only when a
-key is checked or described, so that reading a config stays cheap until a registry is needed."""
+"""The registries that config keys name (task, weighting, aggregation, ...). Names come from
+tokengrad.train.names, which knows the built-in ones without importing torch (and reads the live registry
+once its module is loaded, so plugins count); tasks are torch-free and imported when a key is checked."""
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
+
+from tokengrad.train.names import registered
 
 
 def tasks() -> Mapping:
@@ -13,31 +16,21 @@ def tasks() -> Mapping:
     return TASKS
 
 
-def weightings() -> Mapping:
-    from tokengrad.objective.weighting import WEIGHTINGS
-
-    return WEIGHTINGS
+def weightings() -> Collection[str]:
+    return registered("weighting")
 
 
-def aggregations() -> Mapping:
-    from tokengrad.objective.loss import AGGREGATIONS
-
-    return AGGREGATIONS
+def aggregations() -> Collection[str]:
+    return registered("aggregation")
 
 
-def adv_scales() -> Mapping:
-    from tokengrad.objective.advantages import ADVANTAGE_SCALES
-
-    return ADVANTAGE_SCALES
+def adv_scales() -> Collection[str]:
+    return registered("adv_scale")
 
 
 def rollout_corrections() -> Sequence:
-    from tokengrad.objective.rollout_correction import MODES
-
-    return ("off", *MODES)
+    return ("off", *registered("rollout_correction"))
 
 
-def attribution_methods() -> Mapping:
-    from tokengrad.record.attribution import ATTRIBUTION_METHODS
-
-    return ATTRIBUTION_METHODS
+def attribution_methods() -> Collection[str]:
+    return registered("attribute_method")

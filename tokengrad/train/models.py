@@ -68,14 +68,6 @@ def load_model(name_or_path: str, seed: int = 0) -> tuple[torch.nn.Module, objec
     return model, tok
 
 
-def check_model_name(name_or_path: str) -> None:
-    """Raise ValueError unless `load_model` can resolve the name (a registered name or a directory)."""
-    if name_or_path not in MODELS and not os.path.isdir(name_or_path):
-        raise ValueError(
-            f"model must be one of {sorted(MODELS)} or a local checkpoint directory, got {name_or_path!r}"
-        )
-
-
 # ---------------------------------------------------------------- tiny random model for tests and demos
 
 
