@@ -98,7 +98,17 @@ class Trainer(Updates):
             warnings.warn(msg, UserWarning, stacklevel=2)
         # log-probs of the policy being trained describe the distribution the sampler draws from
         self.temperature = logprob_temperature(cfg.temperature)
-        state = resume_state(cfg, self.run_dir) if cfg.resume else None
+        self._load_policy(resume_state(cfg, self.run_dir) if cfg.resume else None)
+        self._draw_problems()
+        self.doctor = TrainerDoctor(cfg.doctor)
+        self.rec = self._make_recorder()
+        self.dead_steps = {"tied": 0, "other": 0}  # steps without a gradient, by cause
+        return self
+
+    def _load_policy(self, state: dict | None) -> None:
+        """The policy (from the checkpoint when resuming), its DDP-wrapped loss function, the frozen
+        reference, the optimizer and the first step."""
+        cfg = self.cfg
         source = str(checkpoint_path(self.run_dir) / "model") if state else cfg.model
         self.model, self.tok = load_model(source, seed=cfg.seed)
         # Dropout off for good: pi_old, the update's pi and the sampling policy must be one function.
@@ -115,6 +125,10 @@ class Trainer(Updates):
         if state:
             self.opt.load_state_dict(state["optimizer"])
             self.start_step = state["step"] + 1
+
+    def _draw_problems(self) -> None:
+        """The training and held-out problems, and the longest completion (Dr. GRPO's constant)."""
+        cfg = self.cfg
         # Tasks draw problems as a seeded stream, so a longer pool (a resumed run with more steps) starts
         # with the same problems as a shorter one.
         self.problems = self.task.train_problems(
@@ -125,8 +139,11 @@ class Trainer(Updates):
         )
         # Dr. GRPO divides by a constant: the most generated tokens a completion can hold.
         self.max_len = cfg.max_new_tokens * (cfg.max_turns if self.task.tool_stop else 1)
-        self.doctor = TrainerDoctor(cfg.doctor)
-        self.rec = Recorder(
+
+    def _make_recorder(self) -> Recorder:
+        """The run's Recorder, with the config's buckets, attribution, budget, doctor and resume step."""
+        cfg = self.cfg
+        return Recorder(
             self.run_dir,
             model=self.model,
             tokenizer=self.tok,
@@ -148,8 +165,6 @@ class Trainer(Updates):
             resume_step=self.start_step if cfg.resume else None,  # no checkpoint yet: from step 0
             doctor=self.doctor.options(),
         )
-        self.dead_steps = {"tied": 0, "other": 0}  # steps without a gradient, by cause
-        return self
 
     # ---- the loop ---------------------------------------------------------------------------------
     def train(self) -> Path:
