@@ -98,6 +98,32 @@ def attach(
     """
     import trl
 
+    buckets, attribution = _options(buckets, attribution, recorder_kwargs)
+    check_trl_version(trl.__version__, allow_untested_trl)
+    check_trainer(trainer)
+    check_run_dir(run_dir, recorder_kwargs.get("resume_step"))
+    check_deepspeed(deepspeed_setup(trainer), buckets.every)  # docs/deepspeed.md
+    weighting_params = trainer_params(weighting, weighting_params, trainer)
+    rule = resolve_weighting(weighting, weighting_params)
+    warn_if_kl_scaled(weighting, trainer)
+    tokenizer = getattr(trainer, "_tokenizer", None) or trainer.processing_class
+    rec = Recorder(
+        run_dir,
+        model=trainer.model,
+        tokenizer=tokenizer,
+        config=_run_config(trainer, trl.__version__),
+        info=_run_info(trainer, run_name, weighting, weighting_params),
+        buckets=buckets,
+        attribution=attribution,
+        **recorder_kwargs,
+    )
+    rec.raise_on_halt = False  # doctor=Doctor(halt=True): the callback sets control.should_training_stop
+    return TRLRecording(trainer, rec, rule).install()
+
+
+def _options(buckets, attribution, recorder_kwargs: dict) -> tuple[Buckets, Attribution]:
+    """attach's Buckets and Attribution from numbers or option objects (old flat keywords in
+    `recorder_kwargs` are regrouped there, with their warning); refuses what TRL cannot record."""
     legacy = {k: recorder_kwargs.pop(k) for k in list(recorder_kwargs) if k in LEGACY}
     if legacy:
         groups = grouped_options(legacy, dict(buckets=buckets, attribution=attribution), caller="attach")
@@ -114,34 +140,19 @@ def attach(
             "recompute() to return differentiable (log-probs, entropy), and the TRL integration's returns "
             "the log-probs only; use the built-in trainer (attribute_entropy = true) or your own loop"
         )
-    check_trl_version(trl.__version__, allow_untested_trl)
-    check_trainer(trainer)
-    check_run_dir(run_dir, recorder_kwargs.get("resume_step"))
-    check_deepspeed(deepspeed_setup(trainer), buckets.every)  # docs/deepspeed.md
-    weighting_params = trainer_params(weighting, weighting_params, trainer)
-    rule = resolve_weighting(weighting, weighting_params)
-    warn_if_kl_scaled(weighting, trainer)
-    tokenizer = getattr(trainer, "_tokenizer", None) or trainer.processing_class
+    return buckets, attribution
+
+
+def _run_info(trainer, run_name, weighting, weighting_params) -> RunInfo:
+    """The run's name, model, weighting rule and TRL's sampling temperature, for meta.json."""
     model_cfg = getattr(trainer.model, "config", None)
-    info = RunInfo(
+    return RunInfo(
         name=run_name,
         model_name=getattr(model_cfg, "_name_or_path", None) or None,
         weighting=weighting_meta(weighting, weighting_params),
         # TRL divides the logits by its sampling temperature before every log-prob (as the recorder's values)
         temperature=float(getattr(trainer, "temperature", 1.0) or 1.0),
     )
-    rec = Recorder(
-        run_dir,
-        model=trainer.model,
-        tokenizer=tokenizer,
-        config=_run_config(trainer, trl.__version__),
-        info=info,
-        buckets=buckets,
-        attribution=attribution,
-        **recorder_kwargs,
-    )
-    rec.raise_on_halt = False  # doctor=Doctor(halt=True): the callback sets control.should_training_stop
-    return TRLRecording(trainer, rec, rule).install()
 
 
 def check_trl_version(version: str, allow_untested: bool = False) -> None:
