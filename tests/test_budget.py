@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -176,3 +177,117 @@ def test_bad_budgets_raise():
         Recorder("unused", budget=0)
     with pytest.raises(ValueError, match="budget=K"):
         Recorder("unused", budget=2.5)
+
+
+def _synthetic_step(path, budget, step=3):
+    """Two passes of one update, no model: ragged masks, tool tokens outside the loss whose ids exceed
+    every loss token's, NaN entropies and weights; returns the loaded run."""
+    from tokengrad.record.stats import TokenStats
+
+    g = torch.Generator().manual_seed(11)
+    n, t, v = 6, 9, 16
+    with Recorder(path, budget=budget) as rec, rec.step(step) as st:
+        for k in range(2):
+            prob = torch.rand(n, t, generator=g).clamp_min(1e-3)  # [N, T]
+            lp = prob.log().requires_grad_()
+            sum_p2 = prob**2 + (1 - prob) ** 2 / (v - 1)
+            ent = -(prob * prob.log()) * 3
+            ent[0, 1] = float("nan")
+            stats = TokenStats(lp.detach(), prob, ent, sum_p2, (1 - 2 * prob + sum_p2).sqrt())
+            mask = torch.arange(t)[None] < torch.randint(3, t + 1, (n,), generator=g)[:, None]  # [N, T]
+            loss_mask = mask.clone()
+            loss_mask[:, 0] = False
+            ids = torch.randint(0, v - 2, (n, t), generator=g)
+            ids[:, 0] = v - 1  # only outside the loss: the vocab table must not index past its ids
+            adv = torch.randn(n, generator=g)
+            adv[1] = 0.0
+            w = torch.rand(n, t, generator=g)
+            w[2, 2] = float("nan")
+            x = st.track(
+                lp,
+                token_ids=ids,
+                mask=mask,
+                loss_mask=loss_mask,
+                advantages=adv,
+                stats=stats,
+                weights=w,
+                clipped=torch.rand(n, t, generator=g) < 0.3,
+                sample_ids=torch.arange(n) + k * n,
+            )
+            (-(x * adv[:, None] * w.nan_to_num()).sum()).backward()
+    return load_run(path)
+
+
+def test_budget_matches_a_brute_force_reference(tmp_path):
+    """Kept rows: the sequences of the documented uniform draw, then the largest logit_grad_norm outside
+    them; every aggregate equal to one computed row by row from the same step recorded in full."""
+    full, cut = _synthetic_step(tmp_path / "full", None), _synthetic_step(tmp_path / "cut", 25)
+    rows = full.tokens()
+    tok = cut.tokens()
+    assert len(tok) == 25 == cut.steps["n_token_rows"].iloc[0]
+    # sequences: a permutation seeded by (seed, step, rank), the prefix whose rows fit half the budget
+    per_seq = rows.groupby("sample_id").size()  # sorted sample ids, as torch.unique
+    gen = torch.Generator().manual_seed((0 * 1_000_003 + 3) * 65_537 + 0)
+    order = torch.randperm(len(per_seq), generator=gen).tolist()
+    lengths = per_seq.to_numpy()[order].cumsum()
+    seqs = set(per_seq.index[order][lengths <= 12])
+    assert seqs and set(tok.loc[tok["selected_by"] == "sequence", "sample_id"]) == seqs
+    key = ["sample_id", "position"]
+    want_seq = rows[rows["sample_id"].isin(seqs)]
+    rest = rows[~rows["sample_id"].isin(seqs)]
+    top = rest.loc[rest["logit_grad_norm"].abs().nlargest(25 - len(want_seq)).index]
+    want = {tuple(r) for r in pd.concat([want_seq, top])[key].to_numpy()}
+    assert {tuple(r) for r in tok[key].to_numpy()} == want
+    assert set(tok["selected_by"]) == {"sequence", "top_grad_norm"}
+    # the steps table's statistics over all loss tokens
+    loss = rows[rows["in_loss"]]
+    got = cut.steps.iloc[0]
+    assert got["n_tokens"] == len(loss) == full.steps["n_tokens"].iloc[0]
+    assert got["entropy_mean"] == pytest.approx(loss["entropy"].mean())  # NaN left out
+    assert got["weight_mean"] == pytest.approx(loss["weight"].mean())
+    assert got["weight_min"] == loss["weight"].min() and got["weight_max"] == loss["weight"].max()
+    assert got["clip_frac"] == pytest.approx(loss["clipped"].mean())
+    nan_rows = int(rows["entropy"].isna().sum() + rows["weight"].isna().sum())  # the only NaN columns
+    assert got["n_nonfinite"] == full.steps["n_nonfinite"].iloc[0] == nan_rows == 4
+    # prob_bins: per (probability bin, advantage sign) counts and sums, NaN as 0
+    b = np.clip(np.searchsorted(np.linspace(0, 1, 21)[1:-1], loss["prob"].astype(float), side="right"), 0, 19)
+    sign = np.sign(loss["advantage"]).astype(int)
+    ref = loss.assign(bin=b, adv_sign=sign).groupby(["bin", "adv_sign"])
+    bins = cut.table("prob_bins")
+    bins = bins.assign(bin=(bins["lo"].astype(float) * 20).round().astype(int)).set_index(["bin", "adv_sign"])
+    bins = bins.sort_index()
+    assert list(bins.index) == list(ref.size().index)
+    assert (bins["n_tokens"].to_numpy() == ref.size().to_numpy()).all()
+    assert np.allclose(bins["sum_entropy"], ref["entropy"].apply(lambda x: x.fillna(0).sum()))
+    assert np.allclose(bins["sum_logit_grad_norm"], ref["logit_grad_norm"].sum())
+    assert np.allclose(bins["sum_abs_coef"], ref["coef"].apply(lambda x: x.abs().sum()))
+    # vocab: every loss token kept (16-token vocabulary), by advantage sign and probability bucket
+    vocab = cut.table("vocab")
+    edges = np.asarray(schema.DEFAULT_BUCKET_EDGES)
+    lo = edges[np.clip(np.searchsorted(edges[1:-1], loss["prob"].astype(float), side="right"), 0, None)]
+    vref = loss.assign(lo=lo, adv_sign=sign).groupby(["token_id", "adv_sign", "lo"])
+    got_v = vocab.assign(lo=vocab["lo"].astype(float).round(6)).set_index(["token_id", "adv_sign", "lo"])
+    got_v = got_v.sort_index()
+    assert list(got_v.index) == [(t, s, round(x, 6)) for t, s, x in vref.size().index]
+    assert (got_v["n_tokens"].to_numpy() == vref.size().to_numpy()).all()
+    assert np.allclose(got_v["sum_prob"], vref["prob"].sum())
+    assert np.allclose(got_v["sum_logit_grad_norm"], vref["logit_grad_norm"].sum())
+
+
+def test_budget_work_on_cpu_tensors_runs_on_the_writer_thread(tmp_path, monkeypatch):
+    """The training thread hands CPU tensors over, as when recording every row; the writer computes."""
+    import threading
+
+    from tokengrad.record import budget as budget_mod
+
+    threads = []
+    real = budget_mod.budget_step
+
+    def spy(*args):
+        threads.append(threading.current_thread().name)
+        return real(*args)
+
+    monkeypatch.setattr(budget_mod, "budget_step", spy)
+    run = _synthetic_step(tmp_path / "r", 25)
+    assert len(threads) == 1 and threads[0].startswith("tokengrad-writer")
+    assert len(run.tokens()) == 25 and len(run.table("prob_bins")) > 0

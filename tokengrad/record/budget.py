@@ -12,11 +12,18 @@ A step that fits the budget keeps every row ("all"). Before sampling, on the dev
 everything the dashboard aggregates is computed over all tokens: the steps table's token statistics,
 a per-step probability-bin histogram (`prob_bins`) and a per-step vocabulary table of the top tokens by
 count and by summed |update_share| (`vocab`). Loss tokens of every pass count, as in tokengrad.read.queries.
+
+Where the work runs (`BudgetedStep`): for tensors on an accelerator, on the training thread at the end of the
+step (the kernels are queued on the device, and only the kept rows and the small aggregates cross to the
+host); for tensors on the CPU, on the writer thread, like the rows of a step recorded in full: the tensors
+are host memory already, so the training thread hands them over and pays no more than for recording every
+row.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +31,7 @@ import pyarrow as pa
 import torch
 
 from tokengrad import schema
-from tokengrad.record.rows import CapturedBatch, scalar_table
+from tokengrad.record.rows import CapturedBatch
 
 ALL, SEQUENCE = 0, 1  # codes of rows.SELECTED_BY; 2.. are the ranking's
 PROB_BIN_SUMS = (
@@ -99,18 +106,18 @@ def select_rows(
         return out
     seq_sel = _sample_sequences(passes, int(budget.k * budget.sequence_fraction), step, rank, budget.seed)
     n_seq = sum(int(s.sum()) for s in seq_sel)
+    ranked = [ranking(v) for v in values]  # (code, score [N, T]) per pass
     flat, where = [], []
-    for i, (p, v, s) in enumerate(zip(passes, values, seq_sel)):
+    for i, (p, (_, rank_score), s) in enumerate(zip(passes, ranked, seq_sel)):
         r, c = (p.mask & ~s).nonzero(as_tuple=True)  # [M_i] candidates
-        score = torch.nan_to_num(ranking(v)[1][r, c].float(), nan=-math.inf)
+        score = torch.nan_to_num(rank_score[r, c].float(), nan=-math.inf)
         flat.append(score)
         where.append(torch.stack([torch.full_like(r, i), r, c], 1))  # [M_i, 3]
     flat_t, where_t = torch.cat(flat), torch.cat(where)
     top = torch.topk(flat_t, min(budget.k - n_seq, flat_t.numel())).indices
     chosen = where_t[top]  # [K_top, 3]
     out = []
-    for i, (p, v, s) in enumerate(zip(passes, values, seq_sel)):
-        code = ranking(v)[0]
+    for i, (p, (code, _), s) in enumerate(zip(passes, ranked, seq_sel)):
         sel = s.clone()
         mine = chosen[chosen[:, 0] == i]
         codes = torch.zeros_like(p.mask, dtype=torch.long)
@@ -139,9 +146,23 @@ def _sample_sequences(passes: list, quota: int, step: int, rank: int, seed: int)
 # ---- exact aggregates --------------------------------------------------------------------------------
 # Grouped sums use one bincount over every [N, T] position, masked-out positions sent to a spare last bin:
 # no boolean gathers of the large tensors, and no sort (torch.unique) over millions of tokens.
-def _masked_sum(t: torch.Tensor, m: torch.Tensor) -> tuple[float, int]:
-    """(sum, count) of the finite entries of t where m ([N, T] each)."""
-    ok = m & torch.isfinite(t)
+# `finite` (finite_columns) says per pass which value columns hold no NaN/inf at all: those skip the
+# isfinite masks and nan_to_num copies, which are then the identity, so every figure is the same.
+def finite_columns(values: list[dict]) -> list[dict[str, bool]]:
+    """Per pass: float column -> every entry of the [N, T] tensor is finite. A float32 sum is finite only
+    then (an overflowing sum of finite values reads False: the column then takes the exact, slower path);
+    one stacked reduction and one host transfer per pass."""
+    out = []
+    for v in values:
+        names = [k for k, t in v.items() if t.is_floating_point()]
+        sums = torch.stack([v[k].sum() for k in names]) if names else torch.zeros(0)  # [C]
+        out.append(dict(zip(names, torch.isfinite(sums).tolist())))
+    return out
+
+
+def _masked_sum(t: torch.Tensor, m: torch.Tensor, finite: bool = False) -> tuple[float, int]:
+    """(sum, count) of the finite entries of t where m ([N, T] each); `finite`: t holds no NaN/inf."""
+    ok = m if finite else m & torch.isfinite(t)
     return float(torch.where(ok, t.double(), 0.0).sum()), int(ok.sum())
 
 
@@ -157,21 +178,22 @@ def _distinct_tokens(passes: list, sel: list[torch.Tensor]) -> int:
     return int(torch.unique(torch.cat(keys)).numel())
 
 
-def step_aggregates(passes: list, values: list[dict]) -> dict[str, float]:
+def step_aggregates(passes: list, values: list[dict], finite: list[dict] | None = None) -> dict[str, float]:
     """The steps table's token statistics over all loss tokens (as rows.step_derived on all rows)."""
+    finite = finite_columns(values) if finite is None else finite
     sel = [p.in_loss & p.mask for p in passes]
     out: dict[str, float] = {"n_tokens": _distinct_tokens(passes, sel)}
     out["n_nonfinite"] = int(
         sum(
             int((~torch.isfinite(t) & p.mask).sum())
-            for p, v in zip(passes, values)
+            for p, v, f in zip(passes, values, finite)
             for k, t in v.items()
-            if not k.startswith("_") and k != "abs_coef" and t.is_floating_point()
+            if not k.startswith("_") and k != "abs_coef" and t.is_floating_point() and not f[k]
         )
     )
 
     def mean(name):
-        parts = [_masked_sum(v[name], m) for v, m in zip(values, sel) if name in v]
+        parts = [_masked_sum(v[name], m, f[name]) for v, m, f in zip(values, sel, finite) if name in v]
         n = sum(c for _, c in parts)
         return (sum(s for s, _ in parts) / n if n else math.nan), bool(parts)
 
@@ -179,13 +201,15 @@ def step_aggregates(passes: list, values: list[dict]) -> dict[str, float]:
     w_mean, has_w = mean("weight")
     if has_w:
         inf = torch.tensor(math.inf)
+
+        def ok(v, m, f):  # [N, T] loss tokens with a finite weight
+            return m if f["weight"] else m & torch.isfinite(v["weight"])
+
         lo = min(
-            float(torch.where(m & torch.isfinite(v["weight"]), v["weight"], inf).min())
-            for v, m in zip(values, sel)
+            float(torch.where(ok(v, m, f), v["weight"], inf).min()) for v, m, f in zip(values, sel, finite)
         )
         hi = max(
-            float(torch.where(m & torch.isfinite(v["weight"]), v["weight"], -inf).max())
-            for v, m in zip(values, sel)
+            float(torch.where(ok(v, m, f), v["weight"], -inf).max()) for v, m, f in zip(values, sel, finite)
         )
         out.update(
             weight_mean=w_mean,
@@ -208,34 +232,52 @@ def _sign_index(v: dict, like: torch.Tensor) -> torch.Tensor:
 
 
 def _grouped(
-    key: torch.Tensor, m: torch.Tensor, n_keys: int, weights: torch.Tensor | None = None
+    key: torch.Tensor,
+    m: torch.Tensor,
+    n_keys: int,
+    weights: torch.Tensor | None = None,
+    finite: bool = False,
 ) -> torch.Tensor:
-    """Per-key sums (or counts) over the positions in m; [N, T] inputs -> [n_keys] float64 on the CPU."""
+    """Per-key sums (or counts) over the positions in m; [N, T] inputs -> [n_keys] float64 on the CPU.
+    NaN weights count as 0; `finite`: the weights hold no NaN/inf (nan_to_num would change nothing)."""
     k = torch.where(m, key, n_keys).flatten()
-    w = None if weights is None else torch.nan_to_num(weights.double(), nan=0.0).flatten()
+    w = None if weights is None else weights.double().flatten()
+    if w is not None and not finite:
+        w = torch.nan_to_num(w, nan=0.0)
     return torch.bincount(k, weights=w, minlength=n_keys + 1)[:n_keys].double().cpu()
 
 
-def prob_bin_rows(passes: list, values: list[dict], n_bins: int, step: int, rank: int) -> list[dict]:
+def prob_bin_rows(
+    passes: list,
+    values: list[dict],
+    n_bins: int,
+    step: int,
+    rank: int,
+    finite: list[dict] | None = None,
+    signs: list[torch.Tensor] | None = None,
+) -> list[dict]:
     """One row per (update_id, probability bin, advantage sign) with loss tokens: count and the sums of
-    PROB_BIN_SUMS (None where the value was not recorded; NaN values count as 0)."""
+    PROB_BIN_SUMS (None where the value was not recorded; NaN values count as 0). `finite`: of
+    finite_columns; `signs`: [N, T] of _sign_index per pass (both computed here when not given)."""
+    finite = finite_columns(values) if finite is None else finite
+    signs = [_sign_index(v, p.mask) for p, v in zip(passes, values)] if signs is None else signs
     edges = torch.linspace(0.0, 1.0, n_bins + 1, dtype=torch.float64)
     rows, n_keys = [], n_bins * 3
     for u in sorted({p.update_id for p in passes}):
         acc = torch.zeros(1 + len(PROB_BIN_SUMS), n_keys, dtype=torch.float64)
         have = set()
-        for p, v in zip(passes, values):
+        for p, v, f, sign in zip(passes, values, finite, signs):
             if p.update_id != u:
                 continue
             m = p.in_loss & p.mask  # [N, T]
             prob = v["prob"].double()
             b = torch.bucketize(prob, edges[1:-1].to(prob.device), right=True).clamp(0, n_bins - 1)
-            key = b * 3 + _sign_index(v, b)  # [N, T]
+            key = b * 3 + sign  # [N, T]
             acc[0] += _grouped(key, m, n_keys)
             for j, name in enumerate(PROB_BIN_SUMS):
                 if name in v:
                     have.add(name)
-                    acc[1 + j] += _grouped(key, m, n_keys, v[name])
+                    acc[1 + j] += _grouped(key, m, n_keys, v[name], f[name])
         for key in acc[0].nonzero().squeeze(1).tolist():
             b, s = divmod(key, 3)
             row = dict(
@@ -258,22 +300,33 @@ def prob_bin_rows(passes: list, values: list[dict], n_bins: int, step: int, rank
 
 
 def vocab_arrays(
-    passes: list, values: list[dict], edges: tuple[float, ...], top: int
+    passes: list,
+    values: list[dict],
+    edges: tuple[float, ...],
+    top: int,
+    finite: list[dict] | None = None,
+    signs: list[torch.Tensor] | None = None,
 ) -> dict[str, np.ndarray]:
     """The step's top tokens by count and by summed |update_share| (else logit_grad_norm), split by
     advantage sign and probability bucket: token_id, adv_sign, lo, hi, n_tokens, sum_prob,
-    sum_update_share, sum_logit_grad_norm as numpy arrays (the writer thread decodes the tokens)."""
+    sum_update_share, sum_logit_grad_norm as numpy arrays (the writer thread decodes the tokens).
+    `finite`, `signs` as for prob_bin_rows."""
     sel = [p.in_loss & p.mask for p in passes]
     if not any(bool(m.any()) for m in sel):
         return {}
-    n_vocab = 1 + max(int(p.token_ids[m].max()) for p, m in zip(passes, sel) if bool(m.any()))
+    finite = finite_columns(values) if finite is None else finite
+    signs = [_sign_index(v, p.mask) for p, v in zip(passes, values)] if signs is None else signs
+    # ids outside the loss (padding, tool output) may exceed the largest loss token: read as 0 there
+    ids = [torch.where(m, p.token_ids.long(), 0) for p, m in zip(passes, sel)]  # [N, T] each
+    n_vocab = 1 + max(int(i.max()) for i in ids)
     has = {n: all(n in v for v in values) for n in ("update_share", "logit_grad_norm")}
     rank_by = "update_share" if has["update_share"] else "logit_grad_norm" if has["logit_grad_norm"] else None
-    count = sum(_grouped(p.token_ids.long(), m, n_vocab) for p, m in zip(passes, sel))  # [V]
+    count = sum(_grouped(i, m, n_vocab) for i, m in zip(ids, sel))  # [V]
     keep = set(torch.topk(count, min(top, int((count > 0).sum()))).indices.tolist())
     if rank_by is not None:
         mass = sum(
-            _grouped(p.token_ids.long(), m, n_vocab, v[rank_by].abs()) for p, v, m in zip(passes, values, sel)
+            _grouped(i, m, n_vocab, v[rank_by].abs(), f[rank_by])
+            for i, v, m, f in zip(ids, values, sel, finite)
         )
         keep |= set(torch.topk(mass, min(top, int((count > 0).sum()))).indices.tolist())
     kept = torch.tensor(sorted(keep), dtype=torch.long)
@@ -285,16 +338,16 @@ def vocab_arrays(
         c: torch.zeros(n_keys, dtype=torch.float64)
         for c in ("n", "sum_prob", "update_share", "logit_grad_norm")
     }
-    for p, v, m in zip(passes, values, sel):
-        s = slot.to(p.token_ids.device)[p.token_ids.long()]  # [N, T]
+    for i, v, m, f, sign in zip(ids, values, sel, finite, signs):
+        s = slot.to(i.device)[i]  # [N, T]
         bucket = torch.bucketize(v["prob"].double(), inner.to(s.device), right=True)
-        key = (s * 3 + _sign_index(v, s)) * nb + bucket
+        key = (s * 3 + sign) * nb + bucket
         mk = m & (s >= 0)
         cols["n"] += _grouped(key, mk, n_keys)
-        cols["sum_prob"] += _grouped(key, mk, n_keys, v["prob"])
+        cols["sum_prob"] += _grouped(key, mk, n_keys, v["prob"], f["prob"])
         for c in ("update_share", "logit_grad_norm"):
             if has[c]:
-                cols[c] += _grouped(key, mk, n_keys, v[c])
+                cols[c] += _grouped(key, mk, n_keys, v[c], f[c])
     nz = cols["n"].nonzero().squeeze(1)
     tok, rest = kept[nz // (3 * nb)], nz % (3 * nb)
     b, e = (rest % nb).numpy(), np.asarray(edges)
@@ -311,10 +364,13 @@ def vocab_arrays(
 
 
 # ---- moving the kept rows to the host ----------------------------------------------------------------
-def capture_pass(p, sel: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> CapturedBatch:
+def capture_pass(
+    p, sel: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, values: dict | None = None
+) -> CapturedBatch:
     """A tracked pass as numpy for the writer thread: [N, T] arrays, or with `sel` = (rows, positions,
-    codes) only the kept rows, gathered on the device first so only they cross to the host."""
-    v = token_values(p)
+    codes) only the kept rows, gathered on the device first so only they cross to the host. `values`: the
+    pass's token_values, if already computed."""
+    v = token_values(p) if values is None else values
     if sel is None:
 
         def take(t):
@@ -342,27 +398,62 @@ def capture_pass(p, sel: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None 
     )
 
 
-def budgeted(
-    passes: list,
-    budget: Budget,
-    step: int,
-    rank: int,
-    edges: tuple[float, ...],
-    scalars: dict,
-    tables: dict,
-    decode,
-) -> list[CapturedBatch]:
-    """The kept rows of a budgeted step; fills `scalars` with the exact token statistics (values the
-    caller logged win) and `tables` with the prob_bins and vocab payloads."""
+def kept_rows(passes: list, k: int) -> int:
+    """How many token rows a budget of k keeps: every recorded row if they fit, else exactly k (the
+    sequences fill at most their quota and the ranking the rest, from more candidates than it needs)."""
+    n_rows = sum(int(p.mask.sum()) for p in passes)
+    return n_rows if n_rows <= k else k
+
+
+@dataclass
+class BudgetOutput:
+    """A budgeted step on the host: the kept rows per pass, the exact token statistics of the steps
+    table, the prob_bins rows and the vocab arrays."""
+
+    batches: list[CapturedBatch]
+    scalars: dict[str, float]
+    prob_bins: list[dict]
+    vocab: dict[str, np.ndarray]
+
+
+class BudgetedStep:
+    """The kept rows and exact aggregates of a budgeted step. `n_rows` (the kept rows) is known at once;
+    `result()` computes the rest once: here, at the end of the step, for tensors on an accelerator (their
+    memory is the training's), else on first call, i.e. on the writer thread."""
+
+    def __init__(self, passes: list, budget: Budget, step: int, rank: int, edges: tuple[float, ...]):
+        self.n_rows = kept_rows(passes, budget.k)
+        self._args = (passes, budget, step, rank, edges)
+        self._lock = threading.Lock()
+        self._out: BudgetOutput | None = None
+        self._error: BaseException | None = None
+        if any(p.mask.device.type != "cpu" for p in passes):
+            self.result()
+
+    def result(self) -> BudgetOutput:
+        with self._lock:
+            if self._out is None and self._error is None:
+                try:
+                    self._out = budget_step(*self._args)
+                except Exception as err:  # every table that needs it fails alike (counted by the writer)
+                    self._error = err
+                self._args = None  # the step's tensors are freed once computed
+            if self._error is not None:
+                raise self._error
+            return self._out
+
+
+def budget_step(passes: list, budget: Budget, step: int, rank: int, edges: tuple[float, ...]) -> BudgetOutput:
+    """Everything a budgeted step records: the exact aggregates over all tokens, then the kept rows."""
     values = [token_values(p) for p in passes]
-    for k, v in step_aggregates(passes, values).items():
-        scalars.setdefault(k, v)
-    bins = prob_bin_rows(passes, values, budget.prob_bins, step, rank)
-    vocab = vocab_arrays(passes, values, edges, budget.vocab_top)
-    tables["prob_bins"] = lambda: scalar_table("prob_bins", bins)
-    tables["vocab"] = lambda: vocab_table(step, rank, vocab, decode)
+    finite = finite_columns(values)
+    signs = [_sign_index(v, p.mask) for p, v in zip(passes, values)]  # [N, T] each
+    scalars = step_aggregates(passes, values, finite)
+    bins = prob_bin_rows(passes, values, budget.prob_bins, step, rank, finite, signs)
+    vocab = vocab_arrays(passes, values, edges, budget.vocab_top, finite, signs)
     sel = select_rows(passes, values, budget, step, rank)
-    return [capture_pass(p, s) for p, s in zip(passes, sel)]
+    batches = [capture_pass(p, s, v) for p, s, v in zip(passes, sel, values)]
+    return BudgetOutput(batches, scalars, bins, vocab)
 
 
 def vocab_table(step: int, rank: int, arrays: dict[str, np.ndarray], decode) -> pa.Table | None:

@@ -17,7 +17,7 @@ import torch
 
 from tokengrad import schema
 from tokengrad.record.bucket_rows import BucketState
-from tokengrad.record.budget import budgeted, capture_pass
+from tokengrad.record.budget import BudgetedStep, capture_pass, vocab_table
 from tokengrad.record.checks import RESERVED, as_ids, check_scalars, safe_texts
 from tokengrad.record.distributed import global_grad_norms, grads_are_sharded
 from tokengrad.record.gradnorms import grad_norms, trainable_params
@@ -353,20 +353,30 @@ class StepRecorder:
         if self.attribution is not None:  # the step's entropy change and Cov(log pi, A), before sampling
             for k, v in self.attribution.scalars().items():
                 scalars.setdefault(k, v)
+        step, rank, decode = self.step, self.rec.rank, self.rec.decode
         if self.rec.budget is not None and self._passes:
-            captured = budgeted(
-                self._passes,
-                self.rec.budget,
-                self.step,
-                self.rec.rank,
-                self.rec.bucket_edges,
-                scalars,
-                tables,
-                self.rec.decode,
-            )
+            # kept rows and exact aggregates: computed now on an accelerator, on the writer thread on the CPU
+            kept = BudgetedStep(self._passes, self.rec.budget, step, rank, self.rec.bucket_edges)
+            n_token_rows = kept.n_rows
+
+            def captured():
+                return kept.result().batches
+
+            def step_scalars():  # the exact token statistics, unless the caller logged them
+                return {**kept.result().scalars, **scalars}
+
+            tables["prob_bins"] = lambda: scalar_table("prob_bins", kept.result().prob_bins)
+            tables["vocab"] = lambda: vocab_table(step, rank, kept.result().vocab, decode)
         else:
-            captured = [capture_pass(p) for p in self._passes]
-        n_token_rows = sum(len(c.index[0]) if c.index is not None else int(c.mask.sum()) for c in captured)
+            batches = [capture_pass(p) for p in self._passes]
+            n_token_rows = sum(int(c.mask.sum()) for c in batches)
+
+            def captured():
+                return batches
+
+            def step_scalars():
+                return scalars
+
         scalars.setdefault("n_token_rows", n_token_rows)
         self._t_record += time.perf_counter() - t
         scalars.setdefault("time_step", time.perf_counter() - self._t0)
@@ -377,12 +387,13 @@ class StepRecorder:
         scalars.update({k: v for k, v in self._spike.items() if k != "norm"})
         if self.rec.spike_watch is not None and self._update_norms:
             self.rec.spike_watch.add(max(self._update_norms.values()))
-        step, rank, decode = self.step, self.rec.rank, self.rec.decode
         layer_rows, bucket_rows, sample_rows = self._layer_rows, self.buckets.rows, self._samples
         # Rows(build, n): built on the writer thread; n counts them exactly if building fails there
         return {
-            "tokens": Rows(lambda: tokens_table(step, rank, captured, decode), n_token_rows),
-            "steps": Rows(lambda: scalar_table("steps", [steps_row(step, rank, scalars, captured)]), 1),
+            "tokens": Rows(lambda: tokens_table(step, rank, captured(), decode), n_token_rows),
+            "steps": Rows(
+                lambda: scalar_table("steps", [steps_row(step, rank, step_scalars(), captured())]), 1
+            ),
             "layers": Rows(lambda: scalar_table("layers", layer_rows), len(layer_rows)),
             "buckets": Rows(lambda: scalar_table("buckets", bucket_rows), len(bucket_rows)),
             "samples": Rows(lambda: scalar_table("samples", sample_rows), len(sample_rows)),
