@@ -56,7 +56,8 @@ def test_an_interrupted_export_leaves_no_partial_file_under_a_final_name(tmp_pat
 
 def test_an_interrupted_publish_leaves_no_event_file(tmp_path, monkeypatch):
     from tests.test_reliability import record
-    from tokengrad.cli import main, publish
+    from tokengrad.cli import main
+    from tokengrad.integrations.trackers import backends
     from tokengrad.integrations.trackers.backends import Scalar
 
     run_dir = record(tmp_path / "run", range(3))
@@ -66,7 +67,7 @@ def test_an_interrupted_publish_leaves_no_event_file(tmp_path, monkeypatch):
         trackers[0].flush()
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(publish, "publish_run", killed)
+    monkeypatch.setattr(backends, "publish_run", killed)
     with pytest.raises(KeyboardInterrupt):
         main(["publish", str(run_dir), "--tensorboard", str(tmp_path / "tb")])
     assert not (tmp_path / "tb").exists() or not list((tmp_path / "tb").iterdir())

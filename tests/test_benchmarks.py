@@ -161,3 +161,59 @@ def test_every_benchmark_runs_in_smoke_mode_and_prints_its_figures():
     assert not failed and out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     missing = {name: missing_figures(name, text) for name, text in got.items()}
     assert not any(missing.values()), missing
+    unread = {}  # the targets table (benchmarks/targets.py) finds each of its figures in the same outputs
+    for target in _targets().TARGETS:
+        try:
+            target.smoke_read(got[target.args[0]].splitlines()) if target.smoke_read else target.read(
+                got[target.args[0]].splitlines()
+            )
+        except (LookupError, IndexError) as e:
+            unread[target.key] = str(e)
+    assert not unread, unread
+
+
+def _targets():
+    sys.path.insert(0, str(BENCH))
+    import targets
+
+    return targets
+
+
+def test_targets_table_reads_each_figure_from_its_line():
+    t = _targets()
+    cli_out = [
+        "fresh interpreter per run, 1 run(s) each; median wall s / median CPU s; target <= 1.0 s",
+        "  import torch alone                                        5.90 / 1.79     reference  ",
+        "  tokengrad --help                                          0.13 / 0.04      <= 1.0 s  meets",
+        "  train, bad value (lr=-1)                                  1.63 / 0.25      <= 1.0 s  MISSES",
+    ]
+    assert t.cli(cli_out) == ("max 1.63 wall (train, bad value (lr=-1)), max 0.25 CPU", False)
+    rec = [
+        "[tiny] step time",
+        "  ratio instrumented / plain (median of pairs)   2.705   <= 1.01  MISSES",
+        "[smollm2] step time",
+        "  ratio instrumented / plain (median of pairs)   1.004   <= 1.01  meets",
+        "  ratio fused instrumented / plain               0.998   <= 1.00  meets",
+    ]
+    assert t.recorder_ratios("[smollm2] step time")(rec) == ("1.004 / 0.998", True)
+    with pytest.raises(LookupError, match="fused"):
+        t.recorder_ratios("[tiny] step time")(rec[:2])
+    with pytest.raises(LookupError, match="no section"):
+        t.numbers_after(rec, "ratio", "[huge] step time")
+    assert t.upto("training thread: budget / all rows", 2.0, "x")(
+        ["  training thread: budget / all rows  2.5x"]
+    ) == (
+        "2.5x",
+        False,
+    )
+
+
+@pytest.mark.subprocess
+def test_targets_command_prints_the_table():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, str(BENCH / "targets.py"), "--smoke", "--only", "cli"]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = [ln for ln in out.stdout.splitlines() if ln.startswith("| ")]
+    assert rows[0].startswith("| figure | target | measured | met |") and len(rows) == 2, out.stdout
+    assert re.search(r"\| max \d+\.\d\d wall \(.+\), max \d+\.\d\d CPU \| (yes|no) \|", rows[2]), rows[2]

@@ -7,9 +7,6 @@ import os
 import shutil
 from pathlib import Path
 
-from tokengrad.integrations.trackers.backends import make_tracker, publish_run
-from tokengrad.read.runs import load_run
-
 
 def staging_dir(logdir: Path) -> Path:
     """A fresh folder beside `logdir` (outside it: TensorBoard would list a folder inside as a run)."""
@@ -44,21 +41,27 @@ def cli_publish(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if not (args.tensorboard or args.wandb):
         p.error("give --tensorboard DIR and/or --wandb PROJECT")
+    # imported after parsing so that --help and usage errors answer at once (pandas, the trackers)
+    from tokengrad.integrations.trackers import backends
+    from tokengrad.read.runs import load_run
+
     run = load_run(args.run)
     trackers = []
     if args.tensorboard:  # written next to DIR and moved in when complete: a killed publish leaves no
         stage = staging_dir(Path(args.tensorboard))  # partial event file that looks whole
-        trackers.append(make_tracker("tensorboard", stage))
+        trackers.append(backends.make_tracker("tensorboard", stage))
     if args.wandb:
         name = args.wandb_name or run.name
         config = run.meta.get("config") or {}
         extra = {"dir": args.wandb_dir} if args.wandb_dir else {}
         trackers.append(
-            make_tracker("wandb", args.wandb, mode=args.wandb_mode, name=name, config=config, **extra)
+            backends.make_tracker(
+                "wandb", args.wandb, mode=args.wandb_mode, name=name, config=config, **extra
+            )
         )
     try:
         try:
-            n = publish_run(run, trackers)
+            n = backends.publish_run(run, trackers)
         finally:
             for t in trackers:
                 t.close()

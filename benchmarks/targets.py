@@ -1,0 +1,236 @@
+"""The performance targets table, measured by one command: each figure read from its benchmark's output.
+
+    python benchmarks/targets.py                    # every target at measuring size (~30 min, 2 cores)
+    python benchmarks/targets.py --only cli,budget  # some of them
+    python benchmarks/targets.py --smoke            # tiny sizes: the table can be made (figures meaningless)
+    python benchmarks/targets.py --log-dir DIR      # also keep each benchmark's full output in DIR
+
+Each benchmark runs as it would from its command line, in a fresh interpreter, one after another; this
+script only reads the line each figure is printed on (`label` after the `section` header) and prints the
+markdown table benchmarks/README.md carries, headed by the date, the machine and its load average (the
+figures are timings on a shared machine: read them with the load). Nothing is asserted about the values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+HERE = Path(__file__).resolve().parent
+NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\d+)")
+# the interpreter-start noise the CLI figures are compared against is not a target
+CLI_SKIP = ("empty interpreter", "import torch alone")
+
+
+@dataclass(frozen=True)
+class Target:
+    key: str
+    figure: str  # the issue's wording of the figure
+    target: str
+    args: tuple[str, ...]  # the benchmark and its arguments at measuring size
+    smoke_args: tuple[str, ...]
+    read: Callable[[list[str]], tuple[str, bool]]  # output lines -> (measured text, met)
+    smoke_read: Callable[[list[str]], tuple[str, bool]] | None = None  # where --smoke prints elsewhere
+
+
+def numbers_after(lines: list[str], label: str, section: str = "") -> list[float]:
+    """The numbers on the first line holding `label` after the first line starting with `section`."""
+    start = next((i for i, ln in enumerate(lines) if ln.strip().startswith(section)), None) if section else 0
+    if start is None:
+        raise LookupError(f"no section {section!r} in the output")
+    for ln in lines[start:]:
+        if label in ln:
+            return [float(x) for x in NUMBER.findall(ln.split(label, 1)[1])]
+    raise LookupError(f"no line {label!r} in the output" + (f" after {section!r}" if section else ""))
+
+
+def upto(label: str, limit: float, unit: str = "", section: str = "", index: int = 0):
+    """A reader: the index-th number after `label`, met when <= limit."""
+
+    def read(lines: list[str]) -> tuple[str, bool]:
+        value = numbers_after(lines, label, section)[index]
+        return f"{value:.3g}{unit}", value <= limit
+
+    return read
+
+
+def recorder_ratios(section: str):
+    """The instrumented and fused step ratios of one model section of bench_recorder.py."""
+
+    def read(lines: list[str]) -> tuple[str, bool]:
+        plain = numbers_after(lines, "ratio instrumented / plain (median of pairs)", section)[0]
+        fused = numbers_after(lines, "ratio fused instrumented / plain", section)[0]
+        return f"{plain:.3f} / {fused:.3f}", plain <= 1.01 and fused <= 1.00
+
+    return read
+
+
+def attribution(lines: list[str]) -> tuple[str, bool]:
+    jvp = numbers_after(lines, "jvp along g (exact)")[0]
+    cd = numbers_after(lines, "central difference along g")[0]
+    return f"{jvp:.2f} / {cd:.2f} forwards (CPU s)", jvp <= 3.3 and cd <= 2.2
+
+
+def trainer_vs_trl(lines: list[str]) -> tuple[str, bool]:
+    cpu, wall = numbers_after(lines, "ratio ours / trl:")[:2]
+    return f"{cpu:.2f} CPU ({wall:.2f} wall)", cpu <= 0.75
+
+
+def cli(lines: list[str]) -> tuple[str, bool]:
+    """The slowest command in wall and in CPU seconds (each line: wall s / CPU s)."""
+    rows = [
+        ln for ln in lines if ln.startswith("  ") and "<= 1.0 s" in ln and not any(s in ln for s in CLI_SKIP)
+    ]
+    if not rows:
+        raise LookupError("no command lines in bench_cli.py's output")
+    pairs = [(ln.split("  ")[1].strip() or ln.strip(), NUMBER.findall(ln.split("<=")[0])[-2:]) for ln in rows]
+    walls = {name: float(w) for name, (w, _) in pairs}
+    cpus = [float(c) for _, (_, c) in pairs]
+    worst = max(walls, key=walls.get)
+    return f"max {walls[worst]:.2f} wall ({worst}), max {max(cpus):.2f} CPU", max(walls.values()) <= 1.0
+
+
+def dashboard(lines: list[str]) -> tuple[str, bool]:
+    wall, cpu = numbers_after(lines, "page_overview_cold")[:2]
+    return f"{wall:.2f} wall, {cpu:.2f} CPU", wall <= 2.0
+
+
+TARGETS = (
+    Target(
+        "recorder",
+        "recorded / plain step, SmolLM2-135M 8x256, `track(logits=)` / `logprobs_with_stats`",
+        "<= 1.01 / <= 1.00",
+        ("bench_recorder.py", "--smollm", "--no-tiny", "--sections", "steps", "--steps", "3"),
+        ("bench_recorder.py", "--smoke"),
+        recorder_ratios("[smollm2] step time"),
+        recorder_ratios("[tiny] step time"),  # --smoke has no SmolLM2 section
+    ),
+    Target(
+        "blocked",
+        "training thread blocked per step beyond the softmax statistics (SmolLM2 step)",
+        "<= 5 ms",
+        ("bench_recorder.py", "--smollm", "--no-tiny", "--sections", "steps", "--steps", "3"),
+        ("bench_recorder.py", "--smoke"),
+        upto("blocked: recorder calls minus token_stats", 5.0, " ms", "[smollm2] step time"),
+        upto("blocked: recorder calls minus token_stats", 5.0, " ms", "[tiny] step time"),
+    ),
+    Target(
+        "attribution",
+        "JVP attribution / central difference, in forwards",
+        "<= 3.3 / <= 2.2",
+        ("bench_attribution.py", "--quick"),
+        ("bench_attribution.py", "--smoke"),
+        attribution,
+    ),
+    Target(
+        "budget",
+        "budget's training-thread time per 2 M-row step vs recording every row",
+        "<= 2x",
+        ("bench_scale.py", "--part", "step"),
+        ("bench_scale.py", "--smoke", "--part", "step"),
+        upto("training thread: budget / all rows", 2.0, "x"),
+    ),
+    Target(
+        "trainer",
+        "built-in trainer step / TRL step, same settings (SmolLM2-135M, 2 x 4, 40 new tokens)",
+        "<= 0.75",
+        ("bench_vs_trl.py",),
+        ("bench_vs_trl.py", "--smoke"),
+        trainer_vs_trl,
+    ),
+    Target(
+        "cli",
+        "bad config value, `train --help`, any `--help`",
+        "<= 1 s",
+        ("bench_cli.py", "--reps", "3"),
+        ("bench_cli.py", "--smoke"),
+        cli,
+    ),
+    Target(
+        "dashboard",
+        "dashboard first page, cold, 4 runs of 2 M token rows",
+        "<= 2 s",
+        ("bench_dashboard.py", "--rows", "2e6", "--steps", "100", "--samples", "64"),
+        ("bench_dashboard.py", "--smoke"),
+        dashboard,
+    ),
+)
+
+
+def run_benchmark(args: tuple[str, ...], log_dir: Path | None) -> tuple[list[str], float]:
+    """A benchmark's output lines (stdout and stderr) and its wall seconds; a failure raises with its tail."""
+    t0 = time.perf_counter()
+    out = subprocess.run(
+        [sys.executable, str(HERE / args[0]), *args[1:]], capture_output=True, text=True, cwd=HERE.parent
+    )
+    text = out.stdout + out.stderr
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        (log_dir / ("_".join(a.strip("-") for a in args) + ".log")).write_text(text)
+    if out.returncode not in (0, 1):  # 1: a benchmark that says a target was missed
+        raise RuntimeError(f"{' '.join(args)} failed (exit {out.returncode}):\n{text[-3000:]}")
+    return text.splitlines(), time.perf_counter() - t0
+
+
+def header() -> str:
+    load = "/".join(f"{x:.1f}" for x in os.getloadavg())
+    cpu = platform.processor() or platform.machine()
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return f"{when}, {os.cpu_count()} CPUs ({cpu}), no GPU, load average {load} (1/5/15 min)"
+
+
+def measure(targets: list[Target], smoke: bool, log_dir: Path | None) -> list[tuple[Target, str, str]]:
+    """(target, measured text, met) per target; each distinct command runs once."""
+    outputs: dict[tuple[str, ...], list[str]] = {}
+    rows = []
+    for t in targets:
+        args = t.smoke_args if smoke else t.args
+        if args not in outputs:
+            print(f"[targets] python benchmarks/{' '.join(args)}", file=sys.stderr, flush=True)
+            outputs[args], secs = run_benchmark(args, log_dir)
+            print(f"[targets]   done in {secs:.0f} s", file=sys.stderr, flush=True)
+        try:
+            read = t.smoke_read if smoke and t.smoke_read else t.read
+            measured, met = read(outputs[args])
+            rows.append((t, measured, "yes" if met else "no"))
+        except (LookupError, IndexError) as e:
+            rows.append((t, f"not read: {e}", "-"))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default="", help=f"comma list of {', '.join(t.key for t in TARGETS)}")
+    ap.add_argument(
+        "--smoke", action="store_true", help="every benchmark at tiny sizes (figures meaningless)"
+    )
+    ap.add_argument("--log-dir", type=Path, default=None, help="keep each benchmark's output here")
+    args = ap.parse_args(argv)
+    keys = [k for k in args.only.split(",") if k]
+    unknown = sorted(set(keys) - {t.key for t in TARGETS})
+    if unknown:
+        ap.error(f"unknown target(s) {unknown}; known: {', '.join(t.key for t in TARGETS)}")
+    chosen = [t for t in TARGETS if not keys or t.key in keys]
+    start = header()
+    rows = measure(chosen, args.smoke, args.log_dir)
+    print(f"Measured {start} -> load {'/'.join(f'{x:.1f}' for x in os.getloadavg())} at the end")
+    print("by `python benchmarks/targets.py" + (" --smoke" if args.smoke else "") + "`:\n")
+    print("| figure | target | measured | met | command |")
+    print("|---|---|---|---|---|")
+    for t, measured, met in rows:
+        command = " ".join(t.smoke_args if args.smoke else t.args)
+        print(f"| {t.figure} | {t.target} | {measured} | {met} | `{command}` |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
