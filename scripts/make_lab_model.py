@@ -1,6 +1,7 @@
-"""Build the CPU lab model `lab-add`: a 0.86 M-parameter Llama warm-started on a sloppy-carry teacher.
+"""Build a CPU lab model: `lab-add` (default) or `lab-kk`, a small Llama warm-started on a sloppy teacher.
 
     python scripts/make_lab_model.py                 # writes tokengrad/assets/lab-add/ (about 3.5 MB)
+    python scripts/make_lab_model.py --organism kk   # writes tokengrad/assets/lab-kk/ (see ORGANISMS)
     python scripts/make_lab_model.py --steps 200 --out /tmp/lab   # a quick look, shipped model untouched
 
 Supervised training (tokengrad.train.sft) on compact 4-digit additions (task `lab_add`, balanced over
@@ -12,6 +13,9 @@ anneals the learning rate to zero on that plateau (held-out sampled exact match 
 half), so GRPO with an exact-match reward (configs/lab_add_grpo.toml) has both signal (some samples are
 right) and room (the greedy answer is right only without carries). About 17 minutes on one thread.
 
+`--organism kk`: K&K with a plain-word reasoning trace (task `lab_kk`, 2-4 people) whose targets come from
+a teacher that overlooks a lone contradiction with probability --drop (tokengrad.train.tasks.lab_kk).
+
 Fixed seed: the same command rebuilds the same weights on the same torch build (one thread). The SFT
 history (held-out greedy and sampled accuracy per evaluation) is written next to the weights.
 """
@@ -21,7 +25,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -35,6 +41,8 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 from tokengrad.train.lab import (  # noqa: E402
     ADD_CONFIG,
     ADD_WORDS,
+    KK_CONFIG,
+    KK_WORDS,
     lab_dir,
     make_lab_model,
     make_word_tokenizer,
@@ -48,11 +56,65 @@ EVAL_PER_CARRY = 100
 PHASES = "1600:2e-3"  # the shipped model: one cosine cycle, annealed to lr 0 on the teacher's plateau
 
 
-def sampled_accuracy(model, tok, task, problems) -> float:
+@dataclass(frozen=True)
+class Organism:
+    """What differs between lab models: task, vocabulary, architecture and the SFT defaults."""
+
+    model: str  # the registered model name, also the assets folder
+    task: str
+    task_params: dict
+    words: tuple[str, ...]
+    config: dict  # LlamaConfig fields
+    phases: str  # default --phases
+    batch: int  # default --batch
+    drop: float  # default --drop: the teacher's error probability
+    eval_per: int = EVAL_PER_CARRY  # held-out problems per difficulty in the SFT history
+    max_new_tokens: int = 8  # generation budget of the history's evaluations
+    level_key: str = "greedy_c"  # history key prefix of greedy accuracy per difficulty
+    eval_batch: int = 256
+    evals: int = 10  # held-out evaluations per SFT phase
+    # reorders the problem stream (problems, batch) -> problems; batches of one length save padding
+    order: Callable[[list, int], list] = lambda problems, batch: problems
+
+
+def by_size_within(problems: list, batch: int, window: int = 8) -> list:
+    """Each run of `window` batches stably sorted by difficulty, so a batch mostly holds one puzzle size
+    (4-person traces are ~4x as long as 2-person ones: mixed batches are mostly padding) while the mix
+    of sizes over `window` steps stays that of the stream."""
+    span = batch * window
+    return [p for lo in range(0, len(problems), span) for p in sorted(problems[lo : lo + span], key=_size)]
+
+
+def _size(problem) -> int:
+    return int(problem.difficulty)
+
+
+ORGANISMS = {
+    "add": Organism("lab-add", "lab_add", {"digits": 4}, ADD_WORDS, ADD_CONFIG, PHASES, 128, 0.6),
+    # 2-4 people (5-person traces run to ~270 tokens); see tokengrad/train/tasks/lab_kk.py for the teacher
+    "kk": Organism(
+        "lab-kk",
+        "lab_kk",
+        {"n_people": (2, 4)},
+        KK_WORDS,
+        KK_CONFIG,
+        "1000:2e-3",
+        64,
+        0.6,
+        eval_per=50,
+        max_new_tokens=128,
+        level_key="greedy_n",
+        eval_batch=150,
+        evals=5,
+        order=by_size_within,
+    ),
+}
+
+
+def sampled_accuracy(model, tok, task, problems, max_new_tokens: int = 8) -> float:
     """Share of temperature-1 samples (one per problem) that are exactly right: the RL signal."""
-    comps = generate_completions(
-        model, tok, [render_prompt(tok, p) for p in problems], 1, 8, sampling_kwargs(1.0, 1.0), task
-    )
+    prompts = [render_prompt(tok, p) for p in problems]
+    comps = generate_completions(model, tok, prompts, 1, max_new_tokens, sampling_kwargs(1.0, 1.0), task)
     return float(np.mean([task.is_correct(p, t) for p, t in zip(problems, comps.texts)]))
 
 
@@ -76,6 +138,7 @@ def build(
     resume_phases: int = 0,
     progress: bool = True,
     model_config: dict | None = None,
+    organism: Organism = ORGANISMS["add"],
 ):
     """(model, tokenizer, history) after the SFT phases; each phase is a fresh AdamW with warm-up and a
     cosine decay to 0 (a warm restart), reading the next `steps * batch` problems of one seeded stream.
@@ -83,19 +146,19 @@ def build(
     `resume`: a model saved after the first `resume_phases` phases of this same command; those phases
     are skipped, which gives the same result as running them (each phase starts a fresh optimizer)."""
     torch.manual_seed(seed)
-    task = get_task("lab_add", digits=4)
-    tok = make_word_tokenizer(ADD_WORDS)
-    model = make_lab_model(tok, seed, **(ADD_CONFIG | (model_config or {})))
+    task = get_task(organism.task, **organism.task_params)
+    tok = make_word_tokenizer(organism.words)
+    model = make_lab_model(tok, seed, **(organism.config | (model_config or {})))
     if resume is not None:
         model = AutoModelForCausalLM.from_pretrained(resume, dtype=torch.float32)
         set_generation_ids(model, tok)
     total = sum(n for n, _ in phases)
-    problems = task.train_problems(total * batch, seed)
+    problems = organism.order(task.train_problems(total * batch, seed), batch)
     teacher_rng = np.random.default_rng([seed, 2])
     targets = [task.teacher(p, drop, teacher_rng) for p in problems]
     prompts = [render_prompt(tok, p) for p in problems]
-    held_out = task.eval_problems(EVAL_PER_CARRY, seed=10_000)  # a fixed set, apart from every RL seed's
-    evaluate_now = _evaluator(model, tok, task, held_out)
+    held_out = task.eval_problems(organism.eval_per, seed=10_000)  # a fixed set, apart from every RL seed's
+    evaluate_now = _evaluator(model, tok, task, held_out, organism)
     history, first = [], 0
     for i, (steps, lr) in enumerate(phases):
         if i >= resume_phases:
@@ -104,7 +167,7 @@ def build(
                 steps=steps,
                 lr=lr,
                 warmup_steps=min(100, steps // 10),
-                eval_every=max(1, steps // 10),
+                eval_every=max(1, steps // organism.evals),
                 progress=progress,
             )
             history += [
@@ -125,35 +188,43 @@ def _phase_examples(prompts: list, targets: list, offset: int, batch: int):
     return examples
 
 
-def _evaluator(model, tok, task, held_out):
-    """step -> held-out greedy and sampled exact match, and greedy by carries (the SFT history's row)."""
+def _evaluator(model, tok, task, held_out, organism: Organism):
+    """step -> held-out greedy and sampled exact match, and greedy by difficulty (the SFT history's row)."""
+    new = organism.max_new_tokens
 
     def evaluate_now(step: int) -> dict:
         with torch.no_grad():
-            greedy = evaluate(model, tok, task, held_out, 8, 1, 256)
+            greedy = evaluate(model, tok, task, held_out, new, 1, organism.eval_batch)
             n = sum(k for _, k in greedy.values())
             out = {
                 "greedy": sum(a * k for a, k in greedy.values()) / n,
-                "sampled": sampled_accuracy(model, tok, task, held_out),
+                "sampled": sampled_accuracy(model, tok, task, held_out, new),
             }
-        return out | {f"greedy_c{d}": a for d, (a, _) in greedy.items()}
+        return out | {f"{organism.level_key}{d}": a for d, (a, _) in greedy.items()}
 
     return evaluate_now
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--organism", choices=sorted(ORGANISMS), default="add", help="which lab model")
     ap.add_argument(
         "--phases",
-        default=PHASES,
+        default=None,
         help="SFT phases steps:peak_lr,... (each cosine-annealed to "
-        "lr 0 after a warm-up; a later phase is a warm restart)",
+        "lr 0 after a warm-up; a later phase is a warm restart; default: the organism's)",
     )
-    ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--drop", type=float, default=0.6, help="the teacher's carry-forgetting probability")
+    ap.add_argument("--batch", type=int, default=None, help="SFT batch (default: the organism's)")
+    ap.add_argument(
+        "--drop",
+        type=float,
+        default=None,
+        help="the teacher's error probability: a carry forgotten (add, 0.6) or a lone contradiction "
+        "overlooked (kk); default: the organism's",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: reproducible)")
-    ap.add_argument("--out", type=Path, default=lab_dir("lab-add"))
+    ap.add_argument("--out", type=Path, default=None, help="default: the organism's assets folder")
     ap.add_argument(
         "--resume",
         type=Path,
@@ -169,6 +240,11 @@ def main(argv: list[str] | None = None) -> int:
         help="LlamaConfig overrides as JSON, e.g. '{\"hidden_size\": 192}'",
     )
     args = ap.parse_args(argv)
+    organism = ORGANISMS[args.organism]
+    for key in ("phases", "batch", "drop"):
+        if getattr(args, key) is None:
+            setattr(args, key, getattr(organism, key))
+    args.out = args.out or lab_dir(organism.model)
     torch.set_num_threads(args.threads)
     phases = parse_phases(args.phases)
     model, tok, history = build(
@@ -179,11 +255,12 @@ def main(argv: list[str] | None = None) -> int:
         args.resume,
         args.resume_phases,
         model_config=args.model_config,
+        organism=organism,
     )
     args.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(args.out, safe_serialization=True)
     tok.save_pretrained(args.out)
-    settings = {k: getattr(args, k) for k in ("phases", "batch", "drop", "seed")}
+    settings = {k: getattr(args, k) for k in ("organism", "phases", "batch", "drop", "seed")}
     (args.out / "sft_history.json").write_text(
         json.dumps({"settings": settings, "history": history}, indent=1) + "\n"
     )

@@ -102,7 +102,7 @@ def test_parse_override_reads_toml_values_and_falls_back_to_text():
         (
             {"model": "gpt-9"},
             r"config key 'model' = 'gpt-9': model must be one of "
-            r"\['lab-add', 'smollm2-135m-instruct', 'tiny'\]",
+            r"\['lab-add', 'lab-kk', 'smollm2-135m-instruct', 'tiny'\]",
         ),
         (
             {"weighting": "ar", "weighting_params": {"eta": 0.5}},

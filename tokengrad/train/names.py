@@ -46,7 +46,7 @@ WEIGHTING_PARAMS: dict[str, dict] = {
 }
 
 BUILTIN: dict[str, tuple[str, ...]] = {
-    "model": ("lab-add", "smollm2-135m-instruct", "tiny"),
+    "model": ("lab-add", "lab-kk", "smollm2-135m-instruct", "tiny"),
     "weighting": tuple(WEIGHTING_PARAMS),
     "aggregation": ("dapo", "dr_grpo", "grpo"),
     "adv_scale": ("batch", "group", "none"),
