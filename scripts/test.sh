@@ -5,20 +5,32 @@
 set -euo pipefail
 export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}  # DeepSpeed otherwise prints its accelerator guess to stdout
 cd "$(dirname "$0")/.."
+# how long each stage took, printed at the end (the test command's figure in benchmarks/README.md)
+STAGES=""
+stage() { STAGES="$STAGES $1 $((SECONDS - T0)) s,"; T0=$SECONDS; }
+T0=$SECONDS
 bash scripts/setup.sh
+stage setup
 . .venv/bin/activate
 mkdir -p artifacts
 ruff check .
 ruff format --check .
+stage ruff
 python -m pytest -q -p no:cacheprovider "$@"
+stage "default tier"
 python -m pytest -q -p no:cacheprovider -m "slow or torchrun or browser or subprocess" \
   --ignore=tests/test_trl_deepspeed.py "$@" \
   || { rc=$?; [ "$rc" = 5 ] && echo "no tests in the second tier" || exit "$rc"; }
+stage "second tier"
 # DeepSpeed engines change process-wide state (ZeRO-3 swaps torch's linear for its own autograd function,
 # accelerate keeps the DeepSpeed plugin): their tests get a process of their own.
 python -m pytest -q -p no:cacheprovider -m "slow" tests/test_trl_deepspeed.py "$@" \
   || { rc=$?; [ "$rc" = 5 ] && echo "no DeepSpeed engine tests" || exit "$rc"; }
+stage deepspeed
 deactivate
 bash scripts/verl_env.sh
+stage "verl env"
+# printed before the last test run so that pytest's summary closes the output; verl's own time is in it
+echo "[test] $SECONDS s before verl's tests:${STAGES%,}"
 PYTHONPATH="$PWD" .venv-verl/bin/python -m pytest -q -p no:cacheprovider tests/test_verl.py tests/test_verl_rollout.py \
   tests/test_verl_probe.py "$@"
