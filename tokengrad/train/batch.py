@@ -35,7 +35,7 @@ class Batch(NamedTuple):
     mask: Tensor  # [N, T] 1 = completion token (recorded)
     loss_mask: Tensor  # [N, T] 1 = generated token (tool output is 0)
     advantages: Tensor  # [N]
-    old_logprobs: Tensor  # [N, T] log pi_old
+    old_logprobs: Tensor  # [N, T] log pi_old (with Trainer.reuse_old: NaN until the loss pass)
     ref_logprobs: Tensor | None  # [N, T] log pi_ref, or None when beta = 0
     rollout_logprobs: Tensor  # [N, T] log-prob under the sampler's distribution (NaN where none)
     is_weights: Tensor | None  # [N, T] or [N, 1] rollout correction's weight (train.correction); None: off

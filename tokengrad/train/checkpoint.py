@@ -193,6 +193,7 @@ RESUMABLE_KEYS = {
     "checkpoint",
     "checkpoint_every",
     "bucket_every",
+    "reuse_old_logprobs",  # the same numbers either way: only whether pi_old has its own forward
 }
 
 

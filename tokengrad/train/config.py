@@ -185,6 +185,12 @@ class TrainConfig:
         1.0, "clip the total gradient norm to this value before each update (0 = off)", _at_least(0.0)
     )
     grad_accum: int = _f(1, "micro-batches per optimizer update (gradient accumulation)", _at_least(1))
+    reuse_old_logprobs: bool = _f(
+        True,
+        "take log pi_old from the loss pass's own detached log-probs, without the no-grad scoring pass, when "
+        "that pass is on-policy: one update per step (num_iterations = 1, mini_batches = 1, no Lopti "
+        "phases), a pointwise rule, rollout_correction off (TRL's shortcut); false = always score it",
+    )
     bf16: bool = _f(
         False,
         "bf16 autocast for generation and the transformer body (fp32 weights and LM "

@@ -9,7 +9,8 @@ One step (GRPO, arXiv 2402.03300, with DAPO's options, arXiv 2503.14476):
                                                                                       -> time_generate
   2. score     verifiable rewards, group-relative advantages, log pi_old of the rollout policy and log
                pi_ref of the frozen initial model, both through the loss's own log-prob function
-               (tokengrad.train.policy: softmax(z / T))                              -> time_score
+               (tokengrad.train.policy: softmax(z / T)); when the step is one on-policy update, log pi_old
+               is the loss pass's own, with no pass here (updates.reuses_old_logprobs) -> time_score
   3. update    for each phase of the weighting rule (one phase, or Lopti's low-probability tokens then
                the rest, arXiv 2505.12929), each of num_iterations epochs and each of mini_batches row
                subsets: one AdamW update built from grad_accum micro-batches, after gradient clipping
@@ -62,7 +63,7 @@ from tokengrad.train.rollout import (
 )
 from tokengrad.train.sampling import Gathered, gather_rollout, rollout_stats, sample_rows
 from tokengrad.train.tasks import get_task
-from tokengrad.train.updates import Updates
+from tokengrad.train.updates import Updates, reuses_old_logprobs
 
 
 class Trainer(Updates):
@@ -92,6 +93,8 @@ class Trainer(Updates):
         self.task = get_task(cfg.task, **cfg.task_params)  # bad task params fail before the model loads
         self.rule, self.rule_params = get_weighting(cfg.weighting), _rule_kwargs(cfg)
         self.correction = correction.correction_of(cfg)  # None: rollout_correction = "off"
+        # log pi_old from the loss pass itself, without a scoring forward, where that is exact
+        self.reuse_old = reuses_old_logprobs(cfg, self.rule, self.rule_params)
         for msg in check_rule(
             cfg.weighting, cfg.weighting_params, eps_low=cfg.eps_low, eps_high=cfg.eps_high
         ):
@@ -243,10 +246,13 @@ class Trainer(Updates):
                 adv_scale=cfg.adv_scale,
             )
             t1 = time.perf_counter()
-            batch, rollout = self.score(g)
+            batch = self.score(g)
             t2 = time.perf_counter()
             logged = self.update(st, batch, g)
             t3 = time.perf_counter()
+            # the gap's and the correction's metrics over all ranks, once log pi_old is known (with
+            # reuse_old, from the loss pass)
+            rollout = correction.step_metrics(batch, self.correction)
             logged.update(
                 rollout_stats(g.scores),
                 lr=lr,
@@ -284,15 +290,15 @@ class Trainer(Updates):
         return comps, problems, score_completions(comps, self.task, problems)
 
     @torch.no_grad()
-    def score(self, g: Gathered) -> tuple[tb.Batch | None, dict]:
+    def score(self, g: Gathered) -> tb.Batch | None:
         """The update batch of this rank (None if it holds no kept group) with log pi_old, log pi_ref and the
-        rollout correction's weights, and the step's gap and IS-weight metrics over all ranks."""
+        rollout correction's weights. With reuse_old, log pi_old is NaN until the loss pass fills it."""
         b = tb.select_rows(g, self.device)
         if b is not None:  # the loss passes' own micro-batches, through the loss's own function
             ref = self.score_rows(self.ref, b) if self.ref is not None else None
-            b = b._replace(old_logprobs=self.score_rows(self.model, b), ref_logprobs=ref)
-        b = correction.with_weights(b, self.correction)
-        return b, correction.step_metrics(b, self.correction)
+            old = b.old_logprobs.fill_(math.nan) if self.reuse_old else self.score_rows(self.model, b)
+            b = b._replace(old_logprobs=old, ref_logprobs=ref)  # [N, T] each
+        return correction.with_weights(b, self.correction)
 
     def evaluate(self, step: int) -> dict:
         """Greedy accuracy on the held-out problems, per difficulty, into the evals table (each rank

@@ -1,12 +1,18 @@
 """The optimizer updates of one training step: the plan (Lopti's phases > epochs > mini-batches), the
 backward passes of each update (grad_accum micro-batches), and the loss pass of one micro-batch (forward,
-weighting rule, the GRPO loss of tokengrad.objective.loss, backward), each tracked by the recorder."""
+weighting rule, the GRPO loss of tokengrad.objective.loss, backward), each tracked by the recorder.
+
+log pi_old comes from the trainer's no-grad scoring pass, or, when the step is one on-policy update
+(`reuses_old_logprobs`), from the loss pass itself: there pi_theta is pi_old, so its detached log-probs are
+log pi_old and the scoring forward is skipped.
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
+from tokengrad.objective.gradient_scale import unsupported_fields
 from tokengrad.objective.loss import micro_batch_share, normaliser, phase_masks, policy_loss
 from tokengrad.objective.weighting import TokenBatch
 from tokengrad.train import batch as tb
@@ -16,8 +22,33 @@ from tokengrad.train.policy import directional_logprobs, score_logprobs, token_l
 from tokengrad.train.sampling import Gathered
 
 
+def reuses_old_logprobs(cfg, rule, rule_params: dict) -> bool:
+    """Whether the loss pass's own detached log-probs stand in for log pi_old, skipping the scoring pass.
+
+    Exact when every row's first loss forward runs at the parameters that sampled the rollout and nothing
+    reads log pi_old before it. GRPO with one update per rollout (mu = 1) has pi_old = pi_theta (arXiv
+    2402.03300), and TRL takes the same shortcut (with num_iterations == 1 and steps_per_generation ==
+    gradient_accumulation_steps, old_per_token_logps = per_token_logps.detach()). Here that is:
+      - one optimizer update per step: num_iterations = 1 and mini_batches = 1 (a second epoch, or a second
+        mini-batch, runs after an optimizer step) and a rule without phases (Lopti also splits the rows
+        on p_old before the first pass);
+      - a pointwise rule: a rule with batch statistics needs log pi over the update's rows up front;
+      - rollout_correction off: its IS weights need log pi_old before the loss.
+    The recorded old_logprob, ratio (exactly 1), coef and loss are those of the scoring pass: the same rows
+    in the same micro-batches through the same function (tokengrad.train.policy)."""
+    return bool(
+        cfg.reuse_old_logprobs
+        and cfg.num_iterations == 1
+        and cfg.mini_batches == 1
+        and cfg.rollout_correction == "off"
+        and getattr(rule, "pointwise", False)
+        and "phases" not in unsupported_fields(cfg.weighting, rule_params)  # rule on a probe batch
+    )
+
+
 class Updates:
-    """The update half of `Trainer` (a mixin: it reads the trainer's cfg, model, policy, rule, optimizer)."""
+    """The update half of `Trainer` (a mixin: it reads the trainer's cfg, model, policy, rule, optimizer and
+    reuse_old, the value of `reuses_old_logprobs`)."""
 
     def update(self, st, b: tb.Batch | None, g: Gathered) -> dict:
         """The step's optimizer updates (phase > epoch > mini-batch), each built from grad_accum backward
@@ -74,11 +105,13 @@ class Updates:
         """The step's optimizer updates; none without rows."""
         if b is None:
             return []
-        # Phases (Lopti) are fixed from pi_old for the whole step, so they are found once, up front.
-        first = self.rule(
-            TokenBatch(b.old_logprobs, b.old_logprobs, b.advantages, b.loss_mask), **self.rule_params
-        )
-        phases = phase_masks(first, b.loss_mask)  # each [N, T]
+        if self.reuse_old:  # no phases (reuses_old_logprobs), and pi_old is not known yet
+            phases = [b.loss_mask]
+        else:  # Phases (Lopti) are fixed from pi_old for the whole step, so they are found once, up front.
+            first = self.rule(
+                TokenBatch(b.old_logprobs, b.old_logprobs, b.advantages, b.loss_mask), **self.rule_params
+            )
+            phases = phase_masks(first, b.loss_mask)  # each [N, T]
         return tb.plan_updates(self.layout(len(b.sample_ids)), phases, self.cfg.num_iterations)
 
     def loss_pass(
@@ -108,10 +141,14 @@ class Updates:
                 self.temperature,
                 self.autocast,
             )  # [n, T]
+        if self.reuse_old:  # the rows' one pass, before any optimizer step: log pi here is log pi_old
+            b.old_logprobs[rows] = logprobs.detach()  # [n, T], read after the loss by the step's metrics
         old, adv, loss_mask = b.old_logprobs[rows], b.advantages[rows], b.loss_mask[rows]
         ref = b.ref_logprobs[rows] if b.ref_logprobs is not None else None
         if weights is None:
             w = self.rule(TokenBatch(logprobs, old, adv, loss_mask), **self.rule_params)
+            if self.reuse_old and w.phases is not None:  # the probe in reuses_old_logprobs saw none
+                raise ValueError(f"rule {cfg.weighting!r} returned phases; set reuse_old_logprobs = false")
         else:
             w = tb.slice_weights(weights, micro)
         out = policy_loss(
