@@ -8,7 +8,8 @@
 
 Columns (seconds per step, mean over the timed steps; the first step is a warm-up and is not timed):
 generate = sampling the completions, score = rewards + advantages + the no-grad log pi_old (and log pi_ref)
-pass, update = forward/backward/optimizer of every update (record is the part of it spent in the recorder),
+pass (log pi_old is skipped when the first loss pass is on-policy: `reuse_old_logprobs`, docs/trainer.md),
+update = forward/backward/optimizer of every update (record is the part of it spent in the recorder),
 step = the whole step as the recorder saw it. gen tok/s counts completion tokens only.
 """
 
