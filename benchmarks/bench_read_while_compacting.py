@@ -1,7 +1,7 @@
 """Reads of a run while another process records it at full speed, compacting every 3 steps.
 
     python benchmarks/bench_read_while_compacting.py            # 1,000 tight-loop reads
-    python benchmarks/bench_read_while_compacting.py --smoke    # 50 reads
+    python benchmarks/bench_read_while_compacting.py --smoke    # 10 reads
     python benchmarks/bench_read_while_compacting.py --grace 0  # merged files removed at once (as before)
 
 Each read opens the run, reads the steps table (pyarrow) and counts the token rows per step (DuckDB), as
@@ -88,14 +88,14 @@ def read_during_writes(reads: int, grace: float | None, outcomes: Counter) -> in
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reads", type=int, default=1000)
-    p.add_argument("--smoke", action="store_true", help="50 reads")
+    p.add_argument("--smoke", action="store_true", help="10 reads")
     p.add_argument("--grace", type=float, help="seconds merged files stay (default: the writer's)")
     p.add_argument("--write", metavar="RUN_DIR", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.write:
         write(args.write, args.grace)
         return 0
-    reads = 50 if args.smoke else args.reads
+    reads = 10 if args.smoke else args.reads
     outcomes: Counter = Counter()
     t0, written = time.perf_counter(), 0
     for start in range(0, reads, 100):
