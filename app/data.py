@@ -24,7 +24,7 @@ import streamlit as st
 from tokengrad import schema
 from tokengrad.read import entropy_queries, gradient_shares, headline, queries, rollout_queries, share_queries
 from tokengrad.read import status as run_state
-from tokengrad.read.runs import load_run
+from tokengrad.read.runs import Run, load_run
 from tokengrad.read.served_root import runs_below
 
 Signature = tuple[tuple[str, int, int], ...]
@@ -97,6 +97,27 @@ def _open(run_dir: str):
         raise RunLoadError(f"cannot open run {run_dir}: {type(err).__name__}: {err}") from err
 
 
+class _CachedTablesRun(Run):
+    """A run whose small tables come from this module's cache (`table`): the doctor and the headline read
+    the copies the pages read, instead of reading the files again."""
+
+    def __init__(self, run_dir: str):
+        super().__init__(run_dir)
+        self._run_dir = run_dir
+
+    def table(self, name: str) -> pd.DataFrame:
+        return table(self._run_dir, name) if name in SMALL_TABLES else super().table(name)
+
+
+def open_run(run_dir: str) -> Run:
+    """The run as a tokengrad.read.Run whose small tables (steps, layers, ...) are served from the cache;
+    its token queries read the files (for a cached function that takes the run's signature)."""
+    try:
+        return _CachedTablesRun(run_dir)
+    except Exception as err:  # bad JSON, missing meta, newer schema: one message for the views
+        raise RunLoadError(f"cannot open run {run_dir}: {type(err).__name__}: {err}") from err
+
+
 # ---- cached loaders (keyed on the signature) -------------------------------------------------------
 @st.cache_data(show_spinner=False, max_entries=_CACHE_ENTRIES, ttl=_CACHE_TTL_S)
 def _load_meta(run_dir: str, sig: Signature) -> dict:
@@ -122,8 +143,18 @@ def _run_query(run_dir: str, name: str, sig: Signature, kwargs: tuple[tuple[str,
 
 
 @st.cache_data(show_spinner=False, max_entries=_CACHE_ENTRIES, ttl=_CACHE_TTL_S)
+def _pooled(run_dir: str, sig: Signature, step_range: tuple[int, int] | None) -> pd.DataFrame:
+    buckets = table(run_dir, "buckets")
+    if buckets.empty:
+        return buckets
+    return headline.pooled_bucket_shares(buckets, step_range, layers=table(run_dir, "layers"))
+
+
+@st.cache_data(show_spinner=False, max_entries=_CACHE_ENTRIES, ttl=_CACHE_TTL_S)
 def _headline(run_dir: str, sig: Signature, step_range: tuple[int, int] | None) -> headline.Headline:
-    return headline.low_prob_shares(_open(run_dir), step_range)
+    run = open_run(run_dir)
+    shares = pooled_shares(run_dir, step_range) if not run.buckets.empty else None
+    return headline.low_prob_shares(run, step_range, shares=shares)
 
 
 def _current(loader, before: tuple, sig: Signature, after: tuple = ()) -> Any:
@@ -166,6 +197,13 @@ def query(run_dir: str, name: str, **kwargs) -> Any:
         raise ValueError(f"unknown query {name!r}; known: {sorted(QUERIES)}")
     items = tuple(sorted((k, _hashable(v)) for k, v in kwargs.items()))
     return _current(_run_query, (run_dir, name), signature(run_dir, ("tokens", "samples")), (items,))
+
+
+def pooled_shares(run_dir: str, step_range: tuple[int, int] | None = None) -> pd.DataFrame:
+    """tokengrad.read.headline.pooled_bucket_shares of the run's buckets (weighted with its layers'
+    norms) over `step_range`, computed once per run and signature; the empty buckets table without one."""
+    sig = signature(run_dir, ("buckets", "layers"))
+    return _current(_pooled, (run_dir,), sig, (tuple(step_range) if step_range else None,))
 
 
 def low_prob_shares(run_dir: str, step_range: tuple[int, int] | None = None) -> headline.Headline:

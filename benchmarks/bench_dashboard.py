@@ -38,7 +38,9 @@ from tokengrad import schema  # noqa: E402
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from measure import SMOKE_HELP  # noqa: E402
 
-TARGETS_S = {"overview_cold": 2.0, "wordcloud_query": 1.0}
+# measure -> target seconds; every one is judged in the verdict (page_overview_cold: issue 25, the first page
+# cold through AppTest with --runs runs)
+TARGETS_S = {"overview_cold": 2.0, "wordcloud_query": 1.0, "page_overview_cold": 2.0}
 
 
 # ---- benchmark ---------------------------------------------------------------------------------------
@@ -140,7 +142,7 @@ def _report(results: dict[str, float]) -> None:
     for name, sec in results.items():
         if name.endswith(" cpu"):
             continue
-        target = TARGETS_S.get(name) or (TARGETS_S["overview_cold"] if name == "page_overview_cold" else None)
+        target = TARGETS_S.get(name)
         extra = f"{target:7.1f} {sec / target:6.2f}" if target else ""
         print(f"{name:32s} {sec:7.3f} {results[name + ' cpu']:7.3f} {extra}")
 
@@ -197,10 +199,11 @@ def main(argv: list[str] | None = None) -> int:
         # processes take the cores; on a loaded machine judge by CPU time and say so.
         load, cpus = os.getloadavg()[0], os.cpu_count() or 1
         busy = load > cpus
-        ok = all(results[k + (" cpu" if busy else "")] <= v for k, v in TARGETS_S.items())
+        missed = [k for k, v in TARGETS_S.items() if results[k + (" cpu" if busy else "")] > v]
+        ok = not missed
         print(
             f"load average {load:.1f} on {cpus} CPUs: targets judged on {'CPU' if busy else 'wall'} time: "
-            + ("all targets met" if ok else "TARGET MISSED")
+            + ("all targets met" if ok else "TARGET MISSED: " + ", ".join(missed))
         )
         return 0 if ok or args.smoke else 1
     finally:

@@ -27,7 +27,7 @@ from tokengrad.figures.probability import (
     scope_note,
     with_update_shares,
 )
-from tokengrad.read.headline import DEFINITION, low_prob_label, pooled_bucket_shares
+from tokengrad.read.headline import DEFINITION, low_prob_label
 from tokengrad.read.queries import ABS_COEF
 from tokengrad.read.share_queries import PARTITIONS
 from tokengrad.schema import BIN, BUCKET, DECILE_BUCKET_EDGES, DEFAULT_BUCKET_EDGES, TOK
@@ -50,9 +50,7 @@ def _headline(run: str, step_range: tuple[int, int] | None) -> None:
     edges = st.radio("Buckets", list(EDGES), horizontal=True, key="bk_edges")
     shares = data.query(run, "gradient_by_bucket", edges=list(EDGES[edges]), step_range=step_range)
     buckets = data.table(run, "buckets")
-    pooled = (
-        pooled_bucket_shares(buckets, step_range, layers=data.table(run, "layers")) if len(buckets) else None
-    )
+    pooled = data.pooled_shares(run, step_range) if len(buckets) else None
     shares = with_update_shares(shares, pooled)
     note = scope_note(shares.attrs.get("n_live", 0), shares.attrs.get("n_steps", 0), step_range)
     common.chart(

@@ -16,6 +16,7 @@ from app import data
 from app.views import common
 from tokengrad.doctor.engine import diagnose
 from tokengrad.doctor.links import dashboard_query
+from tokengrad.doctor.view import RunView
 
 PAGE_FILES = {
     "overview": "views/overview.py",
@@ -28,7 +29,8 @@ SHOWN = 5  # findings listed before the "more" expander
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def _diagnose(run_dir: str, sig: data.Signature) -> list[dict]:
-    return [{**f.as_dict(), "query": dashboard_query(f), "run_dir": run_dir} for f in diagnose(run_dir)]
+    view = RunView(data.open_run(run_dir))  # the small tables the pages read, from the cache
+    return [{**f.as_dict(), "query": dashboard_query(f), "run_dir": run_dir} for f in diagnose(view)]
 
 
 def findings_for(run_dir: str) -> list[dict]:

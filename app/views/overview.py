@@ -33,7 +33,6 @@ from tokengrad.read.headline import (
     TOKEN_SHARE_NAME,
     UPDATE_SHARE_NAME,
     low_prob_label,
-    pooled_bucket_shares,
 )
 
 STATUS_HELP = (
@@ -126,7 +125,7 @@ def _summary(runs: list[str], spike_k: float) -> None:
 
 def _headline(runs: list[str]) -> None:
     """The picked runs' share of tokens and of the update per probability bucket, on one chart."""
-    shares = {common.run_name(r): _pooled(r) for r in runs}
+    shares = {common.run_name(r): data.pooled_shares(r) for r in runs}
     below = low_prob_label()
     parts = [
         f"{n}: {h.update_share:.0%} of the update from {h.token_share:.0%} of the loss tokens"
@@ -141,11 +140,6 @@ def _headline(runs: list[str]) -> None:
     for r in runs:
         if not len(shares[common.run_name(r)]):
             common.empty(f"No bucket analysis in {common.run_name(r)}.", hints.hint(data.meta(r), "buckets"))
-
-
-def _pooled(run: str):
-    buckets = data.table(run, "buckets")
-    return pooled_bucket_shares(buckets, layers=data.table(run, "layers")) if not buckets.empty else buckets
 
 
 def _waiting(runs: list[str]) -> list[str]:

@@ -45,10 +45,10 @@ def length_hacking(view: RunView) -> list[Finding]:
         return []
     tr = trend(length, steps)
     start, end, w = _ends(length)
-    per_step = [spearman(g["length"], g["reward"]) for _, g in s.groupby("step")]
-    rho = float(np.nanmedian(per_step)) if np.isfinite(per_step).any() else float("nan")
     if not (tr.rising(TREND_ALPHA) and start > 0 and end >= (1 + d.LENGTH_GROWTH) * start):
         return []
+    per_step = [spearman(g["length"], g["reward"]) for _, g in s.groupby("step")]  # only for growing length
+    rho = float(np.nanmedian(per_step)) if np.isfinite(per_step).any() else float("nan")
     if not rho > d.LENGTH_RHO or _correct_rising(s):
         return []
     # onset: the first of 5 steps in a row above the start window by 3 robust sigmas (1.4826 MAD)
@@ -172,7 +172,7 @@ def seq_rep(text: str, n: int = d.REP_N) -> float:
     words = str(text).split()
     if len(words) < max(d.REP_MIN_WORDS, n):
         return float("nan")
-    grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
+    grams = list(zip(*(words[i:] for i in range(n))))  # the n-grams, as tuples of words
     return 1.0 - len(set(grams)) / len(grams)
 
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from scipy import stats as sps
 
 from tokengrad.doctor.culprits import culprits, summarize
 from tokengrad.doctor.detect_steps import TREND_ALPHA
 from tokengrad.doctor.finding import Action, Finding
 from tokengrad.doctor.registry import detector, fmt, pct
 from tokengrad.doctor.spike_rule import SPIKE_MIN_STEPS, SPIKE_Z, robust_z
-from tokengrad.doctor.stats import confidence_from_excess, trend
+from tokengrad.doctor.stats import confidence_from_excess, sign_test_greater, trend
 from tokengrad.doctor.view import RunView
 from tokengrad.schema import REPLAY_K, TOTAL_LAYER
 
@@ -208,7 +207,7 @@ def high_prob_drag(view: RunView) -> list[Finding]:
     if median >= HIGH_CORRECT:
         return []
     below = int((per < HIGH_CORRECT).sum())
-    p = float(sps.binomtest(below, len(per), 0.5, alternative="greater").pvalue)
+    p = sign_test_greater(below, len(per))
     msg = (
         f"of the A > 0 tokens with p >= {HIGH_LO}, a median {pct(median)} rose over the step (below "
         f"{pct(HIGH_CORRECT)} at {below} of {len(per)} bucket steps; exact): the rest of the update pulls "
@@ -238,6 +237,9 @@ def zeroed_gradients(view: RunView) -> list[Finding]:
     """Over 5 % (critical: 50 %) of the unclipped A != 0 loss tokens get coef or weight 0: a weighting rule
     silently removes their gradient."""
     if not {"coef", "weight", "advantage", "clipped"} <= view.token_columns():
+        return []
+    # any zeroed token at all? (two columns read; a healthy run, with none, ends here)
+    if not view.sql("SELECT count(*) AS n FROM tokens WHERE coef = 0 OR weight = 0")["n"].iloc[0]:
         return []
     per = view.sql(
         "SELECT step, count(*) AS n, count(*) FILTER (WHERE coef = 0 OR weight = 0) AS zero, "

@@ -105,7 +105,12 @@ class RunView:
             )
         return self.run.sql(query, params)
 
-    def token_columns(self) -> set[str]:
+    def token_columns(self) -> frozenset[str]:
+        """Columns of the tokens view (asked of DuckDB once per view, like has_tokens)."""
+        return self._token_columns
+
+    @cached_property
+    def _token_columns(self) -> frozenset[str]:
         if not self.has_tokens:
-            return set()
-        return set(self.run.sql("SELECT * FROM tokens LIMIT 0").columns)
+            return frozenset()
+        return frozenset(self.run.sql("SELECT * FROM tokens LIMIT 0").columns)

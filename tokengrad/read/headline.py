@@ -208,12 +208,16 @@ def low_prob_shares(
     *,
     threshold: float = LOW_PROB,
     update_id: int | None = None,
+    shares: pd.DataFrame | None = None,
 ) -> Headline:
     """The low-probability tokens' share of the loss tokens and of the update over `step_range` (module
-    doc: the one definition every view uses). `run`: a tokengrad.read.Run (buckets, layers, sql)."""
+    doc: the one definition every view uses). `run`: a tokengrad.read.Run (buckets, layers, sql).
+    `shares`: pooled_bucket_shares(run.buckets, step_range, update_id, run.layers), when the caller has
+    it already (the dashboard pools each run once)."""
     buckets = run.buckets
     if not buckets.empty:
-        shares = pooled_bucket_shares(buckets, step_range, update_id, run.layers)
+        if shares is None:
+            shares = pooled_bucket_shares(buckets, step_range, update_id, run.layers)
         below = _low_edge(buckets, threshold)
         low = shares[(shares[BUCKET.bucket] != RESIDUAL_BUCKET) & (shares[BUCKET.hi] <= below + _TOL)]
         if shares.attrs["n_updates"]:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import threading
 import warnings
 from functools import cached_property
 from pathlib import Path
@@ -37,6 +39,46 @@ _QUERY_ERRORS = (
     duckdb.CatalogException,
     duckdb.SyntaxException,
 )
+
+
+_DATABASE_LOCK = threading.Lock()
+_DATABASE: duckdb.DuckDBPyConnection | None = None  # the process's shared in-memory database
+
+
+def _cursor() -> duckdb.DuckDBPyConnection:
+    """A new connection to the process's one in-memory DuckDB database (for Run.sql). Opening a database
+    costs ~20 ms of CPU, a cursor on an open one well under 1 ms; the dashboard's first page runs dozens of
+    queries. Each cursor holds its own temporary views, so queries on several runs and threads never see
+    each other's; local files are read anew by every query (DuckDB caches no local file data or Parquet
+    metadata unless told to). A forked child opens its own database (_after_fork)."""
+    global _DATABASE
+    with _DATABASE_LOCK:
+        if _DATABASE is None:
+            con = duckdb.connect()
+            for setting in ("enable_external_file_cache", "parquet_metadata_cache"):
+                try:  # the defaults already; said here so that reads stay uncached if they change
+                    con.execute(f"SET {setting} = false")
+                except duckdb.Error:  # a DuckDB without the setting
+                    pass
+            _DATABASE = con
+        return _DATABASE.cursor()
+
+
+def _after_fork() -> None:
+    """In a forked child: forget the parent's database without closing it. Its worker threads did not
+    follow the fork, and closing it (or letting the interpreter free it at exit) would wait for them or
+    abort; so it is kept alive for good, and the child's first query opens a database of its own."""
+    global _DATABASE, _DATABASE_LOCK
+    _DATABASE_LOCK = threading.Lock()  # another thread may have held it at the fork
+    if _DATABASE is not None:
+        import ctypes
+
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(_DATABASE))  # never freed, not even at exit
+        _DATABASE = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 class SchemaVersionError(ValueError):
@@ -262,32 +304,34 @@ class Run:
 
     # ---- tokens (DuckDB) -------------------------------------------------------------------------
     def connect(self) -> duckdb.DuckDBPyConnection:
-        """A DuckDB connection with one view per table over this run's files."""
+        """A DuckDB connection (its own database) with one view per table over this run's files."""
         con = duckdb.connect()
         self._create_views(con)
         return con
 
-    def _create_views(self, con: duckdb.DuckDBPyConnection) -> None:
-        for table in schema.TABLES:
+    def _create_views(self, con: duckdb.DuckDBPyConnection, tables=schema.TABLES) -> None:
+        for table in tables:
             parts = self.parts(table)
             if parts:
-                con.execute(f"CREATE VIEW {table} AS {_union(parts)}")
+                con.execute(f"CREATE TEMP VIEW {table} AS {_union(parts)}")
                 if self.meta.get("schema_version", schema.SCHEMA_VERSION) < schema.SCHEMA_VERSION:
                     _add_missing_columns(con, table, _union(parts))
             else:
                 cols = ", ".join(
                     f"CAST(NULL AS {_duck_type(c.type)}) AS {c.name}" for c in schema.TABLES[table]
                 )
-                con.execute(f"CREATE VIEW {table} AS SELECT {cols} WHERE false")
+                con.execute(f"CREATE TEMP VIEW {table} AS SELECT {cols} WHERE false")
 
     def sql(self, query: str, params: list | None = None) -> pd.DataFrame:
         """Run a DuckDB query over the run's tables. A file that vanished (compaction) makes it list again;
-        a damaged one is found, skipped with a warning, and the query runs again; at most READ_ATTEMPTS."""
+        a damaged one is found, skipped with a warning, and the query runs again; at most READ_ATTEMPTS.
+        The query runs on a cursor of the process's shared database whose views over the run are temporary:
+        read-only queries, as everywhere in tokengrad (objects a query creates would outlive it)."""
         last: Exception | None = None
         for _ in range(READ_ATTEMPTS):
-            con = duckdb.connect()
+            con = _cursor()
             try:
-                self._create_views(con)  # DuckDB opens the files here already
+                self._create_views(con, _tables_in(query))  # DuckDB opens the files here already
                 return con.execute(query, params or []).df()
             except duckdb.Error as err:
                 last = err
@@ -322,6 +366,12 @@ class Run:
 
     def __repr__(self) -> str:
         return f"Run({str(self.path)!r}, schema_version={self.meta.get('schema_version')})"
+
+
+def _tables_in(query: str) -> list[str]:
+    """The run's tables a query names (a view costs its files' opening; a word that only looks like a
+    table name costs one view too many, never a missing one)."""
+    return [t for t in schema.TABLES if re.search(rf"\b{t}\b", query, re.IGNORECASE)]
 
 
 def _sql_path(p: Path) -> str:
@@ -367,7 +417,7 @@ def _add_missing_columns(con: duckdb.DuckDBPyConnection, table: str, source: str
     missing = [c for c in schema.TABLES[table] if c.name not in have]
     if missing:
         extra = ", ".join(f"CAST(NULL AS {_duck_type(c.type)}) AS {c.name}" for c in missing)
-        con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT *, {extra} FROM ({source})")
+        con.execute(f"CREATE OR REPLACE TEMP VIEW {table} AS SELECT *, {extra} FROM ({source})")
 
 
 def _has_keys(columns: list[str]) -> bool:
