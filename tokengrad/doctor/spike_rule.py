@@ -1,6 +1,6 @@
 """The gradient-spike rule, shared by the doctor's `gradient_spike` detector (over a run read from disk) and
 the recorder's on-spike attribution (over the norms seen so far, on the training thread): numpy only, so
-tokengrad.record may import it without loading the doctor's pandas/scipy side.
+tokengrad.record may import it without loading the doctor's pandas/DuckDB side.
 
     robust_z(x)                      # 0.6745 (x - median) / MAD (Iglewicz & Hoaglin 1993), NaN where no scale
     is_spike(z)                      # z > SPIKE_Z
