@@ -13,6 +13,7 @@ from tokengrad.doctor.registry import detector, fmt, pct
 from tokengrad.doctor.spike_rule import SPIKE_MIN_STEPS, SPIKE_Z, robust_z
 from tokengrad.doctor.stats import confidence_from_excess, sign_test_greater, trend
 from tokengrad.doctor.view import RunView
+from tokengrad.read.headline import DEFINITION, UPDATE_SHARE_NAME, low_prob_label, low_prob_shares
 from tokengrad.schema import REPLAY_K, TOTAL_LAYER
 
 # Spike: modified z-score above 3.5 (Iglewicz & Hoaglin 1993; doctor/spike_rule.py, shared with the
@@ -143,8 +144,9 @@ def _bucket_rows(view: RunView) -> pd.DataFrame:
 
 @detector("low_prob_dominance", tables=("buckets",), page="buckets")
 def low_prob_dominance(view: RunView) -> list[Finding]:
-    """The lowest probability bucket's update share is >= 0.5 and >= 4x its token share (median over the
-    bucket steps; exact), with its trend."""
+    """The p < 0.25 tokens make >= 0.5 of the update and >= 4x their share of the loss tokens, by the one
+    definition the dashboard, export and docs quote (tokengrad.read.headline: pooled over the analysed
+    updates, each counted by its squared size; exact), with the trend of the lowest bucket's share."""
     b = _bucket_rows(view)
     if b.empty or b["update_share"].isna().all():
         return []
@@ -152,21 +154,29 @@ def low_prob_dominance(view: RunView) -> list[Finding]:
     low = low[low["token_share"] > 0]
     if len(low) < 2:
         return []
-    share, tok = float(low["update_share"].median()), float(low["token_share"].median())
+    h = low_prob_shares(view.run, None if view.upto is None else (int(b["step"].min()), view.upto))
+    share, tok = h.update_share, h.token_share
+    if not (np.isfinite(share) and tok > 0):
+        return []
     ratio = share / tok
     if share < LOW_SHARE or ratio < LOW_RATIO:
         return []
     tr = trend(low["update_share"].to_numpy(), low["step"].to_numpy())
     direction = "rising" if tr.rising(TREND_ALPHA) else "falling" if tr.falling(TREND_ALPHA) else "flat"
-    label = str(low["bucket"].iloc[0])
     msg = (
-        f"tokens with p in {label} are {pct(tok)} of the loss tokens but carry {pct(share)} of the update "
-        f"({fmt(ratio)}x; median of {len(low)} bucket steps, exact), trend {direction} "
-        f"(Mann-Kendall p {tr.p_value:.2g})"
+        f"tokens with {low_prob_label(h.below)} are {pct(tok)} of the loss tokens but make {pct(share)} of "
+        f"the update ({fmt(ratio)}x; {UPDATE_SHARE_NAME} pooled over {h.n_updates} analysed updates, "
+        f"exact, as the dashboard shows it), trend {direction} (Mann-Kendall p {tr.p_value:.2g})"
     )
     evidence = {
-        "statistic": "median over bucket steps of the lowest bucket's update_share and token_share",
-        "values": {"update_share": share, "token_share": tok, "ratio": ratio, **tr.as_dict()},
+        "statistic": "tokengrad.read.headline.low_prob_shares: " + DEFINITION,
+        "values": {
+            "update_share": share,
+            "token_share": tok,
+            "ratio": ratio,
+            "below": h.below,
+            **tr.as_dict(),
+        },
         "thresholds": {"share": LOW_SHARE, "ratio": LOW_RATIO},
         "exact": True,
     }
