@@ -76,6 +76,7 @@ LOADED_FORBIDDEN = {
     "tokengrad.registry": ["torch", "plotly", "pandas", "pyarrow"],
     "tokengrad.read": DATA_LAYER_FORBIDDEN,
     "tokengrad.read.runs": DATA_LAYER_FORBIDDEN,
+    "tokengrad.read.duck": DATA_LAYER_FORBIDDEN + ["pandas"],
     "tokengrad.read.queries": DATA_LAYER_FORBIDDEN,
     "tokengrad.read.gradient_shares": DATA_LAYER_FORBIDDEN,
     "tokengrad.read.share_queries": DATA_LAYER_FORBIDDEN,

@@ -14,7 +14,7 @@ import pytest
 from synthetic_runs import write_synthetic_run
 
 from tokengrad import load_run
-from tokengrad.read import runs as runs_module
+from tokengrad.read import duck
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def test_queries_leave_nothing_in_the_shared_catalog(two_runs):
     run = load_run(two_runs[0])
     assert run.sql("SELECT 1 AS one")["one"].iloc[0] == 1  # names no table: no view needed
     assert len(run.sql("SELECT * FROM steps JOIN layers USING (step)")) > 0
-    con = runs_module._cursor()
+    con = duck.cursor()
     left = con.execute("SELECT count(*) FROM duckdb_views() WHERE NOT internal").fetchone()[0]
     assert left == 0
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import threading
 import warnings
 from functools import cached_property
 from pathlib import Path
@@ -28,57 +27,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tokengrad import schema
-from tokengrad.read import layout
+from tokengrad.read import duck, layout
 from tokengrad.read.meta_file import read_meta
 
 READ_ATTEMPTS = 5  # listings tried while compaction keeps replacing files under a reader
-# DuckDB errors of a query's own mistakes; any other DuckDB error may come from a vanished or damaged file
-_QUERY_ERRORS = (
-    duckdb.ParserException,
-    duckdb.BinderException,
-    duckdb.CatalogException,
-    duckdb.SyntaxException,
-)
-
-
-_DATABASE_LOCK = threading.Lock()
-_DATABASE: duckdb.DuckDBPyConnection | None = None  # the process's shared in-memory database
-
-
-def _cursor() -> duckdb.DuckDBPyConnection:
-    """A new connection to the process's one in-memory DuckDB database (for Run.sql). Opening a database
-    costs ~20 ms of CPU, a cursor on an open one well under 1 ms; the dashboard's first page runs dozens of
-    queries. Each cursor holds its own temporary views, so queries on several runs and threads never see
-    each other's; local files are read anew by every query (DuckDB caches no local file data or Parquet
-    metadata unless told to). A forked child opens its own database (_after_fork)."""
-    global _DATABASE
-    with _DATABASE_LOCK:
-        if _DATABASE is None:
-            con = duckdb.connect()
-            for setting in ("enable_external_file_cache", "parquet_metadata_cache"):
-                try:  # the defaults already; said here so that reads stay uncached if they change
-                    con.execute(f"SET {setting} = false")
-                except duckdb.Error:  # a DuckDB without the setting
-                    pass
-            _DATABASE = con
-        return _DATABASE.cursor()
-
-
-def _after_fork() -> None:
-    """In a forked child: forget the parent's database without closing it. Its worker threads did not
-    follow the fork, and closing it (or letting the interpreter free it at exit) would wait for them or
-    abort; so it is kept alive for good, and the child's first query opens a database of its own."""
-    global _DATABASE, _DATABASE_LOCK
-    _DATABASE_LOCK = threading.Lock()  # another thread may have held it at the fork
-    if _DATABASE is not None:
-        import ctypes
-
-        ctypes.pythonapi.Py_IncRef(ctypes.py_object(_DATABASE))  # never freed, not even at exit
-        _DATABASE = None
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork)
 
 
 class SchemaVersionError(ValueError):
@@ -313,12 +265,12 @@ class Run:
         for table in tables:
             parts = self.parts(table)
             if parts:
-                con.execute(f"CREATE TEMP VIEW {table} AS {_union(parts)}")
+                con.execute(f"CREATE TEMP VIEW {table} AS {duck.union(parts)}")
                 if self.meta.get("schema_version", schema.SCHEMA_VERSION) < schema.SCHEMA_VERSION:
-                    _add_missing_columns(con, table, _union(parts))
+                    duck.add_missing_columns(con, table, duck.union(parts))
             else:
                 cols = ", ".join(
-                    f"CAST(NULL AS {_duck_type(c.type)}) AS {c.name}" for c in schema.TABLES[table]
+                    f"CAST(NULL AS {duck.duck_type(c.type)}) AS {c.name}" for c in schema.TABLES[table]
                 )
                 con.execute(f"CREATE TEMP VIEW {table} AS SELECT {cols} WHERE false")
 
@@ -329,13 +281,15 @@ class Run:
         read-only queries, as everywhere in tokengrad (objects a query creates would outlive it)."""
         last: Exception | None = None
         for _ in range(READ_ATTEMPTS):
-            con = _cursor()
+            con = duck.cursor()
             try:
                 self._create_views(con, _tables_in(query))  # DuckDB opens the files here already
                 return con.execute(query, params or []).df()
             except duckdb.Error as err:
                 last = err
-                if isinstance(err, _QUERY_ERRORS) or not (self._vanished() or self._find_corrupt(str(err))):
+                if isinstance(err, duck.QUERY_ERRORS) or not (
+                    self._vanished() or self._find_corrupt(str(err))
+                ):
                     raise
             finally:
                 con.close()
@@ -374,25 +328,6 @@ def _tables_in(query: str) -> list[str]:
     return [t for t in schema.TABLES if re.search(rf"\b{t}\b", query, re.IGNORECASE)]
 
 
-def _sql_path(p: Path) -> str:
-    return "'" + str(p).replace("'", "''") + "'"
-
-
-def _union(parts: list[layout.Part]) -> str:
-    """One SELECT over the parts: whole files in one read_parquet, a partially overlapping one without the
-    steps another file holds."""
-    whole = [p for p in parts if not p.exclude]
-    selects = (
-        [f"SELECT * FROM read_parquet([{', '.join(_sql_path(p.path) for p in whole)}], union_by_name=true)"]
-        if whole
-        else []
-    )
-    for p in (p for p in parts if p.exclude):
-        keep = " AND ".join(f"NOT (step BETWEEN {int(lo)} AND {int(hi)})" for lo, hi in p.exclude)
-        selects.append(f"SELECT * FROM read_parquet({_sql_path(p.path)}) WHERE {keep}")
-    return " UNION ALL BY NAME ".join(selects)
-
-
 def _kind(t: pa.DataType) -> str:
     """What kind of value a column holds, for the clash check: numbers mix (int widens to float)."""
     if pa.types.is_null(t):
@@ -411,30 +346,5 @@ def _count(counts) -> int:
     return sum(v for v in counts.values() if isinstance(v, int) and not isinstance(v, bool))
 
 
-def _add_missing_columns(con: duckdb.DuckDBPyConnection, table: str, source: str) -> None:
-    """An older run's view gets the columns added since its schema version, as nulls."""
-    have = {row[0] for row in con.execute(f"DESCRIBE {table}").fetchall()}
-    missing = [c for c in schema.TABLES[table] if c.name not in have]
-    if missing:
-        extra = ", ".join(f"CAST(NULL AS {_duck_type(c.type)}) AS {c.name}" for c in missing)
-        con.execute(f"CREATE OR REPLACE TEMP VIEW {table} AS SELECT *, {extra} FROM ({source})")
-
-
 def _has_keys(columns: list[str]) -> bool:
     return {"step", "rank", "pass_id", "sample_id", "position"} <= set(columns)
-
-
-_DUCK = {
-    pa.int8(): "TINYINT",
-    pa.int16(): "SMALLINT",
-    pa.int32(): "INTEGER",
-    pa.int64(): "BIGINT",
-    pa.float32(): "FLOAT",
-    pa.float64(): "DOUBLE",
-    pa.bool_(): "BOOLEAN",
-    pa.string(): "VARCHAR",
-}
-
-
-def _duck_type(t: pa.DataType) -> str:
-    return _DUCK.get(t, "VARCHAR")
