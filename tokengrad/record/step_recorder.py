@@ -17,7 +17,8 @@ import torch
 
 from tokengrad import schema
 from tokengrad.record.bucket_rows import BucketState
-from tokengrad.record.budget import BudgetedStep, capture_pass, vocab_table
+from tokengrad.record.budget import BudgetedStep, capture_pass
+from tokengrad.record.budget_aggregates import vocab_table
 from tokengrad.record.checks import RESERVED, as_ids, check_scalars, safe_texts
 from tokengrad.record.distributed import global_grad_norms, grads_are_sharded
 from tokengrad.record.gradnorms import grad_norms, trainable_params
@@ -358,25 +359,14 @@ class StepRecorder:
             # kept rows and exact aggregates: computed now on an accelerator, on the writer thread on the CPU
             kept = BudgetedStep(self._passes, self.rec.budget, step, rank, self.rec.bucket_edges)
             n_token_rows = kept.n_rows
-
-            def captured():
-                return kept.result().batches
-
-            def step_scalars():  # the exact token statistics, unless the caller logged them
-                return {**kept.result().scalars, **scalars}
-
+            captured = lambda: kept.result().batches
+            step_scalars = lambda: {**kept.result().scalars, **scalars}  # logged scalars win
             tables["prob_bins"] = lambda: scalar_table("prob_bins", kept.result().prob_bins)
             tables["vocab"] = lambda: vocab_table(step, rank, kept.result().vocab, decode)
         else:
             batches = [capture_pass(p) for p in self._passes]
             n_token_rows = sum(int(c.mask.sum()) for c in batches)
-
-            def captured():
-                return batches
-
-            def step_scalars():
-                return scalars
-
+            captured, step_scalars = (lambda: batches), (lambda: scalars)
         scalars.setdefault("n_token_rows", n_token_rows)
         self._t_record += time.perf_counter() - t
         scalars.setdefault("time_step", time.perf_counter() - self._t0)
