@@ -35,7 +35,7 @@ ADD_CONFIG = dict(
 KK_WORDS = ("A", "B", "C", "D", "E", "says", "is", "a", "not", "knight", "knave", "and", "or", "If", "then")
 KK_WORDS += ("if", "only", ".", "try", "lies", "truthful", "ok", "so")
 # lab-add's shape (~0.86 M parameters): 4-person prompt + trace run to ~180 tokens, so width costs twice
-# (hidden 192 made an SFT step of 64 traces ~2.2 s on one thread); positions cover 5-person traces.
+# (hidden 192: ~2.2 s per SFT step of 64 traces on a loaded core); positions cover 5-person traces.
 KK_CONFIG = dict(
     hidden_size=128,
     intermediate_size=384,

@@ -4,9 +4,9 @@ Puzzles come from the project's K&K generator and solver (tokengrad.train.tasks.
 A..E and statements in the benchmark's own wording (kk_format.render_statement); 2..5 people,
 difficulty = number of people. No instructions, no chat template:
 
-    prompt      A says B is a knave . B says A is a knight and C is a knight . C says B is a knave .
-    completion  try knight knight knight B lies try knight knight knave B lies try knight knave knight
-                C truthful try knight knave knave ok so A knight B knave C knave
+    prompt      A says C is a knight . B says A is a knave . C says If A is a knave then B is a knight .
+    completion  try knight knight knight B lies try knight knight knave A lies try knight knave knight
+                ok so A knight B knave C knight
 
 The completion tries assignments in the solver's order (all knights first, person A slowest), each
 written as its roles in person order, and names the first person whose statement contradicts it: "B lies"
@@ -22,7 +22,7 @@ assignments before the solution (k is 0..2 on most 3- and 4-person puzzles): SFT
 reward for the right answer can teach it to name every contradiction.
 
 Reward: exact match, 1.0 when the words after the completion's last "so" are the answer
-("A knight B knave C knave"), else 0.0 (no "so": 0.0).
+("A knight B knave C knight"), else 0.0 (no "so": 0.0).
 
     task = get_task("lab_kk", n_people=(3, 4), eval_people=(2, 5))
 """
