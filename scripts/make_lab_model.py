@@ -15,6 +15,9 @@ right) and room (the greedy answer is right only without carries). About 17 minu
 
 `--organism kk`: K&K with a plain-word reasoning trace (task `lab_kk`, 2-4 people) whose targets come from
 a teacher that overlooks a lone contradiction with probability --drop (tokengrad.train.tasks.lab_kk).
+1,000 steps of 64 at peak lr 2e-3, about 22 minutes on one shared thread; held-out greedy accuracy ends at
+0.28 / 0.12 / 0.08 on 2 / 3 / 4 people, an under-fitted start rather than the teacher's plateau
+(docs/study.md).
 
 Fixed seed: the same command rebuilds the same weights on the same torch build (one thread). The SFT
 history (held-out greedy and sampled accuracy per evaluation) is written next to the weights.
