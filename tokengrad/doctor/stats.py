@@ -94,40 +94,70 @@ def spearman(x, y) -> float:
 
 
 def kendall_tau(x, y) -> tuple[float, float]:
-    """Kendall's tau-b of the pairs and its two-sided p-value, as scipy.stats.kendalltau (method "auto"):
-    the exact null distribution without ties for n <= 33 (or at most one pair out of order), else the
-    normal approximation with the tie-corrected variance (Kendall 1970). NaN, NaN when either side is
-    constant or empty. Discordant pairs are counted in blocks (O(n^2 / block) memory, not a Fenwick tree)."""
-    x, y = np.asarray(x).ravel(), np.asarray(y).ravel()
+    """Kendall's tau-b of the pairs and its two-sided p-value (Kendall 1970, "Rank Correlation Methods").
+    The p-value is exact (the permutation distribution of the number of discordant pairs) when neither side
+    has ties and n <= 33 or at most one pair is out of order, else from the normal approximation of the
+    statistic S = concordant - discordant with the tie-corrected variance; the same choice as
+    scipy.stats.kendalltau's default, which the tests hold it to. NaN, NaN when a side is constant/empty."""
+    x, y = np.asarray(x, dtype=float).ravel(), np.asarray(y, dtype=float).ravel()
     if x.size != y.size:
         raise ValueError(f"x and y differ in length: {x.size} != {y.size}")
-    size = int(x.size)
-    if not size:
+    n = int(x.size)
+    tx, ty = _tie_groups(x), _tie_groups(y)  # sizes of the groups of equal values
+    pairs = n * (n - 1) // 2
+    x_tied, y_tied = _tied_pairs(tx), _tied_pairs(ty)
+    if n == 0 or x_tied == pairs or y_tied == pairs:
         return float("nan"), float("nan")
-    perm = np.argsort(y)  # y to dense ranks, then a stable sort on x: ties in x keep y ascending
-    x, y = x[perm], y[perm]
-    y = np.r_[True, y[1:] != y[:-1]].cumsum(dtype=np.intp)
-    perm = np.argsort(x, kind="mergesort")
-    x, y = x[perm], y[perm]
-    x = np.r_[True, x[1:] != x[:-1]].cumsum(dtype=np.intp)
-    dis = _inversions(y)  # pairs in x order whose y falls: the discordant pairs
-    obs = np.r_[True, (x[1:] != x[:-1]) | (y[1:] != y[:-1]), True]
-    cnt = np.diff(np.nonzero(obs)[0]).astype(np.int64, copy=False)
-    ntie = int((cnt * (cnt - 1) // 2).sum())  # pairs tied in both
-    xtie, x0, x1 = _tie_counts(x)
-    ytie, y0, y1 = _tie_counts(y)
-    tot = (size * (size - 1)) // 2
-    if xtie == tot or ytie == tot:
-        return float("nan"), float("nan")
-    con_minus_dis = tot - xtie - ytie + ntie - 2 * dis
-    tau = con_minus_dis / np.sqrt(tot - xtie) / np.sqrt(tot - ytie)
-    tau = float(min(1.0, max(-1.0, tau)))
-    if xtie == 0 and ytie == 0 and (size <= 33 or min(dis, tot - dis) <= 1):
-        return tau, _kendall_p_exact(size, tot - dis)
-    m = size * (size - 1.0)
-    var = (m * (2 * size + 5) - x1 - y1) / 18 + (2 * xtie * ytie) / m + x0 * y0 / (9 * m * (size - 2))
-    z = con_minus_dis / math.sqrt(var)
-    return tau, math.erfc(abs(z) / math.sqrt(2.0))  # 2 * (1 - Phi(|z|))
+    s = _kendall_s(x, y, x_tied)
+    tau = float(np.clip(s / math.sqrt((pairs - x_tied) * (pairs - y_tied)), -1.0, 1.0))
+    discordant = (pairs - s) // 2  # without ties: concordant + discordant = pairs
+    if not x_tied and not y_tied and (n <= 33 or min(discordant, pairs - discordant) <= 1):
+        return tau, _kendall_p_exact(n, min(discordant, pairs - discordant))
+    var = _kendall_s_variance(n, tx, ty)
+    return tau, math.erfc(abs(s) / math.sqrt(2.0 * var))  # 2 (1 - Phi(|S| / sd))
+
+
+def _tie_groups(a: np.ndarray) -> np.ndarray:
+    """Sizes (int64) of the groups of equal values with more than one member."""
+    counts = np.unique(a, return_counts=True)[1].astype(np.int64)
+    return counts[counts > 1]
+
+
+def _tied_pairs(groups: np.ndarray) -> int:
+    return int((groups * (groups - 1) // 2).sum())
+
+
+def _kendall_s(x: np.ndarray, y: np.ndarray, x_tied: int) -> int:
+    """S = sum over pairs i < j of sign(x_j - x_i) sign(y_j - y_i). Without ties in x (a trend over time),
+    in x order S = (pairs not tied in y) - 2 (pairs in descending y), the descending ones counted by binary
+    search against the sorted earlier values, a block at a time: O(n log n). With ties in x: every pair's
+    signs, a block of rows at a time (O(n^2) work)."""
+    n = x.size
+    if x_tied:
+        s = 0
+        for a in range(0, n, _INVERSION_BLOCK):
+            dx = np.sign(x[a : a + _INVERSION_BLOCK, None] - x[None, :])  # [B, n]
+            dy = np.sign(y[a : a + _INVERSION_BLOCK, None] - y[None, :])
+            s += int((dx * dy).sum())
+        return s // 2  # every pair was counted from both ends
+    ys = y[np.argsort(x, kind="stable")]
+    descending = 0
+    for a in range(0, n, _INVERSION_BLOCK):
+        block = ys[a : a + _INVERSION_BLOCK]
+        earlier = np.sort(ys[:a])
+        descending += int((earlier.size - np.searchsorted(earlier, block, side="right")).sum())
+        descending += int(np.triu(block[:, None] > block[None, :], 1).sum())  # pairs inside the block
+    return n * (n - 1) // 2 - _tied_pairs(_tie_groups(y)) - 2 * descending
+
+
+def _kendall_s_variance(n: int, tx: np.ndarray, ty: np.ndarray) -> float:
+    """Var(S) under independence with ties in both rankings (Kendall 1970, eq. 4.3)."""
+    tx, ty = tx.astype(float), ty.astype(float)
+    v0 = n * (n - 1.0) * (2 * n + 5)
+    vx, vy = (tx * (tx - 1) * (2 * tx + 5)).sum(), (ty * (ty - 1) * (2 * ty + 5)).sum()
+    v1 = (tx * (tx - 1)).sum() * (ty * (ty - 1)).sum() / (2 * n * (n - 1.0))
+    v2 = (tx * (tx - 1) * (tx - 2)).sum() * (ty * (ty - 1) * (ty - 2)).sum() / (9 * n * (n - 1.0) * (n - 2))
+    return (v0 - vx - vy) / 18 + v1 + (v2 if n > 2 else 0.0)
 
 
 def theil_sen_slope(y, x) -> float:
@@ -149,70 +179,21 @@ def sign_test_greater(k: int, n: int) -> float:
 
 
 def _average_ranks(a: np.ndarray) -> np.ndarray:
-    """Ranks 1..n, ties sharing their mean rank (scipy.stats.rankdata, method "average")."""
-    order = np.argsort(a, kind="mergesort")
-    inv = np.empty(order.size, dtype=np.intp)
-    inv[order] = np.arange(order.size, dtype=np.intp)
-    s = a[order]
-    obs = np.r_[True, s[1:] != s[:-1]]
-    dense = obs.cumsum()[inv]
-    count = np.r_[np.nonzero(obs)[0], len(obs)]
-    return 0.5 * (count[dense] + count[dense - 1] + 1)
-
-
-def _inversions(y: np.ndarray) -> int:
-    """Pairs i < j with y[i] > y[j]: within blocks pairwise, across blocks by binary search into the
-    sorted values of the earlier blocks."""
-    total = 0
-    for start in range(0, y.size, _INVERSION_BLOCK):
-        block = y[start : start + _INVERSION_BLOCK]
-        if start:
-            before = np.sort(y[:start])
-            total += int((start - np.searchsorted(before, block, side="right")).sum())
-        total += int(np.triu(block[:, np.newaxis] > block[np.newaxis, :], 1).sum())
-    return total
-
-
-def _tie_counts(ranks: np.ndarray) -> tuple[int, int, int]:
-    """Tied pairs among dense ranks and the two tie sums of the variance of Kendall's statistic."""
-    cnt = np.bincount(ranks).astype(np.int64, copy=False)
-    cnt = cnt[cnt > 1]
-    return (
-        int((cnt * (cnt - 1) // 2).sum()),
-        int((cnt * (cnt - 1.0) * (cnt - 2)).sum()),
-        int((cnt * (cnt - 1.0) * (2 * cnt + 5)).sum()),
-    )
+    """Ranks 1..n, equal values sharing the mean of the ranks they span."""
+    _, inverse, counts = np.unique(a, return_inverse=True, return_counts=True)
+    first = np.cumsum(counts) - counts  # 0-based position where each distinct value starts
+    return (first + (counts + 1) / 2.0)[inverse]
 
 
 def _kendall_p_exact(n: int, c: int) -> float:
-    """Two-sided exact p-value of c concordant pairs among n untied points (Kendall 1970, "Rank
-    Correlation Methods"; the recursion scipy.stats uses)."""
-    c = int(min(c, (n * (n - 1)) // 2 - c))
-    if n <= 2:
-        prob = 1.0
-    elif c == 0:
-        prob = 2.0 / math.factorial(n) if n < 171 else 0.0
-    elif c == 1:
-        prob = 2.0 / math.factorial(n - 1) if n < 172 else 0.0
-    elif 4 * c == n * (n - 1):
-        prob = 1.0
-    elif n < 171:
-        new = np.zeros(c + 1)
-        new[0:2] = 1.0
-        for j in range(3, n + 1):
-            new = np.cumsum(new)
-            if j <= c:
-                new[j:] -= new[: c + 1 - j]
-        prob = 2.0 * np.sum(new) / math.factorial(n)
-    else:
-        new = np.zeros(c + 1)
-        new[0:2] = 1.0
-        for j in range(3, n + 1):
-            new = np.cumsum(new) / j
-            if j <= c:
-                new[j:] -= new[: c + 1 - j]
-        prob = np.sum(new)
-    return float(np.clip(prob, 0.0, 1.0))
+    """Two-sided exact p-value of c (the smaller of discordant and concordant) among n untied points:
+    2 P(D <= c), D = the inversions of a uniformly random permutation of n, whose counts are the Mahonian
+    numbers M(m, k) = sum_{j < m} M(m - 1, k - j); exact integers, capped at 1."""
+    counts = [1] + [0] * c  # M(1, k), k = 0..c
+    for m in range(2, n + 1):
+        prefix = np.cumsum([0, *counts], dtype=object)  # prefix[k + 1] = sum of counts[0..k]
+        counts = [prefix[k + 1] - prefix[max(0, k - m + 1)] for k in range(c + 1)]
+    return min(1.0, 2 * sum(counts) / math.factorial(n))
 
 
 def confidence_from_p(p_value: float) -> float:
