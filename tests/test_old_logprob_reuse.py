@@ -11,6 +11,7 @@ import pytest
 import torch
 from letters_task import LettersTask  # noqa: F401  (registers the "letters" task)
 
+from tests.test_training_math import tiny as tiny_config
 from tokengrad import load_run
 from tokengrad.objective.weighting import get_weighting
 from tokengrad.train.config import describe_config, make_config
@@ -24,20 +25,7 @@ SAMPLE_COLUMNS = ["rollout_seq_log_ratio", "rollout_gap_mean"]
 
 def tiny(tmp_path, name: str, **overrides) -> dict:
     """Two steps of 2 prompts x G=4, 8 new tokens, on the tiny model in fp32."""
-    cfg = dict(
-        model="tiny",
-        task="letters",
-        steps=2,
-        prompts_per_step=2,
-        group_size=4,
-        max_new_tokens=8,
-        lr=1e-2,
-        bf16=False,
-        progress=False,
-        checkpoint=False,
-        run_dir=str(tmp_path / name),
-    )
-    return {**cfg, **overrides}
+    return tiny_config(tmp_path, name, **{"steps": 2, **overrides})
 
 
 def reuses(**overrides) -> bool:
