@@ -208,7 +208,7 @@ def _evaluator(model, tok, task, held_out, organism: Organism):
     return evaluate_now
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--organism", choices=sorted(ORGANISMS), default="add", help="which lab model")
     ap.add_argument(
@@ -242,7 +242,26 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="LlamaConfig overrides as JSON, e.g. '{\"hidden_size\": 192}'",
     )
-    args = ap.parse_args(argv)
+    return ap
+
+
+def save(out: Path, model, tok, history: list[dict], settings: dict) -> None:
+    """The weights, the tokenizer and the SFT history (with the settings that made them) into `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    (out / "sft_history.json").write_text(
+        json.dumps({"settings": settings, "history": history}, indent=1) + "\n"
+    )
+    size = sum(p.stat().st_size for p in out.iterdir()) / 2**20
+    print(
+        f"{out}: {size:.1f} MB; held-out greedy accuracy {history[-1]['greedy']:.3f}, "
+        f"sampled {history[-1]['sampled']:.3f}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     organism = ORGANISMS[args.organism]
     for key in ("phases", "batch", "drop"):
         if getattr(args, key) is None:
@@ -260,18 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         model_config=args.model_config,
         organism=organism,
     )
-    args.out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(args.out, safe_serialization=True)
-    tok.save_pretrained(args.out)
     settings = {k: getattr(args, k) for k in ("organism", "phases", "batch", "drop", "seed")}
-    (args.out / "sft_history.json").write_text(
-        json.dumps({"settings": settings, "history": history}, indent=1) + "\n"
-    )
-    size = sum(p.stat().st_size for p in args.out.iterdir()) / 2**20
-    print(
-        f"{args.out}: {size:.1f} MB; held-out greedy accuracy {history[-1]['greedy']:.3f}, "
-        f"sampled {history[-1]['sampled']:.3f}"
-    )
+    save(args.out, model, tok, history, settings)
     return 0
 
 

@@ -207,15 +207,7 @@ def vocab_arrays(
     n_vocab = 1 + max(int(i.max()) for i in ids)
     has = {n: all(n in v for v in values) for n in ("update_share", "logit_grad_norm")}
     rank_by = "update_share" if has["update_share"] else "logit_grad_norm" if has["logit_grad_norm"] else None
-    count = sum(_grouped(i, m, n_vocab) for i, m in zip(ids, sel))  # [V]
-    keep = set(torch.topk(count, min(top, int((count > 0).sum()))).indices.tolist())
-    if rank_by is not None:
-        mass = sum(
-            _grouped(i, m, n_vocab, v[rank_by].abs(), f[rank_by])
-            for i, v, m, f in zip(ids, values, sel, finite)
-        )
-        keep |= set(torch.topk(mass, min(top, int((count > 0).sum()))).indices.tolist())
-    kept = torch.tensor(sorted(keep), dtype=torch.long)
+    kept = _top_tokens(ids, values, sel, finite, n_vocab, top, rank_by)
     slot = torch.full((n_vocab,), -1, dtype=torch.long)
     slot[kept] = torch.arange(len(kept))  # token -> kept index
     nb, inner = len(edges) - 1, torch.tensor(edges[1:-1], dtype=torch.float64)
@@ -247,6 +239,21 @@ def vocab_arrays(
         "sum_update_share": cols["update_share"][nz].numpy() if has["update_share"] else None,
         "sum_logit_grad_norm": cols["logit_grad_norm"][nz].numpy() if has["logit_grad_norm"] else None,
     }
+
+
+def _top_tokens(ids, values, sel, finite, n_vocab: int, top: int, rank_by: str | None) -> torch.Tensor:
+    """The token ids the vocab table keeps (sorted): the `top` most frequent loss tokens, and the `top`
+    with the largest summed |rank_by| (the update they made) where that value was recorded."""
+    count = sum(_grouped(i, m, n_vocab) for i, m in zip(ids, sel))  # [V]
+    k = min(top, int((count > 0).sum()))
+    keep = set(torch.topk(count, k).indices.tolist())
+    if rank_by is not None:
+        mass = sum(
+            _grouped(i, m, n_vocab, v[rank_by].abs(), f[rank_by])
+            for i, v, m, f in zip(ids, values, sel, finite)
+        )  # [V]
+        keep |= set(torch.topk(mass, k).indices.tolist())
+    return torch.tensor(sorted(keep), dtype=torch.long)
 
 
 def vocab_table(step: int, rank: int, arrays: dict[str, np.ndarray], decode) -> pa.Table | None:
