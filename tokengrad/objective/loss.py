@@ -219,12 +219,8 @@ def policy_loss(
     norm_mask = mask if norm_mask is None else norm_mask
     advantages = broadcast_tokens(advantages.detach(), logprobs, "advantages")  # [N, T]
     _check_inputs(logprobs, old_logprobs, advantages, mask, norm_mask, ref_logprobs, weights, beta, is_weight)
-    valid = mask > 0  # [N, T]
-    # Off-mask values may be -inf/NaN (padding); zero them before any op so no NaN reaches the grad.
-    lp = torch.where(valid, logprobs, 0.0)  # [N, T]
-    log_ratio = lp - torch.where(valid, old_logprobs.detach(), 0.0)  # [N, T]
+    valid, lp, log_ratio, adv = _on_mask(logprobs, old_logprobs, advantages, mask, weights)
     ratio = log_ratio.exp()  # [N, T]
-    adv = torch.where(valid, advantages, 0.0) * _one(weights.advantage_weight)  # [N, T]
     obj, clipped = clipped_surrogate(
         ratio * _one(weights.ratio_weight), adv, eps_low, eps_high, ppo_clip, clip_ratio_c
     )
@@ -238,6 +234,16 @@ def policy_loss(
     pg_loss = agg(torch.where(valid, pg, 0.0), norm, max_len)
     metrics = _metrics(ratio, log_ratio, adv, clipped, kl, mask, weights, pg_loss)
     return LossOutput(loss, per_token, ratio, clipped, kl, metrics)
+
+
+def _on_mask(logprobs, old_logprobs, advantages, mask, weights) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(valid, log pi, log r, A') [N, T] each, zero off the mask. Off-mask values may be -inf/NaN
+    (padding); they are zeroed before any op so that no NaN reaches the gradient."""
+    valid = mask > 0  # [N, T]
+    lp = torch.where(valid, logprobs, 0.0)  # [N, T]
+    log_ratio = lp - torch.where(valid, old_logprobs.detach(), 0.0)  # [N, T]
+    adv = torch.where(valid, advantages, 0.0) * _one(weights.advantage_weight)  # [N, T]
+    return valid, lp, log_ratio, adv
 
 
 def _reference_kl(lp: Tensor, ref_logprobs: Tensor | None, valid: Tensor) -> Tensor | None:

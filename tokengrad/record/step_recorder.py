@@ -37,6 +37,9 @@ _NUMERIC_STEP_COLUMNS = {
 }
 
 
+_NOT_PASS_INPUTS = ("self", "logprobs", "stats", "update_id", "recompute")  # track()'s other arguments
+
+
 class StepRecorder:
     def __init__(self, recorder, step: int, bucket_step: bool, attribute_step: bool = False):
         self.rec = recorder
@@ -135,26 +138,9 @@ class StepRecorder:
         Returns:
             `logprobs` itself (so `lp = st.track(lp, ...)` reads naturally).
         """
+        # the keyword tensors by name, as build_pass reads them (first: locals() holds only the arguments)
+        inputs = {k: v for k, v in locals().items() if k not in _NOT_PASS_INPUTS}
         t = time.perf_counter()
-        inputs = dict(
-            token_ids=token_ids,
-            mask=mask,
-            loss_mask=loss_mask,
-            old_logprobs=old_logprobs,
-            ref_logprobs=ref_logprobs,
-            rollout_logprobs=rollout_logprobs,
-            is_weights=is_weights,
-            mask_codes=mask_codes,
-            advantages=advantages,
-            weights=weights,
-            scale_grad=scale_grad,
-            sample_ids=sample_ids,
-            group_ids=group_ids,
-            logits=logits,
-            hidden=hidden,
-            clipped=clipped,
-            extra=extra,
-        )
         p = build_pass(len(self._passes), logprobs, inputs, stats)
         p.update_id = int(update_id)
         # kept where this step may be attributed: on schedule, or on a spike found in record_grad_norms
