@@ -1,12 +1,16 @@
-"""Create the shipped sample runs: the CPU lab model and SmolLM2-135M, each under GRPO, TR-GRPO and AR+Lopti.
+"""Create the shipped sample runs: the two CPU lab models and SmolLM2-135M, each under GRPO, TR-GRPO and
+AR+Lopti.
 
-    python scripts/make_sample_runs.py                              # all six runs into sample_runs/
+    python scripts/make_sample_runs.py                              # all nine runs into sample_runs/
     python scripts/make_sample_runs.py --only lab_grpo --steps 5    # a quick look at one run
     python scripts/make_sample_runs.py --from-study runs/study      # lab runs = the study's seed-0 runs
+    python scripts/make_sample_runs.py --only lab_kk_grpo lab_kk_tr_grpo lab_kk_ar_lopti \
+        --from-kk-study runs/study_kk                               # the same for lab-kk
     tokengrad dashboard sample_runs                                 # then look at them
 
 `lab_<rule>`: configs/lab_add_<rule>.toml (the lab model `lab-add` on compact 4-digit addition; the configs
-differ only in the weighting rule and its parameters). `smollm_<rule>`: configs/smollm_sample.toml
+differ only in the weighting rule and its parameters). `lab_kk_<rule>`: configs/lab_kk_<rule>.toml (the lab
+model `lab-kk` on Knights and Knaves with a plain-word trace). `smollm_<rule>`: configs/smollm_sample.toml
 (SmolLM2-135M-Instruct on 1-2 digit arithmetic, refilling dynamic sampling) with the rule set on the
 command line. Within each family every run uses the same seed, so the runs share the training prompts, the
 held-out set and the sampling stream of step 0 (later steps diverge only because the policies do). The rule
@@ -37,10 +41,15 @@ from tokengrad.train.checkpoint import checkpoint_path  # noqa: E402
 
 RULE_PARAMS = {"grpo": {}, "tr_grpo": {}, "ar_lopti": {"alpha": 0.3, "eta": 0.5}}
 # run name -> (config, overrides): the lab configs carry their rule, the SmolLM2 config gets it here
-RUNS = {f"lab_{r}": (f"lab_add_{r}.toml", {}) for r in RULE_PARAMS} | {
-    f"smollm_{r}": ("smollm_sample.toml", {"weighting": r, "weighting_params": p})
-    for r, p in RULE_PARAMS.items()
-}
+RUNS = (
+    {f"lab_{r}": (f"lab_add_{r}.toml", {}) for r in RULE_PARAMS}
+    | {f"lab_kk_{r}": (f"lab_kk_{r}.toml", {}) for r in RULE_PARAMS}
+    | {
+        f"smollm_{r}": ("smollm_sample.toml", {"weighting": r, "weighting_params": p})
+        for r, p in RULE_PARAMS.items()
+    }
+)
+STUDY_CONFIGS = ("lab_add_", "lab_kk_")  # config prefixes scripts/study.py trains (--organism add / kk)
 SIZE_LIMIT_MB = 30.0  # the committed sample_runs/ folder, all runs together
 
 
@@ -61,12 +70,14 @@ def make_run(name: str, out: Path, overrides: dict) -> tuple[Path, float]:
 
 def copy_study_run(name: str, study: Path, out: Path) -> Path:
     """out/<name> as a copy of the study's seed-0 run of the same config (scripts/study.py trains
-    configs/lab_add_<rule>.toml with seed 0 exactly as make_run does), relabelled with the sample name."""
+    configs/lab_<organism>_<rule>.toml with seed 0 exactly as make_run does), relabelled with the sample
+    name."""
     config, fixed = RUNS[name]
-    rule = config.removeprefix("lab_add_").removesuffix(".toml")
+    prefix = next((p for p in STUDY_CONFIGS if config.startswith(p)), None)
+    rule = config.removeprefix(prefix or "").removesuffix(".toml")
     src = study / f"{rule}-s0"
     meta = json.loads((src / "meta.json").read_text()) if (src / "meta.json").exists() else {}
-    if not (config.startswith("lab_add_") and meta.get("finished") and meta["config"]["seed"] == 0):
+    if not (prefix and meta.get("finished") and meta["config"]["seed"] == 0):
         raise SystemExit(f"{src} is not a finished seed-0 study run of {config}")
     run_dir = out / name
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -89,8 +100,14 @@ def main(argv: list[str] | None = None) -> int:
         "--from-study",
         type=Path,
         default=None,
-        help="copy the lab runs from this finished "
+        help="copy the lab_<rule> runs from this finished "
         "study folder (its seed-0 runs are the same configs and seed) instead of training them",
+    )
+    ap.add_argument(
+        "--from-kk-study",
+        type=Path,
+        default=None,
+        help="the same for the lab_kk_<rule> runs (a study of --organism kk)",
     )
     ap.add_argument("--steps", type=int, default=None, help="override the config's steps (quick looks)")
     ap.add_argument(
@@ -104,8 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {"progress": False} | ({"steps": args.steps} if args.steps else {})
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.only:
-        if args.from_study and name.startswith("lab_"):
-            print(f"{copy_study_run(name, args.from_study, args.out)}: copied from {args.from_study}")
+        study = args.from_kk_study if name.startswith("lab_kk_") else args.from_study
+        if study and name.startswith("lab_"):
+            print(f"{copy_study_run(name, study, args.out)}: copied from {study}")
             continue
         run_dir, seconds = make_run(name, args.out, overrides)
         print(f"{run_dir}: {seconds / 60:.1f} min, {folder_mb(run_dir):.1f} MB", flush=True)

@@ -3,13 +3,15 @@
     python scripts/study.py                        # 7 rules x 5 seeds + SFT control -> runs/study
     python scripts/study.py --seeds 0 1 2 --rules grpo tr_grpo --out runs/study3
     python scripts/study.py --table-only           # re-summarise finished runs, train nothing
+    python scripts/study.py --organism kk --seeds 0 1 2 --out runs/study_kk --table docs/study_kk_results.md
     python scripts/study.py --set steps=4 eval_per_difficulty=2 --out /tmp/smoke   # pipeline smoke test
 
-Every (rule, seed) trains configs/lab_add_<rule>.toml with that seed into OUT/<rule>-s<seed> (a finished
-run there is reused, so an interrupted study continues). Seeds are paired: the same seed gives every rule
-the same training prompts, held-out set and step-0 sampling stream. The control continues the lab model's
-own SFT (sloppy-carry teacher, the RL learning rate, batch = prompts x group) for the wall time of the
-same seed's grpo run, evaluated on the same held-out set (OUT/control-s<seed>.json).
+Every (rule, seed) trains configs/lab_<organism>_<rule>.toml (lab_add_ by default) with that seed into
+OUT/<rule>-s<seed> (a finished run there is reused, so an interrupted study continues). Seeds are paired:
+the same seed gives every rule the same training prompts, held-out set and step-0 sampling stream. The
+control continues the lab model's own SFT (its sloppy teacher, the RL learning rate, batch = prompts x
+group) for the wall time of the same seed's grpo run, evaluated on the same held-out set
+(OUT/control-s<seed>.json).
 
 Per run (tokengrad run format; "live" = steps whose update had a non-zero gradient):
     acc_start, acc_final, acc_gain   held-out greedy exact match at step -1 and after the last step
@@ -61,18 +63,28 @@ CONTROLS = ("grpo_mu2", "grpo_mb2")
 LOW_EDGE = 0.25  # the lowest probability bucket of the default edges [0, .25, .5, .75, 1]
 
 
-def teacher_drop() -> float:
-    """The carry-forgetting probability the shipped lab model was trained with (its SFT history)."""
+ORGANISMS = ("add", "kk")  # lab-add (configs/lab_add_*.toml) and lab-kk (configs/lab_kk_*.toml)
+
+
+def teacher_drop(organism: str) -> float:
+    """The error probability of the teacher the shipped lab model was trained on (its SFT history):
+    a forgotten carry (add), a misread contradicting statement (kk)."""
     from tokengrad.train.lab import lab_dir
 
-    return float(json.loads((lab_dir("lab-add") / "sft_history.json").read_text())["settings"]["drop"])
+    history = lab_dir(f"lab-{organism}") / "sft_history.json"
+    return float(json.loads(history.read_text())["settings"]["drop"])
 
 
-def config_path(rule: str) -> Path:
-    return ROOT / "configs" / f"lab_add_{rule}.toml"
+def config_path(rule: str, organism: str = "add") -> Path:
+    return ROOT / "configs" / f"lab_{organism}_{rule}.toml"
 
 
-def run_one(rule: str, seed: int, run_dir: Path, overrides: dict) -> Path:
+def available_rules(organism: str) -> list[str]:
+    """The rules and controls with a config for this organism, in the study's order."""
+    return [r for r in (*RULES, *CONTROLS) if config_path(r, organism).exists()]
+
+
+def run_one(rule: str, seed: int, run_dir: Path, overrides: dict, organism: str = "add") -> Path:
     """Train (rule, seed) into run_dir unless a finished run is there; its wall time goes to study.json."""
     meta = run_dir / "meta.json"
     if meta.exists() and json.loads(meta.read_text()).get("finished"):
@@ -80,7 +92,7 @@ def run_one(rule: str, seed: int, run_dir: Path, overrides: dict) -> Path:
     shutil.rmtree(run_dir, ignore_errors=True)
     t0 = time.perf_counter()
     tokengrad.train(
-        str(config_path(rule)),
+        str(config_path(rule, organism)),
         seed=seed,
         run_dir=str(run_dir),
         run_name=f"{rule}-s{seed}",
@@ -90,20 +102,27 @@ def run_one(rule: str, seed: int, run_dir: Path, overrides: dict) -> Path:
     return run_dir
 
 
-def _unit(kind: str, rule: str, seed: int, out: Path, overrides: dict, threads: int) -> str:
+def _unit(kind: str, rule: str, seed: int, out: Path, overrides: dict, threads: int, organism: str) -> str:
     """One unit of the study in a worker process: a (rule, seed) run, or the seed's SFT control (which
     needs the wall time of that seed's grpo run, so it is scheduled after it)."""
     torch.set_num_threads(threads)
     if kind == "run":
-        run_one(rule, seed, out / f"{rule}-s{seed}", overrides)
+        run_one(rule, seed, out / f"{rule}-s{seed}", overrides, organism)
         return f"finished {out}/{rule}-s{seed}"
     wall = json.loads((out / f"grpo-s{seed}" / "study.json").read_text())["wall_seconds"]
-    run_control(seed, wall, out, overrides)
+    run_control(seed, wall, out, overrides, organism)
     return f"finished {out}/control-s{seed}.json"
 
 
 def train_all(
-    rules: list[str], seeds: list[int], out: Path, overrides: dict, jobs: int, threads: int, control: bool
+    rules: list[str],
+    seeds: list[int],
+    out: Path,
+    overrides: dict,
+    jobs: int,
+    threads: int,
+    control: bool,
+    organism: str = "add",
 ) -> None:
     """Every (rule, seed) run, seed-major (an interrupted study has every rule at the early seeds), then the
     controls, on `jobs` worker processes. Finished runs and controls are reused."""
@@ -114,10 +133,11 @@ def train_all(
     units = [("run", rule, seed) for seed in seeds for rule in rules]
     units += [("control", "grpo", seed) for seed in seeds if control and "grpo" in rules]
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-        runs = [pool.submit(_unit, *u, out, overrides, threads) for u in units if u[0] == "run"]
+        runs = [pool.submit(_unit, *u, out, overrides, threads, organism) for u in units if u[0] == "run"]
         for f in runs:
             print(f.result(), flush=True)
-        for f in [pool.submit(_unit, *u, out, overrides, threads) for u in units if u[0] == "control"]:
+        controls = [u for u in units if u[0] == "control"]
+        for f in [pool.submit(_unit, *u, out, overrides, threads, organism) for u in controls]:
             print(f.result(), flush=True)
 
 
@@ -127,8 +147,9 @@ def accuracy(results: dict) -> float:
     return sum(a * k for a, k in results.values()) / n
 
 
-def run_control(seed: int, seconds: float, out: Path, overrides: dict) -> dict:
-    """SFT continuation of lab-add on the sloppy teacher for `seconds`; held-out accuracy before/after."""
+def run_control(seed: int, seconds: float, out: Path, overrides: dict, organism: str = "add") -> dict:
+    """SFT continuation of the lab model on its sloppy teacher for `seconds`; held-out accuracy
+    before/after."""
     from tokengrad.train.models import load_model
     from tokengrad.train.rollout import evaluate, render_prompt
     from tokengrad.train.sft import SFTConfig, supervised_train
@@ -137,14 +158,14 @@ def run_control(seed: int, seconds: float, out: Path, overrides: dict) -> dict:
     path = out / f"control-s{seed}.json"
     if path.exists():
         return json.loads(path.read_text())
-    cfg = load_config(config_path("grpo"), {"seed": seed, **overrides})
+    cfg = load_config(config_path("grpo", organism), {"seed": seed, **overrides})
     torch.manual_seed(seed)
     model, tok = load_model(cfg.model, seed=seed)
     task = get_task(cfg.task, **cfg.task_params)
     held = task.eval_problems(cfg.eval_per_difficulty, seed)
     batch = cfg.prompts_per_step * cfg.group_size
     problems = task.train_problems(batch * cfg.steps, seed)
-    rng, drop = np.random.default_rng([seed, 3]), teacher_drop()
+    rng, drop = np.random.default_rng([seed, 3]), teacher_drop(organism)
     pairs = [(render_prompt(tok, p), task.teacher(p, drop, rng)) for p in problems]
 
     def examples(step: int) -> list[tuple[str, str]]:
@@ -231,7 +252,11 @@ def run_row(run_dir: Path) -> dict:
     return row
 
 
-def figures(out: Path, fig_dir: Path, rules: list[str]) -> list[Path]:
+# per organism: the figure names' prefix and what a difficulty level counts
+FIGURE_NAMING = {"add": ("study", "carries"), "kk": ("study_kk", "people")}
+
+
+def figures(out: Path, fig_dir: Path, rules: list[str], organism: str = "add") -> list[Path]:
     """Per rule, pooled over seeds: entropy and sampled accuracy (mean over seeds) and held-out accuracy by
     difficulty over steps, drawn and written by tokengrad's figure/export code."""
     from tokengrad.figures import make_metric_figure
@@ -247,21 +272,22 @@ def figures(out: Path, fig_dir: Path, rules: list[str]) -> list[Path]:
             steps = pd.concat([r.steps for r in runs])
             frames[rule] = steps.groupby("step", as_index=False)[cols].mean().assign(rank=0)
             evals[rule] = pd.concat([r.evals for r in runs], ignore_index=True)
+    prefix, levels = FIGURE_NAMING[organism]
     specs = [
         FigureSpec(
-            "study_entropy",
+            f"{prefix}_entropy",
             make_metric_figure(frames, "entropy_mean", smoothing=0.8, title="token entropy, mean over seeds"),
         ),
         FigureSpec(
-            "study_sampled_accuracy",
+            f"{prefix}_sampled_accuracy",
             make_metric_figure(
                 frames, "accuracy", smoothing=0.8, title="sampled exact match, mean over seeds"
             ),
         ),
         FigureSpec(
-            "study_heldout_by_carries",
+            f"{prefix}_heldout_by_{levels}",
             make_accuracy_over_steps_figure(
-                evals, by_difficulty=True, title="held-out greedy exact match by carries, seeds pooled"
+                evals, by_difficulty=True, title=f"held-out greedy exact match by {levels}, seeds pooled"
             ),
             width="page",
             height_in=3.0,
@@ -273,7 +299,8 @@ def figures(out: Path, fig_dir: Path, rules: list[str]) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rules", nargs="+", default=list(RULES), choices=[*RULES, *CONTROLS])
+    ap.add_argument("--organism", choices=ORGANISMS, default="add", help="lab-add or lab-kk configs")
+    ap.add_argument("--rules", nargs="+", default=None, choices=[*RULES, *CONTROLS], help="default: all")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "study")
     ap.add_argument("--table", type=Path, default=ROOT / "docs" / "study_results.md")
@@ -287,8 +314,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     overrides = dict(parse_override(item) for item in args.set)
+    args.rules = args.rules or available_rules(args.organism)
+    missing = [r for r in args.rules if not config_path(r, args.organism).exists()]
+    if missing:
+        have = available_rules(args.organism)
+        raise SystemExit(f"no lab_{args.organism} config for {missing}; have {have}")
     if not args.table_only:
-        train_all(args.rules, args.seeds, args.out, overrides, args.jobs, args.threads, not args.no_control)
+        run = (args.jobs, args.threads, not args.no_control, args.organism)
+        train_all(args.rules, args.seeds, args.out, overrides, *run)
     rows = [
         run_row(args.out / f"{rule}-s{seed}")
         for seed in args.seeds
@@ -310,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         args.table.parent.mkdir(parents=True, exist_ok=True)
         args.table.write_text(text)
     if args.figures:
-        print(*figures(args.out, Path(args.figures), args.rules), sep="\n")
+        print(*figures(args.out, Path(args.figures), args.rules, args.organism), sep="\n")
     return 0
 
 
