@@ -303,7 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rules", nargs="+", default=None, choices=[*RULES, *CONTROLS], help="default: all")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "study")
-    ap.add_argument("--table", type=Path, default=ROOT / "docs" / "study_results.md")
+    ap.add_argument(
+        "--table", default=str(ROOT / "docs" / "study_results.md"), help="markdown summary ('' = none)"
+    )
     ap.add_argument("--figures", default=str(ROOT / "docs" / "figures"), help="PNG folder ('' = none)")
     ap.add_argument("--baseline", default="grpo", help="the rule every paired difference is taken to")
     ap.add_argument("--no-control", action="store_true", help="skip the SFT-continuation control")
@@ -340,8 +342,9 @@ def main(argv: list[str] | None = None) -> int:
     text = report(df, [*RULES, *CONTROLS, "control"], args.baseline)
     print(text)
     if args.table:
-        args.table.parent.mkdir(parents=True, exist_ok=True)
-        args.table.write_text(text)
+        table = Path(args.table)
+        table.parent.mkdir(parents=True, exist_ok=True)
+        table.write_text(text)
     if args.figures:
         print(*figures(args.out, Path(args.figures), args.rules, args.organism), sep="\n")
     return 0
