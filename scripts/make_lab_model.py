@@ -19,6 +19,10 @@ a teacher that overlooks a lone contradiction with probability --drop (tokengrad
 0.28 / 0.12 / 0.08 on 2 / 3 / 4 people, an under-fitted start rather than the teacher's plateau
 (docs/study.md).
 
+A phase may name its own teacher: `--phases 600:2e-3:0,300:1e-3:0.6` trains first on a faithful teacher
+(error probability 0), then settles on the sloppy one; `--task-params '{"n_people": [2, 3]}'` changes the
+task's settings (here the puzzle sizes) for a probe.
+
 Fixed seed: the same command rebuilds the same weights on the same torch build (one thread). The SFT
 history (held-out greedy and sampled accuracy per evaluation) is written next to the weights.
 """
@@ -121,49 +125,54 @@ def sampled_accuracy(model, tok, task, problems, max_new_tokens: int = 8) -> flo
     return float(np.mean([task.is_correct(p, t) for p, t in zip(problems, comps.texts)]))
 
 
-def parse_phases(text: str) -> list[tuple[int, float]]:
-    """'800:3e-3,500:1e-3' -> [(800, 0.003), (500, 0.001)]: SFT phases of (steps, peak lr)."""
+def parse_phases(text: str, drop: float) -> list[tuple[int, float, float]]:
+    """'800:3e-3:0,500:1e-3' -> [(800, 0.003, 0.0), (500, 0.001, drop)]: SFT phases of (steps, peak lr,
+    the teacher's error probability; `drop` where a phase gives none)."""
     try:
-        phases = [(int(a), float(b)) for a, b in (item.split(":") for item in text.split(","))]
-    except ValueError:
-        raise SystemExit(f"--phases must look like 800:3e-3,500:1e-3, got {text!r}") from None
-    if not phases or any(n < 1 or lr <= 0 for n, lr in phases):
-        raise SystemExit(f"--phases needs positive steps and learning rates, got {text!r}")
+        items = [item.split(":") for item in text.split(",")]
+        phases = [(int(x[0]), float(x[1]), float(x[2]) if len(x) > 2 else drop) for x in items]
+    except (ValueError, IndexError):
+        raise SystemExit(f"--phases must look like 800:3e-3:0,500:1e-3, got {text!r}") from None
+    if not phases or any(len(x) > 3 for x in items):
+        raise SystemExit(f"--phases must look like 800:3e-3:0,500:1e-3, got {text!r}")
+    if any(n < 1 or lr <= 0 or not 0 <= q <= 1 for n, lr, q in phases):
+        raise SystemExit(f"--phases needs positive steps and learning rates, drops in [0, 1]: {text!r}")
     return phases
 
 
 def build(
-    phases: list[tuple[int, float]],
+    phases: list[tuple[int, float, float]],
     batch: int,
-    drop: float,
     seed: int,
     resume: Path | None = None,
     resume_phases: int = 0,
     progress: bool = True,
     model_config: dict | None = None,
     organism: Organism = ORGANISMS["add"],
+    task_params: dict | None = None,
 ):
     """(model, tokenizer, history) after the SFT phases; each phase is a fresh AdamW with warm-up and a
-    cosine decay to 0 (a warm restart), reading the next `steps * batch` problems of one seeded stream.
+    cosine decay to 0 (a warm restart), reading the next `steps * batch` problems of one seeded stream,
+    with the targets of a teacher of that phase's error probability.
 
     `resume`: a model saved after the first `resume_phases` phases of this same command; those phases
     are skipped, which gives the same result as running them (each phase starts a fresh optimizer)."""
     torch.manual_seed(seed)
-    task = get_task(organism.task, **organism.task_params)
+    task = get_task(organism.task, **(organism.task_params | (task_params or {})))
     tok = make_word_tokenizer(organism.words)
     model = make_lab_model(tok, seed, **(organism.config | (model_config or {})))
     if resume is not None:
         model = AutoModelForCausalLM.from_pretrained(resume, dtype=torch.float32)
         set_generation_ids(model, tok)
-    total = sum(n for n, _ in phases)
-    problems = organism.order(task.train_problems(total * batch, seed), batch)
+    problems = organism.order(task.train_problems(sum(n for n, _, _ in phases) * batch, seed), batch)
     teacher_rng = np.random.default_rng([seed, 2])
-    targets = [task.teacher(p, drop, teacher_rng) for p in problems]
+    drops = [q for n, _, q in phases for _ in range(n * batch)]  # each problem's teacher
+    targets = [task.teacher(p, q, teacher_rng) for p, q in zip(problems, drops)]
     prompts = [render_prompt(tok, p) for p in problems]
     held_out = task.eval_problems(organism.eval_per, seed=10_000)  # a fixed set, apart from every RL seed's
     evaluate_now = _evaluator(model, tok, task, held_out, organism)
     history, first = [], 0
-    for i, (steps, lr) in enumerate(phases):
+    for i, (steps, lr, _) in enumerate(phases):
         if i >= resume_phases:
             examples = _phase_examples(prompts, targets, first * batch, batch)
             cfg = SFTConfig(
@@ -214,16 +223,17 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--phases",
         default=None,
-        help="SFT phases steps:peak_lr,... (each cosine-annealed to "
-        "lr 0 after a warm-up; a later phase is a warm restart; default: the organism's)",
+        help="SFT phases steps:peak_lr[:drop],... (each cosine-annealed to "
+        "lr 0 after a warm-up; a later phase is a warm restart; drop: that phase's teacher error "
+        "probability, default --drop; default: the organism's)",
     )
     ap.add_argument("--batch", type=int, default=None, help="SFT batch (default: the organism's)")
     ap.add_argument(
         "--drop",
         type=float,
         default=None,
-        help="the teacher's error probability: a carry forgotten (add, 0.6) or a lone contradiction "
-        "overlooked (kk); default: the organism's",
+        help="the teacher's error probability: a carry forgotten (add, 0.6) or a contradicting "
+        "statement misread (kk); default: the organism's",
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: reproducible)")
@@ -236,6 +246,12 @@ def _parser() -> argparse.ArgumentParser:
         "--resume-phases phases of the same command (those phases are skipped)",
     )
     ap.add_argument("--resume-phases", type=int, default=0)
+    ap.add_argument(
+        "--task-params",
+        type=json.loads,
+        default=None,
+        help="task parameter overrides as JSON, e.g. '{\"n_people\": [2, 3]}'",
+    )
     ap.add_argument(
         "--model-config",
         type=json.loads,
@@ -268,18 +284,19 @@ def main(argv: list[str] | None = None) -> int:
             setattr(args, key, getattr(organism, key))
     args.out = args.out or lab_dir(organism.model)
     torch.set_num_threads(args.threads)
-    phases = parse_phases(args.phases)
+    phases = parse_phases(args.phases, args.drop)
     model, tok, history = build(
         phases,
         args.batch,
-        args.drop,
         args.seed,
         args.resume,
         args.resume_phases,
         model_config=args.model_config,
         organism=organism,
+        task_params=args.task_params,
     )
-    settings = {k: getattr(args, k) for k in ("organism", "phases", "batch", "drop", "seed")}
+    settings = {k: getattr(args, k) for k in ("organism", "phases", "batch", "seed", "task_params")}
+    settings["drop"] = phases[-1][2]  # the teacher of the plateau the model ends on
     save(args.out, model, tok, history, settings)
     return 0
 

@@ -158,3 +158,21 @@ def test_few_trainer_steps_on_lab_add(tmp_path):
     assert run.evals["n"].eq(2).all()
     assert len(run.steps) == 2 and set(run.samples["completion"].str.split().str.len()) <= {3, 4, 5, 6}
     assert len(run.samples) == 2 * 64 and run.samples["reward"].isin([0.0, 1.0]).all()
+
+
+def test_sft_phases_name_their_teacher():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "make_lab_model.py"
+    spec = importlib.util.spec_from_file_location("make_lab_model", path)
+    script = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = script  # its dataclasses look their module up there
+    spec.loader.exec_module(script)
+    # a phase without a drop takes --drop; one with a drop keeps its own
+    assert script.parse_phases("600:2e-3:0,300:1e-3", 0.6) == [(600, 2e-3, 0.0), (300, 1e-3, 0.6)]
+    assert script.parse_phases("1000:2e-3", 0.6) == [(1000, 2e-3, 0.6)]
+    for bad in ("600", "600:2e-3:0:1", "600:0", "600:1e-3:1.5", "x:1e-3"):
+        with pytest.raises(SystemExit, match="--phases"):
+            script.parse_phases(bad, 0.6)
