@@ -4,13 +4,13 @@ AR+Lopti.
     python scripts/make_sample_runs.py                              # all nine runs into sample_runs/
     python scripts/make_sample_runs.py --only lab_grpo --steps 5    # a quick look at one run
     python scripts/make_sample_runs.py --from-study runs/study      # lab runs = the study's seed-0 runs
-    python scripts/make_sample_runs.py --only lab_kk_grpo lab_kk_tr_grpo lab_kk_ar_lopti \
-        --from-kk-study runs/study_kk                               # the same for lab-kk
     tokengrad dashboard sample_runs                                 # then look at them
 
 `lab_<rule>`: configs/lab_add_<rule>.toml (the lab model `lab-add` on compact 4-digit addition; the configs
 differ only in the weighting rule and its parameters). `lab_kk_<rule>`: configs/lab_kk_<rule>.toml (the lab
-model `lab-kk` on Knights and Knaves with a plain-word trace). `smollm_<rule>`: configs/smollm_sample.toml
+model `lab-kk` on Knights and Knaves with a plain-word trace; the configs and seed of the seed-0 runs of
+`scripts/study.py --organism kk`, recorded under a token budget of 512 rows per step).
+`smollm_<rule>`: configs/smollm_sample.toml
 (SmolLM2-135M-Instruct on 1-2 digit arithmetic, refilling dynamic sampling) with the rule set on the
 command line. Within each family every run uses the same seed, so the runs share the training prompts, the
 held-out set and the sampling stream of step 0 (later steps diverge only because the policies do). The rule
@@ -39,17 +39,20 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout
 import tokengrad  # noqa: E402
 from tokengrad.train.checkpoint import checkpoint_path  # noqa: E402
 
+# lab-kk traces make ~1,800 token rows per step: every row would take ~10-16 MB per run, so these runs keep
+# 512 rows per step (whole completions and the largest update shares), with exact aggregates
+KK_TOKEN_BUDGET = 512
 RULE_PARAMS = {"grpo": {}, "tr_grpo": {}, "ar_lopti": {"alpha": 0.3, "eta": 0.5}}
 # run name -> (config, overrides): the lab configs carry their rule, the SmolLM2 config gets it here
 RUNS = (
     {f"lab_{r}": (f"lab_add_{r}.toml", {}) for r in RULE_PARAMS}
-    | {f"lab_kk_{r}": (f"lab_kk_{r}.toml", {}) for r in RULE_PARAMS}
+    | {f"lab_kk_{r}": (f"lab_kk_{r}.toml", {"token_budget": KK_TOKEN_BUDGET}) for r in RULE_PARAMS}
     | {
         f"smollm_{r}": ("smollm_sample.toml", {"weighting": r, "weighting_params": p})
         for r, p in RULE_PARAMS.items()
     }
 )
-STUDY_CONFIGS = ("lab_add_", "lab_kk_")  # config prefixes scripts/study.py trains (--organism add / kk)
+
 SIZE_LIMIT_MB = 30.0  # the committed sample_runs/ folder, all runs together
 
 
@@ -70,14 +73,12 @@ def make_run(name: str, out: Path, overrides: dict) -> tuple[Path, float]:
 
 def copy_study_run(name: str, study: Path, out: Path) -> Path:
     """out/<name> as a copy of the study's seed-0 run of the same config (scripts/study.py trains
-    configs/lab_<organism>_<rule>.toml with seed 0 exactly as make_run does), relabelled with the sample
-    name."""
+    configs/lab_add_<rule>.toml with seed 0 exactly as make_run does), relabelled with the sample name."""
     config, fixed = RUNS[name]
-    prefix = next((p for p in STUDY_CONFIGS if config.startswith(p)), None)
-    rule = config.removeprefix(prefix or "").removesuffix(".toml")
+    rule = config.removeprefix("lab_add_").removesuffix(".toml")
     src = study / f"{rule}-s0"
     meta = json.loads((src / "meta.json").read_text()) if (src / "meta.json").exists() else {}
-    if not (prefix and meta.get("finished") and meta["config"]["seed"] == 0):
+    if not (config.startswith("lab_add_") and meta.get("finished") and meta["config"]["seed"] == 0):
         raise SystemExit(f"{src} is not a finished seed-0 study run of {config}")
     run_dir = out / name
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -103,12 +104,6 @@ def main(argv: list[str] | None = None) -> int:
         help="copy the lab_<rule> runs from this finished "
         "study folder (its seed-0 runs are the same configs and seed) instead of training them",
     )
-    ap.add_argument(
-        "--from-kk-study",
-        type=Path,
-        default=None,
-        help="the same for the lab_kk_<rule> runs (a study of --organism kk)",
-    )
     ap.add_argument("--steps", type=int, default=None, help="override the config's steps (quick looks)")
     ap.add_argument(
         "--threads",
@@ -121,9 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {"progress": False} | ({"steps": args.steps} if args.steps else {})
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.only:
-        study = args.from_kk_study if name.startswith("lab_kk_") else args.from_study
-        if study and name.startswith("lab_"):
-            print(f"{copy_study_run(name, study, args.out)}: copied from {study}")
+        if args.from_study and name.startswith("lab_") and not name.startswith("lab_kk_"):
+            print(f"{copy_study_run(name, args.from_study, args.out)}: copied from {args.from_study}")
             continue
         run_dir, seconds = make_run(name, args.out, overrides)
         print(f"{run_dir}: {seconds / 60:.1f} min, {folder_mb(run_dir):.1f} MB", flush=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -469,3 +470,17 @@ def test_root_from_script_arguments():
 
     assert root_from_argv(["--root", "runs/x"]) == "runs/x"
     assert root_from_argv(["-x", "-q", "tests/test_app.py"]) is None  # pytest's own argv is ignored
+
+
+@pytest.mark.skipif(
+    not (REPO / "sample_runs" / "lab_kk_grpo" / "meta.json").exists(), reason="sample_runs/ not generated yet"
+)
+def test_word_clouds_say_when_a_budget_kept_only_some_rows(monkeypatch, tmp_path):
+    # lab_kk_grpo kept 512 token rows per step, lab_grpo every row: only the first gets the note
+    for name, noted in (("lab_kk_grpo", True), ("lab_grpo", False)):
+        root = tmp_path / name
+        root.mkdir()
+        shutil.copytree(REPO / "sample_runs" / name, root / name)
+        at = _app(root, monkeypatch, "views/wordclouds.py")
+        said = " ".join(i.value for i in at.info)
+        assert ("kept at most 512 token rows per step" in said) == noted, said

@@ -10,10 +10,15 @@ from tokengrad import list_runs, load_run, schema
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_RUNS = ROOT / "sample_runs"
+RULES = ("grpo", "tr_grpo", "ar_lopti")
 # run name -> (rule, model, minimum steps, minimum share of steps with a gradient): issue-level promises
-RUNS = {f"lab_{r}": (r, "lab-add", 200, 0.8) for r in ("grpo", "tr_grpo", "ar_lopti")} | {
-    f"smollm_{r}": (r, "smollm2-135m-instruct", 8, 0.7) for r in ("grpo", "tr_grpo", "ar_lopti")
-}
+RUNS = (
+    {f"lab_{r}": (r, "lab-add", 200, 0.8) for r in RULES}
+    | {f"lab_kk_{r}": (r, "lab-kk", 200, 0.8) for r in RULES}
+    | {f"smollm_{r}": (r, "smollm2-135m-instruct", 8, 0.7) for r in RULES}
+)
+# difficulty levels each family evaluates: carries 0-4, people 2-4, one-digit sums
+LEVELS = {"lab_kk_": 3, "lab_": 5, "smollm_": 1}
 SIZE_LIMIT = 30 * 2**20
 # Columns added by later schema versions: a run recorded under an older version lacks them (and only them).
 ADDED_IN = {
@@ -131,8 +136,8 @@ def test_runs_are_long_enough_and_analysed(runs):
         every = run.meta["config"]["bucket_every"]
         assert every > 0 and set(run.buckets["step"]) == set(range(0, steps["step"].max() + 1, every)), name
         assert run.evals["step"].min() == -1, name  # the baseline before the first update
-        # the lab runs evaluate every carry count; the SmolLM2 runs one-digit sums only
-        assert run.evals["difficulty"].nunique() >= (5 if name.startswith("lab_") else 1), name
+        levels = next(n for prefix, n in LEVELS.items() if name.startswith(prefix))
+        assert run.evals["difficulty"].nunique() == levels, name
         assert run.evals["accuracy"].between(0, 1).all(), name
 
 
@@ -179,7 +184,7 @@ def test_same_seed_same_first_prompts(runs):
         name: run.samples[run.samples["step"] == 0].sort_values("sample_id") for name, run in runs.items()
     }
     for name, s in first.items():
-        ref = first[name.split("_")[0] + "_grpo"]  # lab_tr_grpo -> lab_grpo
+        ref = first[name.removesuffix(RUNS[name][0]) + "grpo"]  # lab_kk_tr_grpo -> lab_kk_grpo
         assert s["prompt"].tolist() == ref["prompt"].tolist(), name
         assert s["completion"].tolist() == ref["completion"].tolist(), name
 
@@ -205,3 +210,15 @@ def test_sample_runs_fit_the_size_limit():
     size = sum(p.stat().st_size for p in SAMPLE_RUNS.rglob("*") if p.is_file())
     assert 0 < size <= SIZE_LIMIT, f"sample_runs is {size / 2**20:.1f} MB"
     assert not list(SAMPLE_RUNS.rglob("checkpoint")), "model checkpoints must not ship"
+
+
+def test_the_kk_runs_word_clouds_show_words(runs):
+    # TR-GRPO Fig. 1 compares high- and low-probability words; on lab-add the clouds can only hold digits
+    from tokengrad.figures.wordclouds import prepare_frequencies
+    from tokengrad.read.queries import token_frequencies
+
+    for name in [n for n in runs if n.startswith("lab_kk_")]:
+        for lo, hi in ((0.0, 0.25), (0.75, 1.0)):
+            words = prepare_frequencies(token_frequencies(runs[name], lo, hi))
+            alphabetic = [w for w in words if w.isalpha() and len(w) > 1]
+            assert len(alphabetic) >= 4, (name, lo, dict(words))

@@ -46,6 +46,12 @@ def _clouds(run: str, f: dict) -> None:
     name = common.run_name(run)
     if f["low"] > f["high"]:
         st.warning("The low-probability threshold is above the high one; the two clouds overlap.")
+    budget = data.meta(run).get("token_budget")
+    if budget:  # the kept rows over-represent the tokens with the largest update shares
+        st.info(
+            f"{name} kept at most {int(budget):,} token rows per step (whole completions and the tokens with "
+            "the largest update shares): the clouds count the kept rows, not every token of the run."
+        )
     sel = dict(step_range=f["step_range"], adv_sign=f["adv_sign"])
     ranges = {"high": (f["high"], 1.0, f"p ≥ {f['high']:g}"), "low": (0.0, f["low"], f"p < {f['low']:g}")}
     freqs = {
