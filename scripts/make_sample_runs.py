@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {"progress": False} | ({"steps": args.steps} if args.steps else {})
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.only:
-        if args.from_study and name.startswith("lab_") and not name.startswith("lab_kk_"):
+        if args.from_study and RUNS[name][0].startswith("lab_add_"):  # the lab-add study's configs
             print(f"{copy_study_run(name, args.from_study, args.out)}: copied from {args.from_study}")
             continue
         run_dir, seconds = make_run(name, args.out, overrides)

@@ -161,15 +161,9 @@ def test_few_trainer_steps_on_lab_add(tmp_path):
 
 
 def test_sft_phases_name_their_teacher():
-    import importlib.util
-    import sys
-    from pathlib import Path
+    from test_multiprocess import load_script
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "make_lab_model.py"
-    spec = importlib.util.spec_from_file_location("make_lab_model", path)
-    script = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = script  # its dataclasses look their module up there
-    spec.loader.exec_module(script)
+    script = load_script("make_lab_model.py")
     # a phase without a drop takes --drop; one with a drop keeps its own
     assert script.parse_phases("600:2e-3:0,300:1e-3", 0.6) == [(600, 2e-3, 0.0), (300, 1e-3, 0.6)]
     assert script.parse_phases("1000:2e-3", 0.6) == [(1000, 2e-3, 0.6)]

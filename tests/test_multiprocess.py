@@ -44,6 +44,7 @@ def torchrun(script: str | Path, *args: str, timeout: int = 240) -> subprocess.C
 def load_script(name: str):
     spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), ROOT / "scripts" / name)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # a script's dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
