@@ -13,11 +13,13 @@ anneals the learning rate to zero on that plateau (held-out sampled exact match 
 half), so GRPO with an exact-match reward (configs/lab_add_grpo.toml) has both signal (some samples are
 right) and room (the greedy answer is right only without carries). About 17 minutes on one thread.
 
-`--organism kk`: K&K with a plain-word reasoning trace (task `lab_kk`, 2-4 people) whose targets come from
-a teacher that overlooks a lone contradiction with probability --drop (tokengrad.train.tasks.lab_kk).
-1,000 steps of 64 at peak lr 2e-3, about 22 minutes on one shared thread; held-out greedy accuracy ends at
-0.28 / 0.12 / 0.08 on 2 / 3 / 4 people, an under-fitted start rather than the teacher's plateau
-(docs/study.md).
+`--organism kk`: K&K with a plain-word reasoning trace (task `lab_kk`, 2-4 people) that checks every
+person's statement claim by claim; the teacher writes every claim and truth right and overlooks each
+contradiction with probability --drop (tokengrad.train.tasks.lab_kk). 1,500 steps of 32 at peak lr 2e-3,
+about 27 minutes on one thread: the model writes the claims and truths (teacher-forced: 100 % of claim
+truths, 97 % of statement truths, 90-95 % of roles) and, like the teacher, most often says ok after a
+contradiction, so greedy decoding accepts the first try (held-out greedy 0.30 / 0.10 / 0.10 at 2 / 3 / 4
+people); sampling is right 0.41 / 0.14 / 0.09 of the time (the teacher: 0.44 / 0.28 / 0.19).
 
 A phase may name its own teacher: `--phases 600:2e-3:0,300:1e-3:0.6` trains first on a faithful teacher
 (error probability 0), then settles on the sloppy one; `--task-params '{"n_people": [2, 3]}'` changes the
@@ -105,11 +107,11 @@ ORGANISMS = {
         {"n_people": (2, 4)},
         KK_WORDS,
         KK_CONFIG,
-        "1000:2e-3",
-        64,
+        "1500:2e-3",
+        32,
         0.6,
         eval_per=50,
-        max_new_tokens=128,
+        max_new_tokens=768,
         level_key="greedy_n",
         eval_batch=150,
         evals=5,

@@ -12,18 +12,36 @@ from tokengrad.train.models import MODELS, load_model
 from tokengrad.train.rollout import encode_prompt, evaluate, render_prompt
 from tokengrad.train.tasks import get_task
 from tokengrad.train.tasks.kk import solve
-from tokengrad.train.tasks.lab_kk import consistency, final_answer, render_prompt_text, trace
+from tokengrad.train.tasks.lab_kk import (
+    check,
+    consistency,
+    final_answer,
+    holds,
+    render_prompt_text,
+    restate,
+    trace,
+)
 
 # A says "C is a knight"; B says "A is a knave"; C says "if A is a knave then B is a knight".
 PUZZLE = (("telling-truth", 2), ("lying", 0), ("->", ("lying", 0), ("telling-truth", 1)))
-# Assignments in the solver's order (A slowest, knight first), by hand:
-#   knight knight knight: B, a knight, says "A is a knave", false: B lies (A's and C's hold)   -> lone
-#   knight knight knave:  A, a knight, says "C is a knight", false: A lies; B lies too; C, a knave,
-#                         says "if A is a knave then ..." which is true (A is not): C truthful
-#   knight knave knight:  A true, B (knave) false, C's "if" true: no contradiction            -> answer
+# By hand: every name in the trace is followed by the role the current try gives that person; a claim reads
+# (role claimed, person, role tried, yes/no), a statement its truth, a check its verdict.
+#   knight knight knight: A's "C knight" holds (ok); B's "A knave" is false and B is a knight: B lies
+#   knight knight knave:  A's "C knight" is false and A is a knight: A lies
+#   knight knave knight:  A ok; B (a knave) says "A knave", false: ok; C's "if A knave ..." holds: ok
 GOLD = (
-    "try knight knight knight B lies try knight knight knave A lies "
-    "try knight knave knight ok so A knight B knave C knight"
+    "try A knight B knight C knight A knight says knight C knight yes true ok "
+    "B knight says knave A knight no false lies "
+    "try A knight B knight C knave A knight says knight C knave no false lies "
+    "try A knight B knave C knight A knight says knight C knight yes true ok "
+    "B knave says knave A knight no false ok "
+    "C knight says if knave A knight no then knight B knave no true ok so A knight B knave C knight"
+)
+# a teacher that overlooks every contradiction accepts the first assignment, checking every person
+ALWAYS_SLOPPY = (
+    "try A knight B knight C knight A knight says knight C knight yes true ok "
+    "B knight says knave A knight no false ok "
+    "C knight says if knave A knight no then knight B knight yes true ok so A knight B knight C knight"
 )
 
 
@@ -35,10 +53,40 @@ def test_trace_and_answer_of_a_hand_checked_puzzle():
     )
     assert trace(PUZZLE) == GOLD
     assert final_answer(GOLD) == "A knight B knave C knight"
-    # a teacher that always overlooks a lone contradiction accepts the first assignment; the
-    # three-fold contradiction of the second is never overlooked
-    sloppy = trace(PUZZLE, 1.0, np.random.default_rng(0))
-    assert sloppy == "try knight knight knight ok so A knight B knight C knight"
+    assert trace(PUZZLE, 1.0, np.random.default_rng(0)) == ALWAYS_SLOPPY
+
+
+def test_restated_operators_and_truths():
+    knights = (True, False)  # A knight, B knave
+    assert restate(("not", ("lying", 1)), knights) == "not knave B knave yes"
+    assert restate(("and", ("telling-truth", 0), ("lying", 1)), knights) == (
+        "knight A knight yes and knave B knave yes"
+    )
+    assert restate(("<=>", ("lying", 0), ("telling-truth", 1)), knights) == (
+        "knave A knight no iff knight B knave no"
+    )
+    # truths by hand: not(B knave) is false, (A knight and B knave) true, (A knave <=> B knight) true,
+    # (A knave or B knight) false, (A knight -> B knight) false
+    cases = [
+        (("not", ("lying", 1)), False),
+        (("and", ("telling-truth", 0), ("lying", 1)), True),
+        (("<=>", ("lying", 0), ("telling-truth", 1)), True),
+        (("or", ("lying", 0), ("telling-truth", 1)), False),
+        (("->", ("telling-truth", 0), ("telling-truth", 1)), False),
+    ]
+    for stmt, truth in cases:
+        assert holds(stmt, knights) is truth, stmt
+    # a knave whose statement holds is truthful; verdicts name the speaker and the speaker's role
+    assert check(1, ((("telling-truth", 0)), ("telling-truth", 0)), knights, "truthful") == (
+        "B knave says knight A knight yes true truthful"
+    )
+
+
+def test_sloppy_teacher_overlooks_each_contradiction_with_probability_q():
+    # on try 1 only B contradicts: overlooked with probability q, so the first answer is wrong that often
+    rng = np.random.default_rng(0)
+    wrong = np.mean([final_answer(trace(PUZZLE, 0.3, rng)) != "A knight B knave C knight" for _ in range(4000)])
+    assert abs(wrong - 0.3) < 0.025, wrong
 
 
 def _problem(task, statements):
@@ -52,7 +100,7 @@ def test_reward_parses_the_answer_after_the_last_so():
     p = _problem(task, PUZZLE)
     assert p.answer == "A knight B knave C knight" and p.difficulty == "3"
     assert task.reward(p, GOLD) == 1.0 and task.is_correct(p, "  so   A knight B knave C knight ")
-    assert task.reward(p, "try knight knight knight ok so A knight B knight C knight") == 0.0  # wrong
+    assert task.reward(p, ALWAYS_SLOPPY) == 0.0  # wrong
     assert task.reward(p, GOLD + " C") == 0.0  # trailing word
     assert task.reward(p, "A knight B knave C knight") == 0.0  # no "so": malformed
     assert task.reward(p, "so A knight so B knave") == 0.0 and final_answer("try so") == ""
@@ -68,9 +116,12 @@ def test_teacher_with_q0_is_always_right_and_the_trace_parses():
         assert task.is_correct(p, text), (p.prompt, text)
         words = text.split()
         n = int(p.difficulty)
-        assert words[0] == "try" and words.count("ok") == 1 and words.count("so") == 1
+        assert words[0] == "try" and words.count("so") == 1
         assert len(words[words.index("so") + 1 :]) == 2 * n
-    # q = 0.6: lone contradictions overlooked often, so some answers are wrong, never malformed
+        # the accepted try checks all n people, each with an ok
+        last_try = words[len(words) - 1 - words[::-1].index("try") :]
+        assert last_try.count("says") == n and last_try.count("ok") == n
+    # q = 0.6: contradictions overlooked often, so some answers are wrong, never malformed
     sloppy = [task.teacher(p, 0.6, rng) for p in problems]
     right = np.mean([task.is_correct(p, t) for p, t in zip(problems, sloppy)])
     assert 0.2 < right < 0.9 and all(final_answer(t) for t in sloppy)
@@ -78,7 +129,7 @@ def test_teacher_with_q0_is_always_right_and_the_trace_parses():
 
 def test_tokenizer_round_trips_prompt_and_completion():
     tok = make_word_tokenizer(KK_WORDS)
-    assert len(tok) == 4 + 23 and tok.chat_template is None
+    assert len(tok) == 4 + 28 and tok.chat_template is None
     task = get_task("lab_kk", n_people=4, train_pool=50)
     p = task.train_problems(1, seed=0)[0]
     text = render_prompt(tok, p)
@@ -104,24 +155,26 @@ def test_eval_is_balanced_by_people_and_apart_from_training():
         get_task("lab_kk", n_people=6)
 
 
-def test_lab_kk_model_loads_and_answers_in_the_format():
+def test_lab_kk_model_loads_and_sits_on_the_sloppy_plateau():
     assert "lab-kk" in MODELS
     model, tok = load_model("lab-kk")
-    assert isinstance(model, torch.nn.Module) and len(tok) == 27
+    assert isinstance(model, torch.nn.Module) and len(tok) == 4 + 28
     assert model.generation_config.eos_token_id == tok.eos_token_id
-    task = get_task("lab_kk", n_people=(2, 3))
-    problems = task.eval_problems(10, seed=0)
     from tokengrad.train.rollout import generate_completions, sampling_kwargs
 
-    comps = generate_completions(
-        model, tok, [render_prompt(tok, p) for p in problems], 1, 64, sampling_kwargs(0.0, 1.0), task
-    )
-    for p, text in zip(problems, comps.texts):
-        words = text.split()
-        assert words[0] == "try" and "so" in words, text
-        assert len(final_answer(text).split()) == 2 * int(p.difficulty), text
-    # greedy accuracy on the 50 held-out 2-person puzzles: the SFT history's figure (0.28), up to a few
-    # argmax flips from a different batch padding
-    two = get_task("lab_kk", n_people=2).eval_problems(50, seed=0)
-    acc = evaluate(model, tok, task, two, 64, 1, 50)["2"][0]
-    assert abs(acc - 0.28) <= 0.06, acc
+    # The teacher overlooks a contradiction with q = 0.6 > 0.5, so a model that fits it decodes greedily
+    # to "ok" after every check and accepts the first try, all knights: its greedy accuracy is the share
+    # of puzzles whose solution that is (13 of the 50 held-out 2-person puzzles, 4 of the 3-person ones).
+    for n, first_right in ((2, 13), (3, 4)):
+        task = get_task("lab_kk", n_people=n)
+        problems = task.eval_problems(50, seed=0)
+        comps = generate_completions(
+            model, tok, [render_prompt(tok, p) for p in problems], 1, 200, sampling_kwargs(0.0, 1.0), task
+        )
+        first = " ".join(f"{name} knight" for name in "ABCDE"[:n])
+        assert sum(p.answer == first for p in problems) == first_right
+        for p, text in zip(problems, comps.texts):
+            words = text.split()
+            assert words[0] == "try" and words.count("says") == n, text
+            assert final_answer(text) == first, text
+        assert evaluate(model, tok, task, problems, 200, 1, 50)[str(n)][0] == first_right / 50

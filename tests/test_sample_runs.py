@@ -14,7 +14,7 @@ RULES = ("grpo", "tr_grpo", "ar_lopti")
 # run name -> (rule, model, minimum steps, minimum share of steps with a gradient): issue-level promises
 RUNS = (
     {f"lab_{r}": (r, "lab-add", 200, 0.8) for r in RULES}
-    | {f"lab_kk_{r}": (r, "lab-kk", 200, 0.8) for r in RULES}
+    | {f"lab_kk_{r}": (r, "lab-kk", 100, 0.8) for r in RULES}
     | {f"smollm_{r}": (r, "smollm2-135m-instruct", 8, 0.7) for r in RULES}
 )
 # difficulty levels each family evaluates: carries 0-4, people 2-4, one-digit sums

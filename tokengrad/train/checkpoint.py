@@ -190,6 +190,7 @@ RESUMABLE_KEYS = {
     "run_name",
     "eval_every",
     "eval_per_difficulty",
+    "eval_max_new_tokens",
     "checkpoint",
     "checkpoint_every",
     "bucket_every",

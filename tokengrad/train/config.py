@@ -209,6 +209,12 @@ class TrainConfig:
         "baseline the run's accuracy gain is measured from",
     )
     eval_per_difficulty: int = _f(10, "held-out problems per difficulty level", _at_least(1))
+    eval_max_new_tokens: int = _f(
+        0,
+        "new tokens per held-out generation turn (0 = max_new_tokens): evaluation on larger problems "
+        "than training needs longer completions",
+        _at_least(0),
+    )
     bucket_every: int = _f(
         0,
         "probability-bucket gradient analysis every N steps (0 = off; one extra backward per bucket)",

@@ -8,7 +8,8 @@ on a CPU, started from partial competence so that RL has both signal and room. `
 `lab_add` task (compact 4-digit addition) after supervised training on a sloppy-carry teacher
 (tokengrad.train.tasks.lab_add.sloppy_sum), which leaves it at partial accuracy that RL can raise.
 `lab-kk` answers the `lab_kk` task (Knights & Knaves with a plain-word trace) after supervised training on a
-teacher that overlooks lone contradictions (tokengrad.train.tasks.lab_kk.trace); `--organism kk` builds it.
+teacher that overlooks each contradiction with probability 0.6 (tokengrad.train.tasks.lab_kk.trace);
+`--organism kk` builds it.
 """
 
 from __future__ import annotations
@@ -33,16 +34,17 @@ ADD_CONFIG = dict(
 )
 # `lab-kk`: the K&K trace task's words (tokengrad.train.tasks.lab_kk); prompt and trace words alike.
 KK_WORDS = ("A", "B", "C", "D", "E", "says", "is", "a", "not", "knight", "knave", "and", "or", "If", "then")
-KK_WORDS += ("if", "only", ".", "try", "lies", "truthful", "ok", "so")
-# lab-add's shape (~0.86 M parameters): 4-person prompt + trace run to ~180 tokens, so width costs twice
-# (hidden 192: ~2.2 s per SFT step of 64 traces on a loaded core); positions cover 5-person traces.
+KK_WORDS += ("if", "only", ".", "try", "lies", "truthful", "ok", "so", "yes", "no", "true", "false", "iff")
+# lab-add's shape (~0.86 M parameters): a 4-person prompt and faithful trace run to ~720 tokens, so width
+# costs twice (hidden 192: ~2.2 s per SFT step of 64 short traces on a loaded core). Rotary positions have
+# no weights: 1,024 positions cover 4-person traces.
 KK_CONFIG = dict(
     hidden_size=128,
     intermediate_size=384,
     num_hidden_layers=4,
     num_attention_heads=4,
     num_key_value_heads=4,
-    max_position_embeddings=384,
+    max_position_embeddings=1024,
     tie_word_embeddings=True,
 )
 

@@ -310,7 +310,7 @@ class Trainer(Updates):
                 self.tok,
                 self.task,
                 mine,
-                cfg.max_new_tokens,
+                cfg.eval_max_new_tokens or cfg.max_new_tokens,
                 cfg.max_turns,
                 cfg.prompts_per_step * cfg.group_size,
             )

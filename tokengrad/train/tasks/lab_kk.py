@@ -5,21 +5,26 @@ A..E and statements in the benchmark's own wording (kk_format.render_statement);
 difficulty = number of people. No instructions, no chat template:
 
     prompt      A says C is a knight . B says A is a knave . C says If A is a knave then B is a knight .
-    completion  try knight knight knight B lies try knight knight knave A lies try knight knave knight
-                ok so A knight B knave C knight
+    completion  try A knight B knight C knight A knight says knight C knight yes true ok
+                B knight says knave A knight no false lies try A knight B knight C knave ...
+                try A knight B knave C knight ... C knight says if knave A knight no then knight B knave no
+                true ok so A knight B knave C knight
 
-The completion tries assignments in the solver's order (all knights first, person A slowest), each
-written as its roles in person order, and names the first person whose statement contradicts it: "B lies"
-(a knight whose statement is false) or "C truthful" (a knave whose statement is true); the first assignment
-with no contradiction is marked "ok" and given as the answer after "so".
+The completion tries assignments in the solver's order (all knights first, person A slowest) and checks
+each person in turn: the speaker and the role tried, the statement restated claim by claim (the role
+claimed, the person, the role tried, "yes" or "no"), the statement's truth ("true" or "false"), and the
+verdict: "ok", "lies" (a knight whose statement is false) or "truthful" (a knave whose statement is true).
+A contradiction ends the try; a try whose every check says ok is the answer, after "so". Every name in a
+completion is followed by the role the current try gives that person, and every word is one lookup or one
+comparison away from words already written: a small model can learn to check.
 
-The sloppy teacher (`teacher`, the lab model's supervised targets) overlooks a *lone* contradiction
-(an assignment that only one person's statement contradicts) with probability q: it writes "ok" and gives
-that wrong assignment as its answer. Assignments two or more statements contradict are always rejected.
-A model that fits the teacher with q > 0.5 accepts the first lone-contradiction assignment when decoding
-greedily and gets a puzzle right when sampling with probability (1 - q)**k, k = lone-contradiction
-assignments before the solution (k is 0..2 on most 3- and 4-person puzzles): SFT plateaus, and only a
-reward for the right answer can teach it to name every contradiction.
+The sloppy teacher (`teacher`, the lab model's supervised targets) overlooks each contradiction with
+probability q: it writes "ok" and checks on, and a try whose contradictions were all overlooked becomes its
+(wrong) answer. The claims and truths it writes are always right; only the verdict after a contradiction
+is random. A model that fits it with q > 0.5 accepts the first try when decoding greedily, and samples the
+right answer with probability prod over rejected tries of (1 - q**k), k = the try's contradictions: SFT
+plateaus (0.44 / 0.28 / 0.19 at 2 / 3 / 4 people for q = 0.6), and only a reward for the right answer can
+teach it to act on the "false" it has just written.
 
 Reward: exact match, 1.0 when the words after the completion's last "so" are the answer
 ("A knight B knave C knight"), else 0.0 (no "so": 0.0).
@@ -43,14 +48,18 @@ from tokengrad.train.tasks.base import (
     register_task,
 )
 from tokengrad.train.tasks.kk import PuzzleList, _assignments, _knight_masks, _truth_mask
-from tokengrad.train.tasks.kk_format import render_statement
+from tokengrad.train.tasks.kk_format import LEAF_ROLE, render_statement
 
 NAMES = ("A", "B", "C", "D", "E")
 MAX_PEOPLE = len(NAMES)
 ROLE = {True: "knight", False: "knave"}
 # a knight whose statement is false lies; a knave whose statement is true is (wrongly) truthful
 VERDICT = {True: "lies", False: "truthful"}
-TRACE_WORDS = ("try", "lies", "truthful", "ok", "so")
+YES = {True: "yes", False: "no"}  # a claim's truth under the try
+TRUTH = {True: "true", False: "false"}  # a statement's truth under the try
+# how a trace restates an operator over its claims (kk statements of depth <= 2 combine only leaves)
+OP_WORDS = {"not": "not {}", "and": "{} and {}", "or": "{} or {}", "->": "if {} then {}", "<=>": "{} iff {}"}
+TRACE_WORDS = ("try", "says", "yes", "no", "true", "false", "iff", "lies", "truthful", "ok", "so")
 DATA_SEED = 4321  # not the published seed 1234: these puzzles are the lab's own
 TRAIN_POOL = 10_000  # distinct training puzzles per people count (2 people: all ~360 there are)
 # Two-person lists hold only ~399 distinct puzzles (kk.MAX_SLOTS); held-out ones then repeat in order.
@@ -68,27 +77,63 @@ def consistency(statements: tuple) -> list[list[int]]:
     return [[i for i in range(n) if bad[i] >> a & 1] for a in range(1 << n)]
 
 
-def _roles(assignment: tuple[bool, ...]) -> str:
-    return " ".join(ROLE[k] for k in assignment)
-
-
 def answer_text(assignment: tuple[bool, ...]) -> str:
     """(True, False) -> 'A knight B knave'."""
     return " ".join(f"{NAMES[i]} {ROLE[k]}" for i, k in enumerate(assignment))
 
 
-def trace(statements: tuple, q: float = 0.0, rng: np.random.Generator | None = None) -> str:
-    """The teacher's completion: assignments tried in order until one is accepted, then the answer.
+def holds(stmt: tuple, assignment: tuple[bool, ...]) -> bool:
+    """Whether a statement is true under one assignment (the solver's truth masks on one column)."""
+    return bool(_truth_mask(stmt, tuple(int(k) for k in assignment), 1))
 
-    q: probability of overlooking a lone contradiction (accepting that wrong assignment); needs `rng`.
-    """
+
+def _claim(leaf: tuple, assignment: tuple[bool, ...]) -> str:
+    """'knave A knight no': the role claimed, the person, the role the try gives them, the claim's truth.
+
+    Every name in a trace is followed by the role the current try gives that person, so the truth of a
+    claim needs one lookup (the word after the name's last occurrence) and one comparison."""
+    claimed, person = LEAF_ROLE[leaf[0]], leaf[1]
+    actual = assignment[person]
+    return f"{ROLE[claimed]} {NAMES[person]} {ROLE[actual]} {YES[claimed == actual]}"
+
+
+def restate(stmt: tuple, assignment: tuple[bool, ...]) -> str:
+    """A statement restated claim by claim under one assignment: 'if knave A knight no then ...'."""
+    op, args = stmt[0], stmt[1:]
+    if op in LEAF_ROLE:
+        return _claim(stmt, assignment)
+    return OP_WORDS[op].format(*(_claim(leaf, assignment) for leaf in args))
+
+
+def check(person: int, statements: tuple, assignment: tuple[bool, ...], verdict: str) -> str:
+    """One check: 'B knight says knave A knight no false lies' (speaker, role, restated statement, its
+    truth, and the verdict: ok, lies or truthful)."""
+    stmt = statements[person]
+    return (
+        f"{NAMES[person]} {ROLE[assignment[person]]} says {restate(stmt, assignment)} "
+        f"{TRUTH[holds(stmt, assignment)]} {verdict}"
+    )
+
+
+def trace(statements: tuple, q: float = 0.0, rng: np.random.Generator | None = None) -> str:
+    """The teacher's completion: assignments tried in order, each person checked in order, until every
+    check of one says ok; then the answer after "so".
+
+    q: probability of overlooking a contradiction (writing "ok" after a false knight's or a true knave's
+    statement, and checking on); needs `rng`. A try is accepted when every contradiction in it was
+    overlooked, which makes its (wrong) assignment the answer."""
     parts = []
-    for assignment, bad in zip(_assignments(len(statements)), consistency(statements)):
-        overlooked = len(bad) == 1 and q > 0 and rng.random() < q
-        if not bad or overlooked:
-            return " ".join(parts + [f"try {_roles(assignment)} ok so {answer_text(assignment)}"])
-        first = bad[0]
-        parts.append(f"try {_roles(assignment)} {NAMES[first]} {VERDICT[assignment[first]]}")
+    for assignment in _assignments(len(statements)):
+        parts.append(f"try {answer_text(assignment)}")
+        for person, stmt in enumerate(statements):
+            contradicts = holds(stmt, assignment) != assignment[person]
+            caught = contradicts and not (q > 0 and rng.random() < q)
+            verdict = VERDICT[assignment[person]] if caught else "ok"
+            parts.append(check(person, statements, assignment, verdict))
+            if caught:
+                break
+        else:
+            return " ".join(parts + [f"so {answer_text(assignment)}"])
     raise ValueError("the puzzle has no consistent assignment")
 
 
