@@ -306,6 +306,23 @@ def test_real_task_kk_with_eval_by_number_of_people(tmp_path):
     assert (run.samples["reward"] == -3).all()  # Logic-RL's format penalty for random text
 
 
+def test_eval_max_new_tokens_sets_the_held_out_generation_length(tmp_path, monkeypatch):
+    import tokengrad.train.trainer as trainer_module
+
+    lengths = []
+    real = trainer_module.evaluate
+
+    def spy(model, tok, task, problems, max_new_tokens, *rest):
+        lengths.append(max_new_tokens)
+        return real(model, tok, task, problems, max_new_tokens, *rest)
+
+    monkeypatch.setattr(trainer_module, "evaluate", spy)
+    common = dict(steps=1, prompts_per_step=1, eval_every=1, eval_per_difficulty=1, max_new_tokens=3)
+    train(tiny(tmp_path, "own", eval_max_new_tokens=7, **common))
+    train(tiny(tmp_path, "same", **common))  # 0: the training length
+    assert lengths == [7, 3]
+
+
 def test_real_tool_task_runs(tmp_path):
     run_dir = train(
         tiny(tmp_path, task="toolqa", steps=1, prompts_per_step=1, max_new_tokens=4, max_turns=2, bf16=True)
