@@ -39,8 +39,9 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout
 import tokengrad  # noqa: E402
 from tokengrad.train.checkpoint import checkpoint_path  # noqa: E402
 
-# lab-kk traces make ~1,800 token rows per step: every row would take ~10-16 MB per run, so these runs keep
-# 512 rows per step (whole completions and the largest update shares), with exact aggregates
+# lab-kk steps make ~6,400 token rows (traces of ~100 words, 64 per step); last round's shorter traces
+# (1,800 rows per step) already took 10-16 MB per run with every row, so these runs keep 512 rows per step
+# (whole completions and the largest update shares), with exact aggregates
 KK_TOKEN_BUDGET = 512
 RULE_PARAMS = {"grpo": {}, "tr_grpo": {}, "ar_lopti": {"alpha": 0.3, "eta": 0.5}}
 # run name -> (config, overrides): the lab configs carry their rule, the SmolLM2 config gets it here

@@ -85,7 +85,9 @@ def test_restated_operators_and_truths():
 def test_sloppy_teacher_overlooks_each_contradiction_with_probability_q():
     # on try 1 only B contradicts: overlooked with probability q, so the first answer is wrong that often
     rng = np.random.default_rng(0)
-    wrong = np.mean([final_answer(trace(PUZZLE, 0.3, rng)) != "A knight B knave C knight" for _ in range(4000)])
+    wrong = np.mean(
+        [final_answer(trace(PUZZLE, 0.3, rng)) != "A knight B knave C knight" for _ in range(4000)]
+    )
     assert abs(wrong - 0.3) < 0.025, wrong
 
 
@@ -173,7 +175,7 @@ def test_lab_kk_model_loads_and_sits_on_the_sloppy_plateau():
         )
         first = " ".join(f"{name} knight" for name in "ABCDE"[:n])
         assert sum(p.answer == first for p in problems) == first_right
-        for p, text in zip(problems, comps.texts):
+        for text in comps.texts:
             words = text.split()
             assert words[0] == "try" and words.count("says") == n, text
             assert final_answer(text) == first, text
