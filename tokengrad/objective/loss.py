@@ -227,13 +227,19 @@ def policy_loss(
     clipped = clipped & valid
     pg = -obj * _one(weights.loss_weight) * _one(is_weight)  # [N, T]
     kl = _reference_kl(lp, ref_logprobs, valid)  # [N, T] or None
-    per_token = pg + _kl_cov_penalty(weights, log_ratio, old_logprobs) * _one(is_weight)
-    per_token = torch.where(valid, per_token + (beta * kl if kl is not None else 0.0), 0.0)  # [N, T]
+    per_token = _per_token_loss(pg, kl, beta, weights, log_ratio, old_logprobs, is_weight, valid)
     norm = norm_mask.to(per_token.dtype)  # [N, T]
     loss = agg(per_token, norm, max_len)
     pg_loss = agg(torch.where(valid, pg, 0.0), norm, max_len)
     metrics = _metrics(ratio, log_ratio, adv, clipped, kl, mask, weights, pg_loss)
     return LossOutput(loss, per_token, ratio, clipped, kl, metrics)
+
+
+def _per_token_loss(pg, kl, beta, weights, log_ratio, old_logprobs, is_weight, valid) -> Tensor:
+    """loss_t = pg_t + w_t * kl_cov_coef * |log r| + beta * k3, zero off the mask ([N, T]): the policy term
+    and KL-Cov's penalty carry the importance weight w_t, the reference KL does not (TRL 1.16)."""
+    per_token = pg + _kl_cov_penalty(weights, log_ratio, old_logprobs) * _one(is_weight)  # [N, T]
+    return torch.where(valid, per_token + (beta * kl if kl is not None else 0.0), 0.0)  # [N, T]
 
 
 def _on_mask(logprobs, old_logprobs, advantages, mask, weights) -> tuple[Tensor, Tensor, Tensor, Tensor]:
