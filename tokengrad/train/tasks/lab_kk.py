@@ -47,7 +47,7 @@ from tokengrad.train.tasks.base import (
     parse_int_range,
     register_task,
 )
-from tokengrad.train.tasks.kk import PuzzleList, _assignments, _knight_masks, _truth_mask
+from tokengrad.train.tasks.kk import PuzzleList, _assignments, _truth_mask
 from tokengrad.train.tasks.kk_format import LEAF_ROLE, render_statement
 
 NAMES = ("A", "B", "C", "D", "E")
@@ -64,17 +64,6 @@ DATA_SEED = 4321  # not the published seed 1234: these puzzles are the lab's own
 TRAIN_POOL = 10_000  # distinct training puzzles per people count (2 people: all ~360 there are)
 # Two-person lists hold only ~399 distinct puzzles (kk.MAX_SLOTS); held-out ones then repeat in order.
 SLOT_CAP = {2: 400}
-
-
-def consistency(statements: tuple) -> list[list[int]]:
-    """For each assignment in the solver's order, the people whose statement contradicts it (in order).
-
-    The solver's bitmasks: bit a of `bad[i]` is set when person i's statement contradicts assignment a.
-    """
-    n = len(statements)
-    knights, full = _knight_masks(n), (1 << (1 << n)) - 1
-    bad = [knights[i] ^ _truth_mask(s, knights, full) for i, s in enumerate(statements)]
-    return [[i for i in range(n) if bad[i] >> a & 1] for a in range(1 << n)]
 
 
 def answer_text(assignment: tuple[bool, ...]) -> str:
