@@ -210,11 +210,11 @@ def eval_metrics(ev: pd.DataFrame) -> dict:
     return out
 
 
-def bucket_metrics(run, live_steps: set) -> dict:
+def bucket_metrics(run, live_steps: set, step_range: tuple[int, int] | None = None) -> dict:
     """Low-probability shares of tokens and update (tokengrad.read.headline.low_prob_shares, the one
     definition the dashboard, export and README use: sum_u <g_B,u, g_u> / sum_u |g_u|^2 over the analysed
     updates with a gradient), and the correct ratio by bucket on live bucket steps."""
-    head = low_prob_shares(run, threshold=LOW_EDGE)
+    head = low_prob_shares(run, step_range, threshold=LOW_EDGE)
     b = run.buckets
     b = b[b["step"].isin(live_steps) & (b["bucket"] != "residual")]
     if b.empty or head.source != "bucket analysis":
@@ -225,10 +225,23 @@ def bucket_metrics(run, live_steps: set) -> dict:
     return out
 
 
-def run_row(run_dir: Path) -> dict:
-    """One run's metrics (module docstring)."""
+def first_steps(run, horizon: int | None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The run's steps and evaluations before step `horizon` (None: all). The lab configs keep the
+    learning rate constant and draw problems as a seeded stream, so a run's first N steps are the run
+    a config with steps = N trains: runs of different lengths compare at one horizon."""
+    if horizon is None:
+        return run.steps, run.evals
+    n = int(run.steps["step"].max()) + 1
+    if n < horizon:
+        raise SystemExit(f"{run.meta['run_name']}: {n} steps, fewer than --steps {horizon}")
+    return run.steps[run.steps["step"] < horizon], run.evals[run.evals["step"] < horizon]
+
+
+def run_row(run_dir: Path, horizon: int | None = None) -> dict:
+    """One run's metrics over its first `horizon` steps (module docstring)."""
     run = load_run(run_dir)
-    steps = run.steps.groupby("step").agg(
+    run_steps, run_evals = first_steps(run, horizon)
+    steps = run_steps.groupby("step").agg(
         grad_norm=("grad_norm", "max"), entropy=("entropy_mean", "mean"), sampled=("accuracy", "mean")
     )
     live = steps[steps["grad_norm"] > 0]
@@ -244,11 +257,14 @@ def run_row(run_dir: Path) -> dict:
         "entropy_end": float(steps["entropy"].iloc[-tenth:].mean()),
         "sampled_start": float(steps["sampled"].iloc[:tenth].mean()),
         "sampled_end": float(steps["sampled"].iloc[-tenth:].mean()),
-        **eval_metrics(run.evals),
-        **bucket_metrics(run, set(live.index)),
+        **eval_metrics(run_evals),
+        **bucket_metrics(run, set(live.index), None if horizon is None else (0, horizon - 1)),
     }
     study = run_dir / "study.json"
-    row["wall_seconds"] = json.loads(study.read_text())["wall_seconds"] if study.exists() else np.nan
+    cut = horizon is not None and run.steps["step"].max() >= horizon  # the wall time is the whole run's
+    row["wall_seconds"] = (
+        json.loads(study.read_text())["wall_seconds"] if study.exists() and not cut else np.nan
+    )
     return row
 
 
@@ -256,7 +272,9 @@ def run_row(run_dir: Path) -> dict:
 FIGURE_NAMING = {"add": ("study", "carries"), "kk": ("study_kk", "people")}
 
 
-def figures(out: Path, fig_dir: Path, rules: list[str], organism: str = "add") -> list[Path]:
+def figures(
+    out: Path, fig_dir: Path, rules: list[str], organism: str = "add", horizon: int | None = None
+) -> list[Path]:
     """Per rule, pooled over seeds: entropy and sampled accuracy (mean over seeds) and held-out accuracy by
     difficulty over steps, drawn and written by tokengrad's figure/export code."""
     from tokengrad.figures import make_metric_figure
@@ -269,9 +287,10 @@ def figures(out: Path, fig_dir: Path, rules: list[str], organism: str = "add") -
         runs = [load_run(p) for p in sorted(out.glob(f"{rule}-s*")) if (p / "meta.json").exists()]
         if runs:
             cols = ["entropy_mean", "accuracy", "reward_mean"]
-            steps = pd.concat([r.steps for r in runs])
+            cut = [first_steps(r, horizon) for r in runs]
+            steps = pd.concat([s for s, _ in cut])
             frames[rule] = steps.groupby("step", as_index=False)[cols].mean().assign(rank=0)
-            evals[rule] = pd.concat([r.evals for r in runs], ignore_index=True)
+            evals[rule] = pd.concat([e for _, e in cut], ignore_index=True)
     prefix, levels = FIGURE_NAMING[organism]
     specs = [
         FigureSpec(
@@ -312,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--table-only", action="store_true", help="summarise the runs in --out, train nothing")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per run (1: deterministic)")
     ap.add_argument("--jobs", type=int, default=1, help="runs trained at once, each in its own process")
+    ap.add_argument("--steps", type=int, default=None, help="summarise each run's first N steps")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="overrides for every run")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -325,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         run = (args.jobs, args.threads, not args.no_control, args.organism)
         train_all(args.rules, args.seeds, args.out, overrides, *run)
     rows = [
-        run_row(args.out / f"{rule}-s{seed}")
+        run_row(args.out / f"{rule}-s{seed}", args.steps)
         for seed in args.seeds
         for rule in args.rules
         if (args.out / f"{rule}-s{seed}" / "meta.json").exists()
@@ -339,14 +359,14 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"no runs under {args.out}")
     df = pd.DataFrame(rows)
     df.to_csv(args.out / "study_runs.csv", index=False)
-    text = report(df, [*RULES, *CONTROLS, "control"], args.baseline)
+    text = report(df, [*RULES, *CONTROLS, "control"], args.baseline, args.steps)
     print(text)
     if args.table:
         table = Path(args.table)
         table.parent.mkdir(parents=True, exist_ok=True)
         table.write_text(text)
     if args.figures:
-        print(*figures(args.out, Path(args.figures), args.rules, args.organism), sep="\n")
+        print(*figures(args.out, Path(args.figures), args.rules, args.organism, args.steps), sep="\n")
     return 0
 
 

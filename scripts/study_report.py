@@ -84,12 +84,18 @@ SECTIONS = {
 }
 
 
-def report(df: pd.DataFrame, rules: list[str], baseline: str = "grpo") -> str:
-    """The markdown report: one estimate table and one paired-difference table per claim (rules in order)."""
+def report(df: pd.DataFrame, rules: list[str], baseline: str = "grpo", horizon: int | None = None) -> str:
+    """The markdown report: one estimate table and one paired-difference table per claim (rules in order);
+    `horizon`: the runs were summarised over their first N steps."""
+    cut = (
+        ""
+        if horizon is None
+        else f" Every run summarised over its first {horizon} steps (steps 0-{horizon - 1})."
+    )
     parts = [
         "# Study results (written by scripts/study.py; read docs/study.md first)",
         f"Runs: {len(df)} ({', '.join(f'{r}: {n}' for r, n in df['rule'].value_counts().items())}). "
-        "Cells: mean over seeds [percentile bootstrap 95 % interval over seeds].",
+        "Cells: mean over seeds [percentile bootstrap 95 % interval over seeds]." + cut,
     ]
     for title, cols in SECTIONS.items():
         cols = cols if isinstance(cols, list) else sorted(c for c in df if c.startswith(cols))
