@@ -4,7 +4,8 @@
     python scripts/lab_kk_check.py control --seed 0 --seconds 900 --out /tmp/kk_control0.json
 
 summary: held-out greedy accuracy by people count at the first evaluation (step -1) and the last, mean
-seconds per step, the share of live steps (a non-zero gradient), sampled reward at the start and end.
+seconds per step, the share of live steps (a non-zero gradient), sampled reward at the start and end,
+and the share of sampled checks that say ok after a written contradiction (lab_kk.overlook_share).
 control: continues lab-kk's own SFT (the sloppy teacher of its sft_history.json, the config's RL learning
 rate, prompts x group sequences per step) for `seconds` of wall time, on the config's training people
 counts, and evaluates the config's held-out set before and after (the RL runs' yardstick).
@@ -27,6 +28,7 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout
 from tokengrad import load_run  # noqa: E402
 from tokengrad.train.config import load_config  # noqa: E402
 from tokengrad.train.lab import lab_dir  # noqa: E402
+from tokengrad.train.tasks.lab_kk import overlook_share  # noqa: E402
 
 CONFIG = ROOT / "configs" / "lab_kk_grpo.toml"
 
@@ -52,7 +54,14 @@ def summarise(run_dir: str) -> dict:
         "sampled": [round(float(x["accuracy"].mean()), 3) for x in (first, last)],
         "completion_len": [round(float(x["completion_len"].mean()), 1) for x in (first, last)],
         "entropy": [round(float(x["entropy_mean"].mean()), 3) for x in (first, last)],
+        # share of the sampled checks that say ok after writing a contradiction (the teacher's q = 0.6)
+        "overlooked": [overlooked(run.samples, x["step"]) for x in (first, last)],
     }
+
+
+def overlooked(samples, steps) -> float:
+    share, _ = overlook_share(samples.loc[samples["step"].isin(set(steps)), "completion"])
+    return round(share, 3)
 
 
 def print_summaries(args) -> None:

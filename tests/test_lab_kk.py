@@ -16,9 +16,11 @@ from tokengrad.train.tasks.lab_kk import (
     check,
     final_answer,
     holds,
+    overlook_share,
     render_prompt_text,
     restate,
     trace,
+    written_verdicts,
 )
 
 # A says "C is a knight"; B says "A is a knave"; C says "if A is a knave then B is a knight".
@@ -90,6 +92,33 @@ def test_sloppy_teacher_overlooks_each_contradiction_with_probability_q():
         [final_answer(trace(PUZZLE, 0.3, rng)) != "A knight B knave C knight" for _ in range(4000)]
     )
     assert abs(wrong - 0.3) < 0.025, wrong
+
+
+def test_written_verdicts_and_the_overlook_share():
+    # GOLD by hand: 7 checks; written contradictions: B knight false (lies), A knight false (lies); the
+    # B knave false check is consistent (ok). ALWAYS_SLOPPY: B knight false ok is the one contradiction.
+    assert written_verdicts(GOLD) == [
+        (False, "ok"),
+        (True, "lies"),
+        (True, "lies"),
+        (False, "ok"),
+        (False, "ok"),
+        (False, "ok"),
+    ]
+    assert written_verdicts(ALWAYS_SLOPPY) == [(False, "ok"), (True, "ok"), (False, "ok")]
+    assert overlook_share([GOLD, ALWAYS_SLOPPY]) == (pytest.approx(1 / 3), 3)
+    # read from the words written, not the puzzle: a knave writing "true" is a contradiction; a check cut
+    # off before its verdict, or without a truth before it, is skipped
+    assert written_verdicts("try A knave A knave says knight A knave no true ok B knight says") == [
+        (True, "ok")
+    ]
+    assert written_verdicts("A knight says knave B knight no lies") == []
+    share, n = overlook_share(["so A knight"])
+    assert n == 0 and np.isnan(share)
+    # the teacher's rate: q = 0.6 per contradiction, over many sloppy traces
+    rng = np.random.default_rng(1)
+    share, n = overlook_share([trace(PUZZLE, 0.6, rng) for _ in range(2000)])
+    assert n > 2000 and abs(share - 0.6) < 0.03, (share, n)
 
 
 def _problem(task, statements):

@@ -135,6 +135,31 @@ def final_answer(completion: str) -> str | None:
     return " ".join(words[last + 1 :])
 
 
+def written_verdicts(completion: str) -> list[tuple[bool, str]]:
+    """(contradiction written, verdict) for every complete check in a completion, read from its own
+    words: the role before "says" and the truth before the verdict. A knight with "false" or a knave with
+    "true" is a written contradiction whatever the puzzle says; the share of those followed by "ok" is
+    what the sloppy teacher sets to q and what the reward has to lower."""
+    words, out = completion.split(), []
+    for i, w in enumerate(words):
+        if w != "says" or i == 0 or words[i - 1] not in ROLE.values():
+            continue
+        end = next((j for j in range(i + 1, len(words)) if words[j] in ("ok", *VERDICT.values())), None)
+        if end is None or words[end - 1] not in TRUTH.values():
+            continue  # cut off, or no truth before the verdict: not a check that can be read
+        knight, true = words[i - 1] == ROLE[True], words[end - 1] == TRUTH[True]
+        out.append((knight != true, words[end]))
+    return out
+
+
+def overlook_share(completions) -> tuple[float, int]:
+    """(share of written contradictions followed by "ok", number of written contradictions) over the
+    completions (NaN when there is none)."""
+    verdicts = [v for c in completions for contradiction, v in written_verdicts(c) if contradiction]
+    share = sum(v == "ok" for v in verdicts) / len(verdicts) if verdicts else float("nan")
+    return share, len(verdicts)
+
+
 def render_prompt_text(statements: tuple) -> str:
     """'A says B is a knave . B says ...' (words and the full stop separated by spaces)."""
     names = NAMES[: len(statements)]
