@@ -24,6 +24,7 @@ Per run (tokengrad run format; "live" = steps whose update had a non-zero gradie
                                      tokens whose probability rose), mean over live bucket steps
     grad_cv, spikes                  TR-GRPO: std/mean of the grad norm and robust-z spikes, live steps
     entropy_start, entropy_end       mean token entropy over the first / last 10 % of steps
+    overlook_start, overlook_end     lab-kk: share of sampled checks saying ok after a written contradiction
 Summary (written to --table, docs/study_results.md by default): mean over seeds with a percentile
 bootstrap 95 % interval (resampling seeds), and for every rule the paired difference to grpo.
 Figures (--figures): entropy trajectories and accuracy gains, rendered by tokengrad's export module.
@@ -225,6 +226,19 @@ def bucket_metrics(run, live_steps: set, step_range: tuple[int, int] | None = No
     return out
 
 
+def kk_metrics(run, first, last) -> dict:
+    """lab-kk: the share of sampled checks that say ok after a written contradiction (the sloppy teacher's
+    q = 0.6; tokengrad.train.tasks.lab_kk.overlook_share), first / last 10 % of steps."""
+    from tokengrad.train.tasks.lab_kk import overlook_share
+
+    s = run.samples
+    share = lambda steps: overlook_share(s.loc[s["step"].isin(set(steps)), "completion"])[0]  # noqa: E731
+    return {"overlook_start": share(first), "overlook_end": share(last)}
+
+
+TASK_METRICS = {"lab_kk": kk_metrics}  # per task: extra metrics (run, first steps, last steps) -> dict
+
+
 def first_steps(run, horizon: int | None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The run's steps and evaluations before step `horizon` (None: all). The lab configs keep the
     learning rate constant and draw problems as a seeded stream, so a run's first N steps are the run
@@ -258,6 +272,9 @@ def run_row(run_dir: Path, horizon: int | None = None) -> dict:
         "sampled_start": float(steps["sampled"].iloc[:tenth].mean()),
         "sampled_end": float(steps["sampled"].iloc[-tenth:].mean()),
         **eval_metrics(run_evals),
+        **TASK_METRICS.get(run.meta["config"]["task"], lambda *_: {})(
+            run, steps.index[:tenth], steps.index[-tenth:]
+        ),
         **bucket_metrics(run, set(live.index), None if horizon is None else (0, horizon - 1)),
     }
     study = run_dir / "study.json"

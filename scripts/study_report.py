@@ -75,11 +75,13 @@ SECTIONS = {
     "AR-Lopti premise: p < 0.25 tokens, live bucket steps": ["low_tokens", "low_update"],
     "Correct ratio by probability bucket, live bucket steps": "cr_",
     "TR-GRPO: gradient-norm stability, live steps": ["grad_cv", "spikes"],
-    "Entropy and sampled accuracy (first / last 10 % of steps)": [
+    "Entropy, sampled accuracy, lab-kk overlooked contradictions (first / last 10 % of steps)": [
         "entropy_start",
         "entropy_end",
         "sampled_start",
         "sampled_end",
+        "overlook_start",
+        "overlook_end",
     ],
 }
 
