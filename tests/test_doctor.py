@@ -323,3 +323,29 @@ def test_stats_by_hand():
 def test_unknown_detector_name_lists_the_known_ones(tmp_path):
     with pytest.raises(ValueError, match="known detectors"):
         diagnose(write_doctor_run(tmp_path / "h"), only=["no_such"])
+
+
+def test_repetition_is_a_loop_not_templated_reasoning(tmp_path):
+    from tokengrad.doctor.detect_outputs import loop, seq_rep
+    from tokengrad.train.tasks.lab_kk import trace
+
+    # by hand: 'a b c' x 8 is 8 copies from word 0; the loop in 'x y a b c a b c a b c z' starts at word 2
+    assert loop(" ".join(["a b c"] * 8)) == (8, 0) and loop("x y a b c a b c a b c z") == (3, 2)
+    assert loop("a b a c") == (1, 0) and loop("q the the the the") == (4, 1)
+    # a correct K&K trace (3 people) reuses over half of its 3-grams and never repeats a span back to back
+    # (A: "A is a knight and B is a knave"; B: "A is not a knave"; C: "B is not a knave")
+    kk = trace((("and", ("telling-truth", 0), ("lying", 1)), ("not", ("lying", 0)), ("not", ("lying", 1))))
+    assert seq_rep(kk) > 0.5 and loop(kk)[0] == 1
+
+    def templated(t):
+        t["samples"].loc[_after(t["samples"]), "completion"] = kk
+
+    run = write_doctor_run(tmp_path / "kk", edit=templated)
+    assert [f for f in diagnose(run) if f.id == "repetition"] == []
+
+    def looping(t):
+        s = t["samples"]
+        s.loc[_after(s) & (s["sample_id"] % 2 == 0), "completion"] = "so the answer is " + "B knave " * 12
+
+    f = next(f for f in diagnose(write_doctor_run(tmp_path / "loop", edit=looping)) if f.id == "repetition")
+    assert abs(f.first_step - ONSET) <= 0 and f.tokens[0].text.startswith("B knave B knave")

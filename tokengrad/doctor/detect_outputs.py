@@ -176,14 +176,46 @@ def seq_rep(text: str, n: int = d.REP_N) -> float:
     return 1.0 - len(set(grams)) / len(grams)
 
 
+def loop(text: str, max_period: int = d.REP_MAX_PERIOD) -> tuple[int, int]:
+    """(copies, first word) of the longest back-to-back repetition of one span of 1..max_period
+    whitespace words; (1, 0) without one."""
+    words = str(text).split()
+    if len(words) < 2:
+        return 1, 0
+    _, ids = np.unique(np.asarray(words), return_inverse=True)  # [n] word ids
+    best = (1, 0)
+    for p in range(1, min(max_period, len(ids) // 2) + 1):
+        same = np.concatenate([[False], ids[:-p] == ids[p:], [False]])  # word i equals word i + p
+        edges = np.flatnonzero(np.diff(same.astype(np.int8)))  # starts and stops of matching stretches
+        if edges.size:
+            lengths = edges[1::2] - edges[::2]
+            k = int(np.argmax(lengths))
+            copies = 1 + int(lengths[k]) // p
+            if copies > best[0]:
+                best = (copies, int(edges[2 * k]))
+    return best
+
+
+def _repetitive(s: pd.DataFrame) -> pd.DataFrame:
+    """The samples with seq-rep and loop columns; repetitive = seq-rep-3 above the ratio and a loop."""
+    rep = s["completion"].map(seq_rep)
+    s = s.assign(rep=rep)[rep.notna()]
+    loops = s.loc[s["rep"] > d.REP_RATIO, "completion"].map(loop)  # only where seq-rep is high: cheaper
+    found = pd.DataFrame(loops.tolist(), index=loops.index, columns=["copies", "loop_at"], dtype="int64")
+    found = found.reindex(s.index).fillna({"copies": 1, "loop_at": 0}).astype("int64")
+    s = s.assign(copies=found["copies"], loop_at=found["loop_at"])
+    copies = s["copies"]
+    return s.assign(repetitive=(s["rep"] > d.REP_RATIO) & (copies >= d.REP_LOOP))
+
+
 @detector("repetition", tables=("samples",), page="inspector")
 def repetition(view: RunView) -> list[Finding]:
-    """Over 20 % of a step's completions repeat over half of their 3-grams, 5 steps in a row."""
+    """Over 20 % of a step's completions loop (a span written 3 times back to back, over half of their
+    3-grams repeated), 5 steps in a row."""
     s = view.samples
     if s.empty or s["completion"].isna().all():
         return []
-    rep = s["completion"].map(seq_rep)
-    s = s.assign(rep=rep, repetitive=rep > d.REP_RATIO)[rep.notna()]
+    s = _repetitive(s)
     if s.empty:
         return []
     steps, share = _per_step(s, "repetitive")
@@ -192,24 +224,30 @@ def repetition(view: RunView) -> list[Finding]:
         return []
     a, b = run
     msg = (
-        f"{pct(float(share[a:b].mean()))} of the completions repeat themselves (seq-rep-{d.REP_N} > "
-        f"{d.REP_RATIO}) over steps {steps[a]}-{steps[b - 1]}"
+        f"{pct(float(share[a:b].mean()))} of the completions loop (a span written {d.REP_LOOP}+ times back "
+        f"to back, seq-rep-{d.REP_N} > {d.REP_RATIO}) over steps {steps[a]}-{steps[b - 1]}"
     )
     evidence = {
-        "statistic": f"seq-rep-{d.REP_N} per completion; share above the ratio per step, sustained",
+        "statistic": f"seq-rep-{d.REP_N} and back-to-back copies per completion; share looping, sustained",
         "values": {"mean_share": float(share[a:b].mean())},
-        "thresholds": {"ratio": d.REP_RATIO, "share": d.REP_SHARE, "sustain": d.REP_SUSTAIN, "n": d.REP_N},
+        "thresholds": {
+            "ratio": d.REP_RATIO,
+            "loop": d.REP_LOOP,
+            "share": d.REP_SHARE,
+            "sustain": d.REP_SUSTAIN,
+            "n": d.REP_N,
+        },
     }
-    worst = s[s["step"].between(steps[a], steps[b - 1])].nlargest(3, "rep")
+    hit = s[s["step"].between(steps[a], steps[b - 1]) & s["repetitive"]]
     tokens = tuple(
         TokenEvidence(
             step=int(r.step),
             sample_id=int(r.sample_id),
-            text=str(r.completion)[:80],
+            text=" ".join(str(r.completion).split()[r.loop_at :])[:80],  # the loop, where it starts
             share=float(r.rep),
             share_of="count",
         )
-        for r in worst.itertuples()
+        for r in hit.nlargest(3, "rep").itertuples()
     )
     actions = (Action("add a repetition penalty or stop sequences; check the reward", "arXiv 1908.04319"),)
     return [

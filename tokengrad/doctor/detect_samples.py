@@ -34,6 +34,12 @@ REP_MIN_WORDS = 8
 REP_RATIO = 0.5
 REP_SHARE = 0.2
 REP_SUSTAIN = 5
+# ... and loops: one span of <= REP_MAX_PERIOD words written >= REP_LOOP times back to back, the degenerate
+# repetition of Holtzman et al. (arXiv 1904.09751 Sec. 2). Templated reasoning (a checked K&K trace, a tool
+# call format) reuses most of its 3-grams without ever repeating a span back to back: lab-kk's correct
+# 3-person traces have seq-rep-3 > 0.5 in 61 % of puzzles and no loop.
+REP_LOOP = 3
+REP_MAX_PERIOD = 32
 # Format gaming: reward rises (Mann-Kendall) while correctness does not; the gap grows by FORMAT_GAP.
 FORMAT_GAP = 0.2
 
