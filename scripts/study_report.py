@@ -25,6 +25,23 @@ def fmt(ci: tuple[float, float, float]) -> str:
     return "n/a" if not np.isfinite(m) else f"{m:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
+def cell(values: np.ndarray, rng: np.random.Generator) -> str:
+    """'mean [2.5 %, 97.5 %]' over the finite values; one value has no interval and says so."""
+    v = values[np.isfinite(values)]
+    return f"{v[0]:.3f} (one seed)" if v.size == 1 else fmt(bootstrap_ci(v, rng))
+
+
+def _count(g: pd.DataFrame, metrics: list[str]) -> int:
+    """Seeds (or pairs) with a value for any of the metrics (a metric a seed did not record is NaN)."""
+    cols = [m for m in metrics if m in g]
+    return int(g[cols].apply(pd.to_numeric, errors="coerce").notna().any(axis=1).sum()) if cols else 0
+
+
+def _paired(g: pd.DataFrame, base: pd.DataFrame, seeds, metrics: list[str]) -> pd.DataFrame:
+    cols = [m for m in metrics if m in g and m in base]
+    return g.loc[seeds, cols].astype(float) - base.loc[seeds, cols].astype(float)
+
+
 def summary_tables(
     df: pd.DataFrame, metrics: list[str], rules: list[str], baseline: str = "grpo", seed: int = 0
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -34,16 +51,16 @@ def summary_tables(
     base = df[df["rule"] == baseline].set_index("seed")
     for rule in [r for r in rules if r in set(df["rule"])]:
         g = df[df["rule"] == rule].set_index("seed")
-        cells = {m: fmt(bootstrap_ci(g[m].to_numpy(float), rng)) if m in g else "n/a" for m in metrics}
-        est.append({"rule": rule, "seeds": len(g), **cells})
+        cells = {m: cell(g[m].to_numpy(float), rng) if m in g else "n/a" for m in metrics}
+        est.append({"rule": rule, "seeds": _count(g, metrics), **cells})
         if rule != baseline and len(base):
             paired = g.index.intersection(base.index)
             diff.append(
                 {
                     "rule": f"{rule} − {baseline}",
-                    "pairs": len(paired),
+                    "pairs": _count(_paired(g, base, paired, metrics), metrics),
                     **{
-                        m: fmt(bootstrap_ci((g.loc[paired, m] - base.loc[paired, m]).to_numpy(float), rng))
+                        m: cell((g.loc[paired, m] - base.loc[paired, m]).to_numpy(float), rng)
                         if m in g and m in base
                         else "n/a"
                         for m in metrics

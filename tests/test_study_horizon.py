@@ -41,3 +41,27 @@ def test_no_horizon_keeps_the_whole_run():
 def test_a_run_shorter_than_the_horizon_is_refused():
     with pytest.raises(SystemExit, match="grpo-s0: 5 steps, fewer than --steps 8"):
         study.first_steps(fake_run(5), 8)
+
+
+def test_a_metric_one_seed_recorded_is_counted_and_labelled_as_such():
+    from study_report import summary_tables
+
+    nan = float("nan")
+    df = pd.DataFrame(
+        {
+            "rule": ["grpo"] * 3 + ["tr_grpo"] * 3,
+            "seed": [0, 1, 2] * 2,
+            "acc": [0.1, 0.2, 0.3, 0.2, 0.3, 0.4],
+            "low_update": [0.5, nan, nan, 0.4, nan, nan],  # bucket analysis on seed 0 only
+        }
+    )
+    est, diff = summary_tables(df, ["low_update"], ["grpo", "tr_grpo"])
+    assert est["seeds"].tolist() == [1, 1] and est["low_update"].tolist() == [
+        "0.500 (one seed)",
+        "0.400 (one seed)",
+    ]
+    assert diff["pairs"].tolist() == [1] and diff["low_update"].tolist() == ["-0.100 (one seed)"]
+    est, diff = summary_tables(df, ["acc"], ["grpo", "tr_grpo"])
+    assert (
+        est["seeds"].tolist() == [3, 3] and diff["acc"].iloc[0] == "0.100 [0.100, 0.100]"
+    )  # every pair +0.1
