@@ -185,32 +185,23 @@ def policy_loss(
         s_t = max(s_t, c A') where A' < 0                           (dual-clip, when clip_ratio_c = c > 0)
         loss_t = w_t (-s_t * loss_weight + kl_cov_coef * |log r|) + beta * k3(logprobs, ref_logprobs)
     then aggregated by ``AGGREGATIONS[aggregation]``. Weights are detached; ``loss_weight`` scales the
-    policy-gradient term only (the reference KL is left unweighted). |log r| counts as 0 below fp32
-    rounding of the log-probs (``ROUNDING``), so an on-policy token gets no random-sign KL-Cov push.
-    w_t is the rollout correction's importance-sampling weight (``is_weight``, 1 without one): as in
-    TRL 1.16 it multiplies the policy term and not the reference KL, and a masked token (w_t = 0) stays in
-    the aggregation's denominator.
+    policy-gradient term only. |log r| counts as 0 below fp32 rounding (``ROUNDING``). w_t: the rollout
+    correction's importance weight (``_per_token_loss``).
 
-    Args:
-        logprobs: [N, T] log pi_theta of the sampled tokens (carries the gradient).
-        old_logprobs: [N, T] log pi_old (rollout policy); detached.
-        advantages: [N] or [N, T]; detached.
-        mask: [N, T] 1 = token in this loss (for Lopti: ``mask * phase``).
+    Args (tensors [N, T] unless noted; all but ``logprobs`` are detached):
+        logprobs, old_logprobs: log pi_theta (carries the gradient) and log pi_old of the sampled tokens.
+        advantages: [N] or [N, T]. mask: 1 = token in this loss (for Lopti: ``mask * phase``).
         weights: the weighting rule's ``TokenWeights`` (default: none).
-        eps_low, eps_high: clip range [1 - eps_low, 1 + eps_high].
-        beta, ref_logprobs: k3 KL to a frozen reference ([N, T]); kl is reported whenever
-            ref_logprobs is given.
-        aggregation: "grpo" | "dapo" | "dr_grpo" (see ``AGGREGATIONS``).
-        max_len: the constant of "dr_grpo" (default T).
-        norm_mask: [N, T] tokens counted in the aggregation's denominator (default ``mask``). Lopti
-            passes the full mask so that each phase is normalised like the single GRPO update, as the
-            AR-Lopti code (arXiv:2505.12929) zeroes advantages but keeps the response mask.
-        ppo_clip: False drops the clip (the rule's source has none, e.g. KL-Cov, arXiv:2505.22617).
-        clip_ratio_c: dual-clip PPO's c (arXiv:1912.09729; verl's default 3, AR-Lopti's scripts 10): for
-            A' < 0 the surrogate is bounded below by c A', so a huge ratio on a bad token cannot blow up
-            the loss. 0 = off; otherwise c > 1.
-        is_weight: [N, T] the rollout correction's weight (``rollout_correction.correction_weights``,
-            broadcast to tokens; >= 0, detached); None = 1.
+        eps_low, eps_high: clip range [1 - eps_low, 1 + eps_high]; ppo_clip=False drops the clip (a rule
+            whose source has none, e.g. KL-Cov, arXiv:2505.22617).
+        beta, ref_logprobs: k3 KL to a frozen reference; kl is reported whenever ref_logprobs is given.
+        aggregation, max_len: ``AGGREGATIONS`` key ("grpo" | "dapo" | "dr_grpo") and dr_grpo's constant
+            (default T).
+        norm_mask: tokens in the aggregation's denominator (default ``mask``): Lopti passes the full mask
+            so each phase is normalised like the single GRPO update (the AR-Lopti code, arXiv:2505.12929).
+        clip_ratio_c: dual-clip c > 1 (arXiv:1912.09729; verl 3, AR-Lopti's scripts 10), 0 = off: a huge
+            ratio on a bad token cannot blow up the loss.
+        is_weight: the rollout correction's weight (``rollout_correction.correction_weights``); None = 1.
     """
     if clip_ratio_c != 0.0 and clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c must be 0 (off) or > 1, got {clip_ratio_c}")
@@ -221,11 +212,8 @@ def policy_loss(
     _check_inputs(logprobs, old_logprobs, advantages, mask, norm_mask, ref_logprobs, weights, beta, is_weight)
     valid, lp, log_ratio, adv = _on_mask(logprobs, old_logprobs, advantages, mask, weights)
     ratio = log_ratio.exp()  # [N, T]
-    obj, clipped = clipped_surrogate(
-        ratio * _one(weights.ratio_weight), adv, eps_low, eps_high, ppo_clip, clip_ratio_c
-    )
-    clipped = clipped & valid
-    pg = -obj * _one(weights.loss_weight) * _one(is_weight)  # [N, T]
+    clip = (eps_low, eps_high, ppo_clip, clip_ratio_c)
+    pg, clipped = _policy_term(ratio, adv, weights, is_weight, valid, clip)
     kl = _reference_kl(lp, ref_logprobs, valid)  # [N, T] or None
     per_token = _per_token_loss(pg, kl, beta, weights, log_ratio, old_logprobs, is_weight, valid)
     norm = norm_mask.to(per_token.dtype)  # [N, T]
@@ -235,9 +223,19 @@ def policy_loss(
     return LossOutput(loss, per_token, ratio, clipped, kl, metrics)
 
 
+def _policy_term(ratio, adv, weights, is_weight, valid, clip: tuple) -> tuple[Tensor, Tensor]:
+    """(pg_t = -s_t * loss_weight * w_t, clipped & valid), both [N, T]: the clipped surrogate s_t of the
+    weighted ratio u = r * ratio_weight. `clip`: (eps_low, eps_high, ppo_clip, clip_ratio_c)."""
+    obj, clipped = clipped_surrogate(ratio * _one(weights.ratio_weight), adv, *clip)  # [N, T]
+    return -obj * _one(weights.loss_weight) * _one(is_weight), clipped & valid
+
+
 def _per_token_loss(pg, kl, beta, weights, log_ratio, old_logprobs, is_weight, valid) -> Tensor:
-    """loss_t = pg_t + w_t * kl_cov_coef * |log r| + beta * k3, zero off the mask ([N, T]): the policy term
-    and KL-Cov's penalty carry the importance weight w_t, the reference KL does not (TRL 1.16)."""
+    """loss_t = pg_t + w_t * kl_cov_coef * |log r| + beta * k3, zero off the mask ([N, T]). w_t is the
+    rollout correction's importance weight (``is_weight``, 1 without one): as in TRL 1.16 the policy term
+    and KL-Cov's penalty carry it and the reference KL does not; a masked token (w_t = 0) stays in the
+    aggregation's denominator. |log r| below fp32 rounding counts as 0, so an on-policy token gets no
+    random-sign KL-Cov push."""
     per_token = pg + _kl_cov_penalty(weights, log_ratio, old_logprobs) * _one(is_weight)  # [N, T]
     return torch.where(valid, per_token + (beta * kl if kl is not None else 0.0), 0.0)  # [N, T]
 

@@ -101,39 +101,13 @@ class StepRecorder:
         """Track one backward pass's per-token log-probs; the loss built from them must be backpropagated
         (`st.backward(loss)` or `loss.backward()`) before the next update's norms are recorded.
 
-        Args:
-            logprobs: [N, T] log pi_theta of the sampled tokens, with graph; an autograd hook on it reads
-                the exact loss coefficient coef = dL/d log pi per token.
-            token_ids: [N, T] the sampled token ids (decoded to `token_text`).
-            mask: [N, T] 1 = a real completion token (recorded); default all ones.
-            loss_mask: [N, T] 1 = the token is in this pass's loss (e.g. not a tool output, in Lopti's
-                current phase); default `mask`.
-            old_logprobs: [N, T] log pi_old of the rollout policy (ratio = exp(logprobs - old_logprobs)).
-            ref_logprobs: [N, T] log pi_ref of the reference model (KL columns).
-            rollout_logprobs: [N, T] log-prob under the distribution the sampler drew from (after top-p, in
-                the generation dtype; NaN where there is none); column `rollout_logprob`.
-            is_weights: [N, T] the importance-sampling weight the host's loss applied (column `is_weight`).
-            mask_codes: [N, T] int, bit i set when mask schema.MASK_REASONS[i] removed the token's
-                gradient (columns `masked`, `masked_by`); 0 = kept.
-            advantages: [N] or [N, T] advantages.
-            weights: [N, T] the token weights of the weighting rule (column `weight`).
-            scale_grad: [N, T] multiplies the gradient reaching `logprobs` (weighting through the hook,
-                as the TRL integration does); the recorded coef includes it.
-            sample_ids: [N] row id of each sequence in the step (unique over ranks); default 0..N-1.
-            group_ids: [N] prompt group of each sequence; default the sample id.
-            logits: [N, T, V] logits, to compute probability, entropy and sum p^2 (chunked pass);
-                not needed when `stats` is given.
-            stats: the `TokenStats` of `logprobs_with_stats`, instead of `logits`.
-            hidden: [N, T, D] last hidden states feeding the LM head: per-token head gradient norm.
-            clipped: [N, T] bool, the PPO clip removed the token's policy gradient.
-            update_id: the optimizer update (within the step) this pass's gradient feeds.
-            extra: name -> [N, T] tensors stored as extra token columns (names must not collide with
-                the schema's columns).
-            recompute: () -> [N, T] these log-probs again (same batch, no dropout), run by attribution
-                steps (`Attribution(every=...)`, or `on_spike=True` on a spike step, whose replay also
-                backpropagates through it) with substituted parameters; ignored otherwise.
-                With `Attribution(entropy=True)` it returns the pair (log-probs [N, T], entropy [N, T]
-                of the same next-token distributions), differentiable in the parameters.
+        `logprobs`: [N, T] log pi_theta of the sampled tokens, with graph; an autograd hook on it reads
+        the exact loss coefficient coef = dL/d log pi per token. Every other argument, its shape and the
+        columns it fills: docs/api.md, "st.track(logprobs, ...)" (the one reference; shapes and ids are
+        checked by tracked_pass.check_track_inputs). `update_id`: the optimizer update within the step
+        this pass's gradient feeds. `recompute`: () -> these log-probs again (same batch, no dropout),
+        run with substituted parameters on attribution steps only (with `Attribution(entropy=True)`:
+        (log-probs, entropy), differentiable in the parameters).
 
         Returns:
             `logprobs` itself (so `lp = st.track(lp, ...)` reads naturally).
