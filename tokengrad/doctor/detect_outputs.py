@@ -180,20 +180,23 @@ def loop(text: str, max_period: int = d.REP_MAX_PERIOD) -> tuple[int, int]:
     """(copies, first word) of the longest back-to-back repetition of one span of 1..max_period
     whitespace words; (1, 0) without one."""
     words = str(text).split()
-    if len(words) < 2:
+    P = min(max_period, len(words) // 2)
+    if P < 1:
         return 1, 0
-    _, ids = np.unique(np.asarray(words), return_inverse=True)  # [n] word ids
-    best = (1, 0)
-    for p in range(1, min(max_period, len(ids) // 2) + 1):
-        same = np.concatenate([[False], ids[:-p] == ids[p:], [False]])  # word i equals word i + p
-        edges = np.flatnonzero(np.diff(same.astype(np.int8)))  # starts and stops of matching stretches
-        if edges.size:
-            lengths = edges[1::2] - edges[::2]
-            k = int(np.argmax(lengths))
-            copies = 1 + int(lengths[k]) // p
-            if copies > best[0]:
-                best = (copies, int(edges[2 * k]))
-    return best
+    index: dict[str, int] = {}
+    ids = np.fromiter((index.setdefault(w, len(index)) for w in words), np.int64, len(words))  # [n]
+    padded = np.concatenate([ids, np.full(P, -1)])  # [n + P] no word equals the padding
+    windows = np.lib.stride_tricks.sliding_window_view(padded, P + 1)[: len(ids)]  # [n, P + 1]
+    same = windows[:, 1:] == windows[:, :1]  # [n, P] word i equals word i + p (column p - 1)
+    # length of the stretch of matches ending at row i, per period: a cumulative sum reset at each miss
+    c = np.cumsum(same, axis=0)  # [n, P]
+    run = c - np.maximum.accumulate(np.where(same, 0, c), axis=0)  # [n, P]
+    copies = 1 + run.max(axis=0) // np.arange(1, P + 1)  # [P]
+    p = int(np.argmax(copies))  # the smallest period with the most copies
+    if copies[p] < 2:
+        return 1, 0
+    end = int(np.argmax(run[:, p]))  # the first longest stretch for that period
+    return int(copies[p]), end - int(run[end, p]) + 1
 
 
 def _repetitive(s: pd.DataFrame) -> pd.DataFrame:
