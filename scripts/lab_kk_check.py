@@ -55,13 +55,13 @@ def summarise(run_dir: str) -> dict:
         "completion_len": [round(float(x["completion_len"].mean()), 1) for x in (first, last)],
         "entropy": [round(float(x["entropy_mean"].mean()), 3) for x in (first, last)],
         # share of the sampled checks that say ok after writing a contradiction (the teacher's q = 0.6)
-        "overlooked": [overlooked(run.samples, x["step"]) for x in (first, last)],
+        "overlooked": [round(overlooked(run.samples, x["step"]), 3) for x in (first, last)],
     }
 
 
 def overlooked(samples, steps) -> float:
-    share, _ = overlook_share(samples.loc[samples["step"].isin(set(steps)), "completion"])
-    return round(share, 3)
+    """lab_kk.overlook_share of the sampled completions of these steps (NaN without a contradiction)."""
+    return overlook_share(samples.loc[samples["step"].isin(set(steps)), "completion"])[0]
 
 
 def print_summaries(args) -> None:

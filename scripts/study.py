@@ -228,12 +228,10 @@ def bucket_metrics(run, live_steps: set, step_range: tuple[int, int] | None = No
 
 def kk_metrics(run, first, last) -> dict:
     """lab-kk: the share of sampled checks that say ok after a written contradiction (the sloppy teacher's
-    q = 0.6; tokengrad.train.tasks.lab_kk.overlook_share), first / last 10 % of steps."""
-    from tokengrad.train.tasks.lab_kk import overlook_share
+    q = 0.6; lab_kk_check.overlooked), first / last 10 % of steps."""
+    from lab_kk_check import overlooked
 
-    s = run.samples
-    share = lambda steps: overlook_share(s.loc[s["step"].isin(set(steps)), "completion"])[0]  # noqa: E731
-    return {"overlook_start": share(first), "overlook_end": share(last)}
+    return {"overlook_start": overlooked(run.samples, first), "overlook_end": overlooked(run.samples, last)}
 
 
 TASK_METRICS = {"lab_kk": kk_metrics}  # per task: extra metrics (run, first steps, last steps) -> dict
@@ -278,7 +276,7 @@ def run_row(run_dir: Path, horizon: int | None = None) -> dict:
         **bucket_metrics(run, set(live.index), None if horizon is None else (0, horizon - 1)),
     }
     study = run_dir / "study.json"
-    cut = horizon is not None and run.steps["step"].max() >= horizon  # the wall time is the whole run's
+    cut = len(run_steps) < len(run.steps)  # study.json's wall time is the whole run's
     row["wall_seconds"] = (
         json.loads(study.read_text())["wall_seconds"] if study.exists() and not cut else np.nan
     )
