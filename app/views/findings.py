@@ -17,6 +17,7 @@ from app.views import common
 from tokengrad.doctor.engine import diagnose
 from tokengrad.doctor.links import dashboard_query
 from tokengrad.doctor.view import RunView
+from tokengrad.read.display import visible_lines
 
 PAGE_FILES = {
     "overview": "views/overview.py",
@@ -61,7 +62,7 @@ def _one(f: dict, key: str) -> None:
         c1, c2 = st.columns([6, 1])
         head = f"{BADGE[f['severity']]} **{f['id']}** · {f['run']} · {_steps(f)}"
         c1.markdown(f"{head} · confidence {f['confidence']:.2f}")
-        c1.text(f["message"])
+        c1.text(visible_lines(f["message"]))
         exact = {t["exact"] for t in f["tokens"]}
         if exact:
             c1.caption(

@@ -12,6 +12,7 @@ from tokengrad.figures.gradnorms import run_grad_norms
 from tokengrad.figures.liveness import live_mask
 from tokengrad.figures.smoothing import find_spikes
 from tokengrad.figures.tokens import GAP, PUSH, make_token_figure, token_html, with_gap, with_push
+from tokengrad.read.display import visible_lines
 from tokengrad.schema import SAMPLE, STEP, TOK
 
 COLOR_BY = (
@@ -158,7 +159,9 @@ def _top_samples(run: str, step: int, value: str) -> None:
     st.markdown("**Samples carrying most of the step's gradient** (click a row to open it)")
     samples = data.query(run, "top_samples", step=step, k=10, value=value)
     event = st.dataframe(
-        samples,
+        samples.assign(
+            **{SAMPLE.completion: samples[SAMPLE.completion].map(visible_lines, na_action="ignore")}
+        ),
         hide_index=True,
         width="stretch",
         key=f"in_top_samples_{step}",
@@ -185,7 +188,7 @@ def _top_tokens(run: str, step: int, value: str) -> None:
     st.markdown("**Tokens carrying most of the step's gradient** (click a row to open its completion)")
     tokens = data.query(run, "top_tokens", step=step, k=20, value=value)
     event = st.dataframe(
-        tokens,
+        tokens.assign(context=tokens["context"].map(visible_lines, na_action="ignore")),
         hide_index=True,
         width="stretch",
         key=f"in_top_tokens_{step}",
@@ -261,8 +264,12 @@ def _completion(run: str, step: int) -> None:
     with st.expander("Prompt and completion text"):
         samples = data.table(run, "samples")
         row = samples[(samples[SAMPLE.step] == step) & (samples[SAMPLE.sample_id] == sample)]
-        st.text(row[SAMPLE.prompt].iloc[0] if len(row) else "(no samples table row for this completion)")
-        st.text(row[SAMPLE.completion].iloc[0] if len(row) else "")
+        st.text(
+            visible_lines(row[SAMPLE.prompt].iloc[0])
+            if len(row)
+            else "(no samples table row for this completion)"
+        )
+        st.text(visible_lines(row[SAMPLE.completion].iloc[0]) if len(row) else "")
     with st.expander("As a chart (for download)"):
         common.chart(
             make_token_figure(tokens, color_by, title=f"step {step}, sample {sample}: {color_by}"),

@@ -83,4 +83,6 @@ def _one_line(err: BaseException) -> str:
     text = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
     if isinstance(err, OSError) and err.filename and str(err.filename) not in text:
         text = f"{text}: {err.filename}"
-    return " ".join(text.split()) or type(err).__name__
+    from tokengrad.read.display import visible_text  # a path may hold terminal codes: shown, not run
+
+    return visible_text(" ".join(text.split())) or type(err).__name__

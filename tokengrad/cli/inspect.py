@@ -22,7 +22,10 @@ def cli_inspect(argv: list[str]) -> int:
 
 
 def summarize(run) -> str:
-    """A plain-text summary of a run (also used in tests)."""
+    """A plain-text summary of a run (also used in tests). Names, paths and warnings come from the file
+    system: controls and bidi overrides in them are printed as escapes, never sent to the terminal."""
+    from tokengrad.read.display import visible_text
+
     m = run.meta
     steps = run.steps
     lines = [
@@ -46,4 +49,4 @@ def summarize(run) -> str:
     for table in ("layers", "buckets", "samples", "evals"):
         lines.append(f"{table:<10} {len(run.table(table))} rows")
     lines += [f"warning    {w}" for w in run.warnings]
-    return "\n".join(lines)
+    return "\n".join(visible_text(line) for line in lines)

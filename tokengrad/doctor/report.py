@@ -11,6 +11,7 @@ import html
 
 from tokengrad.doctor.finding import SEVERITIES, Finding
 from tokengrad.doctor.links import DEFAULT_BASE, dashboard_query, dashboard_url
+from tokengrad.read.display import visible_lines, visible_text
 
 _MARK = {"critical": "CRIT", "warning": "WARN", "info": "info"}
 
@@ -34,13 +35,13 @@ def as_text(findings: list[Finding], base: str = DEFAULT_BASE, tokens: int = 3) 
             where = f"sample {t.sample_id}" + (f" pos {t.position}" if t.position is not None else "")
             exact = "exact" if t.exact else "estimate"
             prob = f" p={t.prob:.3g}" if t.prob is not None else ""
-            lines.append(f"     - step {t.step} {where} {t.text!r}{prob}: {share} ({exact})")
+            lines.append(f"     - step {t.step} {where} '{visible_text(t.text)}'{prob}: {share} ({exact})")
         for a in f.actions[:2]:
             lines.append(f"     > {a.text} [{a.source}]")
         lines.append(f"     {dashboard_url(f, base)}")
     counts = {s: sum(f.severity == s for f in findings) for s in reversed(SEVERITIES)}
     lines.append(", ".join(f"{n} {s}" for s, n in counts.items()))
-    return "\n".join(lines)
+    return visible_lines("\n".join(lines))  # run names and quoted text: escapes, never terminal codes
 
 
 def as_json(findings: list[Finding], runs: list[str], base: str = DEFAULT_BASE) -> dict:
@@ -68,7 +69,8 @@ def _html_tokens(f: Finding) -> str:
         return ""
     rows = "".join(
         f"<tr><td>{t.step}</td><td>{t.sample_id}</td><td>{'' if t.position is None else t.position}</td>"
-        f"<td><code>{html.escape(t.text)}</code></td><td>{'' if t.prob is None else f'{t.prob:.3g}'}</td>"
+        f"<td><code>{html.escape(visible_text(t.text))}</code></td>"
+        f"<td>{'' if t.prob is None else f'{t.prob:.3g}'}</td>"
         f"<td>{'' if t.share is None else f'{100 * t.share:.1f} %'}</td><td>{html.escape(t.share_of)}</td>"
         f"<td>{'exact' if t.exact else 'estimate'}</td></tr>"
         for t in f.tokens[:10]
@@ -87,12 +89,12 @@ def as_html(findings: list[Finding], runs: list[str], base: str = DEFAULT_BASE) 
         )
         blocks.append(
             f"<div class='f {f.severity}'><b>{f.severity}</b> <code>{html.escape(f.id)}</code> "
-            f"{html.escape(f.run)} · {_steps(f)} · confidence {f.confidence:.2f}"
-            f"<p>{html.escape(f.message)}</p>{_html_tokens(f)}<ul>{actions}</ul>"
+            f"{html.escape(visible_text(f.run))} · {_steps(f)} · confidence {f.confidence:.2f}"
+            f"<p>{html.escape(visible_lines(f.message))}</p>{_html_tokens(f)}<ul>{actions}</ul>"
             f"<a href='{html.escape(dashboard_url(f, base))}'>open in the dashboard</a></div>"
         )
     counts = ", ".join(f"{sum(f.severity == s for f in findings)} {s}" for s in reversed(SEVERITIES))
-    title = "tokengrad doctor: " + ", ".join(html.escape(r) for r in runs)
+    title = "tokengrad doctor: " + ", ".join(html.escape(visible_text(r)) for r in runs)
     body = "".join(blocks) or "<p>No findings.</p>"
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title><style>{_CSS}</style>"

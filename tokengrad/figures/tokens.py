@@ -21,6 +21,7 @@ import plotly.graph_objects as go
 from plotly.colors import sample_colorscale, unlabel_rgb
 
 from tokengrad.figures.style import cap_text, dashboard_layout, empty_figure
+from tokengrad.read.display import visible_text
 from tokengrad.schema import TOK
 
 # -coef: gradient descent moves log pi_t by about -lr * coef * |grad log pi_t|^2, so a positive push raises
@@ -123,15 +124,17 @@ def _text_color(bg: str | None) -> str:
 
 
 def display_token(text: str) -> str:
-    """Token text made visible: newlines and tabs as ↵ / ⇥, an empty token as ∅, a long one capped."""
+    """Token text made visible: newlines and tabs as ↵ / ⇥, other controls, bidi overrides and zero-width
+    characters as escapes (tokengrad.read.display: \\u202e, \\x1b), an empty token as ∅, a long one
+    capped."""
     if not text:
         return "∅"
-    return cap_text("".join(WHITESPACE_SYMBOLS.get(ch, ch) for ch in cap_text(text)))
+    return cap_text(visible_text(cap_text(text), symbols=WHITESPACE_SYMBOLS))
 
 
 def hover_text(row: pd.Series, columns) -> str:
     """'name value' lines of every recorded value of one token (floats in 4 significant digits)."""
-    lines = [f"token {cap_text(str(row.get(TOK.token, '')))!r}"]
+    lines = [f"token '{cap_text(visible_text(cap_text(str(row.get(TOK.token, '')))))}'"]
     for c in columns:
         v = row.get(c)
         if v is None or pd.isna(v):

@@ -31,10 +31,13 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from tokengrad.figures.style import MAX_TOKEN_CHARS, cap_text, dashboard_layout, empty_figure
+from tokengrad.read.display import visible_text
 from tokengrad.schema import BIN, TOK
 
 MARKERS = {"Ġ": " ", "▁": " ", "Ċ": "\n", "ĉ": "\t"}  # byte-level BPE and SentencePiece (U+2581) markers
 WHITESPACE_SYMBOLS = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "↵"}
+# inside a word: a line break would make the cloud's text multi-line, which it cannot place
+INNER_SYMBOLS = {"\n": "↵", "\t": "⇥", "\r": "↵"}
 SPECIAL_TOKEN = re.compile(r"^<\|?[A-Za-z0-9_./:-]*\|?>$|^</?s>$")  # <|im_end|>, <pad>, </s>, <|endoftext|>
 BYTE_TOKEN = re.compile(r"^(<0x[0-9A-F]{2}>)+$")  # undecodable bytes, shown as they are
 SIZE_BY = ("count", "grad_sum")
@@ -45,15 +48,16 @@ DEFAULT_FONT_FAMILY = "DejaVu Sans"
 
 def clean_token(token: str, *, show_whitespace: bool = True) -> str | None:
     """Display text of a token (at most MAX_TOKEN_CHARS); None when the token should not appear (empty, or
-    whitespace hidden)."""
+    whitespace hidden). Line breaks and tabs inside it read ↵ / ⇥, other controls, bidi overrides and
+    zero-width characters as escapes (tokengrad.read.display: \\u202e)."""
     # a bounded prefix first: markers and whitespace never need more than a few characters of slack
     text = "".join(MARKERS.get(ch, ch) for ch in str(token)[: 4 * MAX_TOKEN_CHARS])
     stripped = text.strip()
     if stripped:
-        return cap_text(stripped)
+        return cap_text(visible_text(stripped, symbols=INNER_SYMBOLS))
     if not text or not show_whitespace:
         return None
-    return cap_text("".join(WHITESPACE_SYMBOLS.get(ch, ch) for ch in text))
+    return cap_text(visible_text(text, symbols=WHITESPACE_SYMBOLS))
 
 
 def prepare_frequencies(
@@ -128,9 +132,10 @@ def _cloud(freqs: Mapping[str, float], width: int, height: int, hue: int, seed: 
         relative_scaling=0.5,
         collocations=False,
     )
-    capped: dict[str, float] = {}  # freqs that did not come through prepare_frequencies: capped here
+    capped: dict[str, float] = {}  # freqs that did not come through prepare_frequencies: made visible here
     for word, size in freqs.items():
-        capped[cap_text(str(word))] = capped.get(cap_text(str(word)), 0.0) + size
+        shown = cap_text(visible_text(str(word)[: 4 * MAX_TOKEN_CHARS], symbols=INNER_SYMBOLS))
+        capped[shown] = capped.get(shown, 0.0) + size
     return wc.generate_from_frequencies(capped)
 
 
