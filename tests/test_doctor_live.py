@@ -95,7 +95,7 @@ def test_without_halt_the_loop_runs_on_and_low_confidence_is_not_alerted(tmp_pat
     assert seen == []  # the KL finding's confidence 1 - 0.5^(s/3) e^-1 stays below 1
 
 
-@pytest.mark.filterwarnings("ignore:doctor alert:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:doctor alert")
 def test_a_failing_callable_is_reported_not_raised(tmp_path):
     def broken(f):
         raise RuntimeError("webhook down")
@@ -167,3 +167,133 @@ def test_trl_attach_stops_through_should_training_stop(tmp_path, critical_from_s
     steps = load_run(tmp_path / "run").steps["step"].tolist()
     assert 3 <= trainer.state.global_step < 60 and steps == list(range(len(steps)))
     assert rec.recorder is None  # detached: the recorder closed after TRL's stop
+
+
+def _bad_loss_loop(rec: Recorder, n: int, bad_from: int, bad: float) -> list[int]:
+    done = []
+    for step in range(n):
+        with rec.step(step) as st:
+            st.log(loss=bad if step >= bad_from else 0.1, reward_mean=0.5)
+        rec.live_doctor.drain(30)
+        done.append(step)
+    return done
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_nan_or_inf_loss_halts_and_every_finished_step_is_on_disk(tmp_path, bad):
+    from tokengrad.read import load_run
+
+    rec = Recorder(tmp_path / "run", doctor=Doctor(halt=True, detectors=("nonfinite",)))
+    done: list[int] = []
+    with pytest.raises(DoctorHalt) as err:
+        with rec:
+            done += _bad_loss_loop(rec, 40, 6, bad)
+    f = err.value.finding
+    assert (f.id, f.severity, f.first_step) == ("nonfinite", "critical", 6)
+    assert f.evidence["values"]["loss"] == 1
+    # step 6 is on disk once step 7 ends (the recorder reports it there); the boundary before step 8 raises
+    run = load_run(tmp_path / "run")
+    assert run.steps["step"].tolist() == list(range(8))
+    assert np.isnan(run.steps["loss"][6]) or np.isinf(run.steps["loss"][6])
+    assert run.meta["finished"] is False  # the halt ended the run by an exception
+
+
+def test_a_loss_that_was_never_logged_is_not_nonfinite(tmp_path):
+    from tokengrad.doctor import diagnose
+
+    with Recorder(tmp_path / "run") as rec:
+        for step in range(5):
+            with rec.step(step) as st:
+                st.log(reward_mean=0.5)  # no loss: null in the table, not NaN
+    assert diagnose(tmp_path / "run", only=["nonfinite"]) == []
+
+
+@pytest.fixture
+def slow_detector():
+    """A detector that blocks (until the test ends) on every diagnosis from step `at` on."""
+    import threading
+
+    from tokengrad.doctor import DETECTORS
+    from tokengrad.doctor.engine import load_detectors
+    from tokengrad.doctor.registry import detector
+
+    load_detectors()
+    release = threading.Event()
+    at = {"step": 0}
+
+    @detector("test_hang")
+    def test_hang(view):
+        if view.upto is not None and view.upto >= at["step"]:
+            release.wait(120)
+        return []
+
+    yield at
+    release.set()
+    DETECTORS.unregister("test_hang")
+
+
+def test_a_hung_detector_is_named_and_the_others_still_halt(tmp_path, slow_detector):
+    import time
+
+    from tokengrad.doctor.live import DoctorWarning
+
+    doctor = Doctor(halt=True, detectors=("test_hang", "nonfinite"), detector_timeout=0.5)
+    rec = Recorder(tmp_path / "run", doctor=doctor)
+    with pytest.warns(DoctorWarning, match="'test_hang' did not return within 0.5 s"):
+        with pytest.raises(DoctorHalt) as err:
+            with rec:
+                _bad_loss_loop(rec, 40, 3, float("inf"))
+        t0 = time.perf_counter()
+        rec.close()
+        assert time.perf_counter() - t0 < 10  # skipped while it hangs: close does not wait for it
+    assert err.value.finding.id == "nonfinite"
+    assert any("test_hang" in e for e in rec.live_doctor.errors)
+
+
+def test_close_is_bounded_when_the_last_diagnosis_hangs(tmp_path, slow_detector):
+    import time
+
+    from tokengrad.doctor.live import DoctorWarning
+
+    slow_detector["step"] = 5  # only the final diagnosis (of step 5, at close) blocks
+    doctor = Doctor(detectors=("test_hang", "nonfinite"), close_timeout=1.0)
+    with pytest.warns(DoctorWarning, match="did not finish within 1 s at close .detector 'test_hang'"):
+        with Recorder(tmp_path / "run", doctor=doctor) as rec:
+            for step in range(6):
+                with rec.step(step) as st:
+                    st.log(loss=0.1)
+                rec.live_doctor.drain(30)
+            t0 = time.perf_counter()
+        elapsed = time.perf_counter() - t0
+    assert elapsed < 10  # a behaviour check (1 s asked), not a benchmark
+    from tokengrad.read import load_run
+
+    assert load_run(tmp_path / "run").meta["finished"] is True  # meta.json is written after the doctor
+
+
+def test_a_raising_detector_is_named_and_the_others_still_run(tmp_path):
+    from tokengrad.doctor import DETECTORS
+    from tokengrad.doctor.live import DoctorWarning
+    from tokengrad.doctor.registry import detector
+
+    @detector("test_boom")
+    def test_boom(view):
+        raise RuntimeError("exploded")
+
+    seen: list = []
+    try:
+        doctor = Doctor(on_finding=seen.append, detectors=("test_boom", "kl_blowup"))
+        with pytest.warns(DoctorWarning, match="detector test_boom could not read this run: RuntimeError"):
+            with Recorder(tmp_path / "run", doctor=doctor) as rec:
+                _loop(rec, 20)
+    finally:
+        DETECTORS.unregister("test_boom")
+    assert [f.id for f in seen] == ["kl_blowup"]
+    assert sum("test_boom" in e for e in rec.live_doctor.errors) == 20  # kept each time, warned once
+
+
+def test_doctor_timeouts_are_checked():
+    with pytest.raises(ValueError, match="detector_timeout"):
+        Doctor(detector_timeout=0)
+    with pytest.raises(ValueError, match="close_timeout"):
+        Doctor(close_timeout=float("nan"))

@@ -11,6 +11,7 @@ from tokengrad.doctor.finding import Action, Finding
 from tokengrad.doctor.registry import detector, fmt, pct
 from tokengrad.doctor.stats import confidence_from_p, longest_run, trend
 from tokengrad.doctor.view import RunView
+from tokengrad.schema import STEP
 
 _DAPO_DS = Action(
     "use dynamic sampling (drop groups with one reward, refill the batch)", "DAPO, arXiv 2503.14476 Sec. 3.2"
@@ -68,28 +69,35 @@ def reward_std_death(view: RunView) -> list[Finding]:
     ]
 
 
+def _nonfinite_steps(view: RunView, col: str) -> set[int]:
+    """Steps whose `col` is NaN or inf on some rank. Asked of DuckDB, which keeps a NaN apart from a null
+    (a step that did not log the value): pandas reads both as NaN, so a NaN loss looked unlogged there."""
+    cut = "" if view.upto is None else f" AND {STEP.step} <= {int(view.upto)}"
+    query = f"SELECT DISTINCT {STEP.step} FROM steps WHERE (isnan({col}) OR isinf({col})){cut}"
+    return set(view.sql(query)[STEP.step].astype(int).tolist())
+
+
 @detector("nonfinite", tables=("steps",))
 def nonfinite(view: RunView) -> list[Finding]:
     """A NaN or inf in the loss, the gradient norm or the recorded token tensors (critical)."""
     df = view.steps
     if df.empty:
         return []
-    bad = np.zeros(len(df), bool)
+    bad: set[int] = set()
     parts = {}
-    for col in ("loss", "grad_norm"):
+    for col in (STEP.loss, STEP.grad_norm):
         if col in df.columns:
-            x = df[col].to_numpy(dtype=float)
-            hit = np.isinf(x) | (np.isnan(x) & df[col].notna().to_numpy())
-            parts[col] = int(hit.sum())
+            hit = _nonfinite_steps(view, col)
+            parts[col] = len(hit)
             bad |= hit
-    if "n_nonfinite" in df.columns:
-        hit = df["n_nonfinite"].fillna(0).to_numpy(dtype=float) > 0
+    if STEP.n_nonfinite in df.columns:
+        hit = df[STEP.n_nonfinite].fillna(0).to_numpy(dtype=float) > 0
         parts["n_nonfinite_steps"] = int(hit.sum())
-        bad |= hit
-    if not bad.any():
+        bad |= set(df[STEP.step].to_numpy()[hit].astype(int).tolist())
+    if not bad:
         return []
-    steps = df["step"].to_numpy()[bad].astype(int)
-    msg = f"non-finite values at {bad.sum()} step(s) from step {steps[0]}: " + ", ".join(
+    steps = np.array(sorted(bad), dtype=int)
+    msg = f"non-finite values at {steps.size} step(s) from step {steps[0]}: " + ", ".join(
         f"{k} {v}" for k, v in parts.items() if v
     )
     evidence = {"statistic": "count of NaN/inf", "values": {**parts, "steps": steps[:20].tolist()}}

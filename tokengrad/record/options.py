@@ -114,13 +114,17 @@ class Doctor:
     own; each new finding of severity `alert_on` or worse and confidence >= `min_confidence` goes to the
     trackers (`Tracker.alert`: W&B alert, TensorBoard text) and to `on_finding(finding)`. With `halt`, a
     critical finding makes the next step boundary (`begin_step`) raise `DoctorHalt`. `detectors`: names
-    (None = all)."""
+    (None = all). `detector_timeout`: seconds one detector may take on one diagnosis before it is named
+    in a warning and skipped until it returns (the slowest built-in took 0.54 s on the largest shipped
+    run, docs/doctor.md); `close_timeout`: seconds `Recorder.close` waits for the last diagnosis."""
 
     halt: bool = False
     on_finding: Callable | None = None
     min_confidence: float = 0.9
     alert_on: str = "warning"
     detectors: tuple | None = None
+    detector_timeout: float = 30.0
+    close_timeout: float = 5.0
 
     def __post_init__(self):
         if not 0.0 <= self.min_confidence <= 1.0:
@@ -131,6 +135,10 @@ class Doctor:
             raise ValueError(f"on_finding must be callable, got {type(self.on_finding).__name__}")
         if self.detectors is not None:
             object.__setattr__(self, "detectors", tuple(self.detectors))
+        for name in ("detector_timeout", "close_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
 
 
 class DoctorHalt(RuntimeError):
