@@ -4,6 +4,9 @@ Ctrl-C and SIGTERM (what schedulers and `docker stop` send) stop it the same way
 discarded, every completed step is flushed to disk, the rank status and meta.json are written
 (finished: false), and one line says where to resume; exit status 130 (Ctrl-C) or 143 (SIGTERM).
 
+tokengrad's own warnings (a checkpoint a full disk refused, rows that could not be written) print as one line
+each, naming the folder, the disk and what a `--resume` continues from.
+
 The arguments are parsed and the config checked before torch is imported (the registries' names come from
 tokengrad.train.names; the trainer's modules are imported when the run starts), so `--help` and a bad
 config value answer at once.
@@ -12,7 +15,10 @@ config value answer at once.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
+import warnings
 
 from tokengrad.cli.signals import Terminated, sigterm_unwinds
 from tokengrad.train.config import describe_config, load_config
@@ -38,7 +44,7 @@ def cli_train(argv: list[str]) -> int:
 
     trainer = Trainer(cfg)
     try:
-        with sigterm_unwinds():
+        with sigterm_unwinds(), _own_warnings_on_one_line():
             run_dir = trainer.setup().train()
     except KeyboardInterrupt as err:
         print(_stopped_line(trainer, err), file=sys.stderr)
@@ -46,6 +52,26 @@ def cli_train(argv: list[str]) -> int:
     if dist.is_main():
         print(run_dir)
     return 0
+
+
+@contextlib.contextmanager
+def _own_warnings_on_one_line():
+    """tokengrad's own warnings (a checkpoint the disk refused, rows that could not be written) are whole
+    sentences: print each as its one line, without Python's file:line prefix and source echo. Other
+    warnings, and all of them under TOKENGRAD_DEBUG, keep the usual form."""
+    usual = warnings.formatwarning
+
+    def one_line(message, category, filename, lineno, line=None):
+        text = str(message)
+        if text.startswith("tokengrad") and not os.environ.get("TOKENGRAD_DEBUG"):
+            return " ".join(text.split()) + "\n"
+        return usual(message, category, filename, lineno, line)
+
+    warnings.formatwarning = one_line
+    try:
+        yield
+    finally:
+        warnings.formatwarning = usual
 
 
 def _stopped_line(trainer, err: KeyboardInterrupt) -> str:

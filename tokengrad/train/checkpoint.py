@@ -7,10 +7,12 @@ are on disk (`data_step`, the same step: the save waits for the writer first), t
 config, all plain data: it is loaded with `torch.load(weights_only=True)`, so a shared run directory cannot
 run code through it (the weights are safetensors, which hold no code either).
 
-Only the latest checkpoint is kept. A save writes `.checkpoint.tmp/` (trainer.pt last, through its own
-rename, so a folder holding trainer.pt is complete), renames the current one to `.checkpoint.old/`, then
-the new one into place. A process killed between the two renames leaves two complete checkpoints and no
-`checkpoint/`: the next load puts the newer one back in place.
+Only the latest checkpoint is kept. A save writes `.checkpoint.tmp/` and fsyncs it (trainer.pt last,
+through its own rename, so a folder holding trainer.pt is complete and on disk), renames the current one to
+`.checkpoint.old/`, then the new one into place. A process killed between the two renames leaves two
+complete checkpoints and no `checkpoint/`: the next load puts the newer one back in place. A disk that fills
+up during a save leaves the previous checkpoint in place and no partial folder: one line names the disk
+(mount point, free space) and the checkpoint a `--resume` will continue from.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 
 from tokengrad.faults import fault_point
 from tokengrad.train import distributed as dist
+from tokengrad.train import durable
 from tokengrad.train.config import TrainConfig, make_config
 
 CHECKPOINT_DIR = "checkpoint"
@@ -67,43 +70,89 @@ def save_checkpoint(
 ) -> Path | None:
     """Write the checkpoint after `step` (the last finished step; `data_step`: the last step on disk).
 
-    on_error="count": a disk that refuses the checkpoint (full, read-only) is a warning, the previous
-    checkpoint stays, and None is returned; "raise" raises the OSError."""
+    A disk that refuses the checkpoint (full, read-only) leaves the previous checkpoint as it was and no
+    partial folder; the one-line message names the disk and the last good checkpoint. on_error="count":
+    the message is a warning and None is returned; "raise": a CheckpointNotWritten (an OSError) carries it.
+    """
     final = checkpoint_path(run_dir)
     tmp, old = _tmp_old(run_dir)
     try:
         fault_point("checkpoint_write")
+        _write_folder(tmp, step, model, tokenizer, optimizer, config, data_step)
+    except Exception as err:
         shutil.rmtree(tmp, ignore_errors=True)
-        with _no_progress_bar():
-            model.save_pretrained(tmp / "model", safe_serialization=True)
-        tokenizer.save_pretrained(tmp / "model")
-        state = {
-            "step": int(step),
-            "data_step": None if data_step is None else int(data_step),
-            "optimizer": optimizer.state_dict(),
-            "config": config,
-        }
-        torch.save(state, tmp / f".{TRAINER_FILE}.tmp")
-        os.replace(tmp / f".{TRAINER_FILE}.tmp", tmp / TRAINER_FILE)  # last: marks the folder complete
-    except OSError as err:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if on_error == "raise":
+        cause = durable.write_error(err)
+        if cause is None:  # not the disk's doing: a bug keeps its traceback
             raise
-        warnings.warn(
-            f"tokengrad: the checkpoint after step {step} could not be written to {final} ({err}); "
-            "the previous checkpoint is kept",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+        message = not_written_message(run_dir, step, cause)
+        if on_error == "raise":
+            raise CheckpointNotWritten(cause.errno, message) from err
+        warnings.warn(f"tokengrad: {message}", RuntimeWarning, stacklevel=2)
         return None
     shutil.rmtree(old, ignore_errors=True)
     if final.exists():
         final.rename(old)
     fault_point("checkpoint_renamed")
     tmp.rename(final)
+    durable.fsync_dir(final.parent)
     shutil.rmtree(old, ignore_errors=True)
     fault_point("checkpoint_saved")
     return final
+
+
+class CheckpointNotWritten(OSError):
+    """The disk refused a checkpoint; str() is the one-line message (no "[Errno N]" in front)."""
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+def _write_folder(tmp: Path, step: int, model, tokenizer, optimizer, config: dict, data_step) -> None:
+    """The checkpoint's files into `tmp`, fsynced; trainer.pt last, through its own rename, so that a folder
+    holding trainer.pt is complete and on disk."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    with _no_progress_bar():
+        model.save_pretrained(tmp / "model", safe_serialization=True)
+    tokenizer.save_pretrained(tmp / "model")
+    durable.fsync_tree(tmp)
+    state = {
+        "step": int(step),
+        "data_step": None if data_step is None else int(data_step),
+        "optimizer": optimizer.state_dict(),
+        "config": config,
+    }
+    durable.save_torch(state, tmp / TRAINER_FILE)
+
+
+def not_written_message(run_dir: str | Path, step: int, err: OSError) -> str:
+    """One line: why the checkpoint after `step` is not on disk, and which checkpoint a resume would use."""
+    final = checkpoint_path(run_dir)
+    if durable.is_disk_full(err):
+        # the free space is measured after the partial checkpoint was removed: what it lacked is more
+        why = f"{durable.describe_disk(run_dir)} ran out of space ({os.strerror(err.errno)})"
+        then = "free space, then continue from it with --resume"
+    else:
+        why = f"{final}: {err}"
+        then = "continue from it with --resume"
+    last = _last_good_step(run_dir)
+    if last is None:
+        good = "there is no earlier checkpoint, so --resume starts the run again from step 0"
+    else:
+        good = f"the last good checkpoint is {final}, after step {last}; {then}"
+    return f"the checkpoint after step {step} could not be written: {why}; {good}"
+
+
+def _last_good_step(run_dir: str | Path) -> int | None:
+    """The step of the complete checkpoint a resume would load (None: none, or unreadable). Read with mmap,
+    so the optimizer state is not loaded into memory just for the step."""
+    for folder in (checkpoint_path(run_dir), _tmp_old(run_dir)[1]):
+        if _complete(folder):
+            try:
+                state = torch.load(folder / TRAINER_FILE, map_location="cpu", weights_only=True, mmap=True)
+                return int(state["step"])
+            except Exception:  # a message helper: an unreadable state is reported by resume itself
+                return None
+    return None
 
 
 def _complete(folder: Path) -> bool:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from transformers import (
 )
 
 from tokengrad.registry import Registry
+from tokengrad.train import durable
 
 ModelLoader = Callable[..., tuple[torch.nn.Module, object]]
 MODELS: Registry[ModelLoader] = Registry("model")
@@ -183,9 +183,25 @@ def _convert_smollm2(out: Path) -> None:
         model.is_quantized = False
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-        partial = out.with_name(out.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        shutil.rmtree(out, ignore_errors=True)  # a directory left without weights by a crash
-        model.save_pretrained(partial)
-        tok.save_pretrained(partial)
-        partial.rename(out)
+        save_converted(out, model, tok)
+
+
+def save_converted(out: Path, model, tok) -> None:
+    """Model and tokenizer into `out`, through a temporary folder beside it, fsynced, then renamed (a folder
+    left without weights by a crash is replaced). A full cache disk leaves no partial folder and is named."""
+
+    def write(folder: Path) -> None:
+        model.save_pretrained(folder)
+        tok.save_pretrained(folder)
+
+    try:
+        durable.save_folder(out, write)
+    except Exception as err:
+        cause = durable.write_error(err)
+        if cause is None:
+            raise
+        raise OSError(
+            cause.errno,
+            f"could not write the converted model to {out}: {durable.describe_disk(out)}: "
+            f"{os.strerror(cause.errno)}; free space or set TOKENGRAD_CACHE to a folder on another disk",
+        ) from err
