@@ -22,7 +22,15 @@ import pandas as pd
 import streamlit as st
 
 from tokengrad import schema
-from tokengrad.read import entropy_queries, gradient_shares, headline, queries, rollout_queries, share_queries
+from tokengrad.read import (
+    entropy_queries,
+    gradient_shares,
+    headline,
+    queries,
+    rollout_queries,
+    share_queries,
+    token_shares,
+)
 from tokengrad.read import status as run_state
 from tokengrad.read.runs import Run, load_run
 from tokengrad.read.served_root import runs_below
@@ -40,6 +48,7 @@ QUERIES = {
         queries.sample_tokens,
         queries.token_steps,
         queries.token_totals,
+        token_shares.step_updates,
         share_queries.share_by_partition,
         share_queries.attributed_steps,
         gradient_shares.gradient_by_bucket,

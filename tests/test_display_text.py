@@ -98,7 +98,7 @@ def test_inspect_prints_terminal_escapes_in_a_folder_name_as_text(tmp_path, caps
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\u202e" not in out and "\x07" not in out
     assert "r\\x1b[31mRED\\u202eabc" in out and "n\\x1b]0;title\\x07" in out
-    assert load_run(run_dir).name == "n\x1b]0;title\x07"  # the data itself is untouched
+    assert load_run(run_dir).meta_name == "n\x1b]0;title\x07"  # the data itself is untouched
 
 
 def test_cli_errors_print_paths_escaped(tmp_path, capsys):

@@ -21,7 +21,7 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     other = {"name": "grpo", "params": {}}
     return [
-        make_tiny_run(root / "tr", name="tr_grpo"),
+        make_tiny_run(root / "tr_grpo", name="tr_grpo"),  # a run is named by its folder
         make_tiny_run(root / "grpo", name="grpo", weighting=other),
     ]
 

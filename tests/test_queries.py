@@ -240,7 +240,7 @@ def test_grad_norm_by_prob_means(run):
 
 
 def test_top_tokens_and_samples_share_of_step(run):
-    t = top_tokens(run, 0, k=3)
+    t = top_tokens(run, 0, k=3, update_id=0)
     # logit_grad_norm = |coef| 0.9 sqrt2 (1 - p);
     # the largest: sample 0 p=.05 (.95*.5), p=.30 (.7*.5), s1 p=.10 (.9*.25)
     assert list(zip(t["sample_id"], t["position"])) == [(0, 0), (0, 1), (1, 0)]
@@ -256,8 +256,8 @@ def test_top_tokens_and_samples_share_of_step(run):
         assert ctx == "".join(words[max(pos - 5, 0) : pos]) + f"⟦{words[pos]}⟧" + "".join(
             words[pos + 1 : pos + 6]
         )
-    assert list(top_tokens(run, 0, k=1, context=1)["context"]) == [f"⟦{toks[0][0]}⟧{toks[0][1]}"]
-    s = top_samples(run, 0)
+    assert list(top_tokens(run, 0, k=1, context=1, update_id=0)["context"]) == [f"⟦{toks[0][0]}⟧{toks[0][1]}"]
+    s = top_samples(run, 0, update_id=0)
     assert (
         list(s["sample_id"]) == [0, 1]
         and list(s["reward"]) == [1.0, 0.0]

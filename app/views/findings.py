@@ -14,7 +14,9 @@ import streamlit as st
 
 from app import data
 from app.views import common
+from app.views.sidebar import run_title
 from tokengrad.doctor.engine import diagnose
+from tokengrad.doctor.finding import share_note
 from tokengrad.doctor.links import dashboard_query
 from tokengrad.doctor.ranking import rank_key
 from tokengrad.doctor.view import RunView
@@ -36,8 +38,12 @@ def _diagnose(run_dir: str, sig: data.Signature) -> list[dict]:
 
 
 def findings_for(run_dir: str) -> list[dict]:
-    """The run's findings as dicts (Finding.as_dict plus the dashboard query), cached on its files."""
-    return _diagnose(run_dir, data.signature(run_dir))
+    """The run's findings as dicts (Finding.as_dict plus the dashboard query), cached on its files. The run
+    is named as the dashboard names it, by its folder (meta.json's name beside it where that differs), and
+    the query opens that folder."""
+    title, label = run_title(run_dir), common.run_name(run_dir)
+    found = _diagnose(run_dir, data.signature(run_dir))
+    return [{**f, "run": title, "query": {**f["query"], "runs": label}} for f in found]
 
 
 def open_finding(f: dict) -> None:
@@ -64,11 +70,9 @@ def _one(f: dict, key: str) -> None:
         head = f"{BADGE[f['severity']]} **{f['id']}** · {f['run']} · {_steps(f)}"
         c1.markdown(f"{head} · confidence {f['confidence']:.2f}")
         c1.text(visible_lines(f["message"]))
-        exact = {t["exact"] for t in f["tokens"]}
-        if exact:
-            c1.caption(
-                "token shares: " + ("exact" if exact == {True} else "estimated (logit-gradient norms)")
-            )
+        note = share_note(f["tokens"])  # what each share is, as it was computed (the report says the same)
+        if note:
+            c1.caption(note)
         if f["tokens"] and c2.button("open", key=key, help="the page, step and sample that show it"):
             open_finding(f)
 

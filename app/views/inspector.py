@@ -36,7 +36,6 @@ RANK_BY = (TOK.logit_grad_norm, TOK.head_grad_norm, TOK.logit_grad_unit)
 # with per-token attribution recorded, a token's exact share of the update ranks first (arXiv 2505.12929's
 # question answered exactly: its own gradient norm ignores how tokens' gradients cancel or align)
 RANK_BY_ATTRIBUTED = (TOK.update_share, *RANK_BY)
-SHARE = {"share": st.column_config.ProgressColumn("share", format="percent", min_value=0.0, max_value=1.0)}
 STEP_KEY, STEP_RUN_KEY, PICKED_KEY = "in_step", "in_step_run", "in_picked_row"
 COLOR_NAMES = {PUSH: "−coef: pushed up / pushed down", GAP: "rollout gap: log π_old − log μ"}
 
@@ -144,30 +143,66 @@ def _open_picked(step: int, table: str, frame: pd.DataFrame, event) -> None:
         st.session_state[f"in_sample_{step}"] = pick[2]
 
 
-def _forensics(run: str, step: int) -> None:
+def _update_label(updates: pd.DataFrame, update_id: int | None) -> str:
+    total = int(updates["n_loss"].sum())
+    if update_id is None:
+        return f"step: its {len(updates)} updates combined ({total} loss tokens)"
+    n = int(updates.set_index(TOK.update_id).loc[update_id, "n_loss"])
+    return f"update {update_id}: {n} of the step's {total} loss tokens"
+
+
+def _update_ui(run: str, step: int) -> int | None:
+    """The update whose shares the tables show (a Lopti phase, a PPO pass, a mini-batch), or None: the
+    step's combined update, the share the doctor quotes (tokengrad.read.token_shares)."""
+    updates = data.query(run, "step_updates", step=step)
+    if len(updates) < 2:
+        return None
+    return st.radio(
+        "Shares of",
+        [None, *(int(u) for u in updates[TOK.update_id])],
+        format_func=lambda u: _update_label(updates, u),
+        horizontal=True,
+        key=f"in_update_{step}",
+        help="This step made several optimizer updates (Lopti phases, PPO passes, mini-batches), each "
+        "with its own gradient. The step shows a token's share of all of them together, as the doctor's "
+        "findings do; an update shows its share of that update alone.",
+    )
+
+
+def share_of(update_id: int | None) -> str:
+    """The share column's label: what the share is a share of."""
+    return "share of the step" if update_id is None else f"share of update {update_id}"
+
+
+def _share_column(update_id: int | None) -> dict:
+    label = share_of(update_id)
+    return {"share": st.column_config.ProgressColumn(label, format="percent", min_value=0.0, max_value=1.0)}
+
+
+def _forensics(run: str, step: int, update_id: int | None) -> None:
     ranks = RANK_BY_ATTRIBUTED if data.query(run, "attributed_steps") else RANK_BY
     value = st.radio("Rank by", ranks, horizontal=True, key="in_rank_by")
     c1, c2 = st.columns([2, 3])
     with c1:
-        _top_samples(run, step, value)
+        _top_samples(run, step, value, update_id)
     with c2:
-        _top_tokens(run, step, value)
+        _top_tokens(run, step, value, update_id)
 
 
-def _top_samples(run: str, step: int, value: str) -> None:
+def _top_samples(run: str, step: int, value: str, update_id: int | None) -> None:
     """The step's 10 samples carrying most of its gradient; a clicked row opens that completion."""
-    st.markdown("**Samples carrying most of the step's gradient** (click a row to open it)")
-    samples = data.query(run, "top_samples", step=step, k=10, value=value)
+    st.markdown(f"**Samples carrying most of the {_scope(update_id)}** (click a row to open it)")
+    samples = data.query(run, "top_samples", step=step, k=10, value=value, update_id=update_id)
     event = st.dataframe(
         samples.assign(
             **{SAMPLE.completion: samples[SAMPLE.completion].map(visible_lines, na_action="ignore")}
         ),
         hide_index=True,
         width="stretch",
-        key=f"in_top_samples_{step}",
+        key=f"in_top_samples_{step}_{update_id}",
         on_select="rerun",
         selection_mode="single-row",
-        column_config=SHARE,
+        column_config=_share_column(update_id),
         column_order=[
             "sample_id",
             "share",
@@ -183,19 +218,26 @@ def _top_samples(run: str, step: int, value: str) -> None:
     _open_picked(step, "samples", samples, event)
 
 
-def _top_tokens(run: str, step: int, value: str) -> None:
+def _scope(update_id: int | None) -> str:
+    return "step's gradient" if update_id is None else f"gradient of update {update_id}"
+
+
+def _top_tokens(run: str, step: int, value: str, update_id: int | None) -> None:
     """The step's 20 tokens carrying most of its gradient, with context; a click opens its completion."""
-    st.markdown("**Tokens carrying most of the step's gradient** (click a row to open its completion)")
-    tokens = data.query(run, "top_tokens", step=step, k=20, value=value)
+    st.markdown(f"**Tokens carrying most of the {_scope(update_id)}** (click a row to open its completion)")
+    tokens = data.query(run, "top_tokens", step=step, k=20, value=value, update_id=update_id)
     event = st.dataframe(
         tokens.assign(context=tokens["context"].map(visible_lines, na_action="ignore")),
         hide_index=True,
         width="stretch",
-        key=f"in_top_tokens_{step}",
+        key=f"in_top_tokens_{step}_{update_id}",
         on_select="rerun",
         selection_mode="single-row",
         column_config={
-            **SHARE,
+            **_share_column(update_id),
+            "updates": st.column_config.TextColumn(
+                "updates", help="The step's updates whose loss held the token (a Lopti token: one phase)."
+            ),
             "context": st.column_config.TextColumn(
                 "context (±5 tokens)", help="The token in ⟦ ⟧ with the 5 tokens before and after it."
             ),
@@ -206,6 +248,7 @@ def _top_tokens(run: str, step: int, value: str) -> None:
             TOK.position,
             "context",
             "share",
+            "updates",
             TOK.prob,
             TOK.coef,
             TOK.weight,
@@ -227,15 +270,15 @@ def _num(x) -> str:
     return f"{x:.3g}" if pd.notna(x) else "not recorded"
 
 
-def _completion(run: str, step: int) -> None:
-    ranked = data.query(run, "top_samples", step=step, k=100_000)
+def _completion(run: str, step: int, update_id: int | None) -> None:
+    ranked = data.query(run, "top_samples", step=step, k=100_000, update_id=update_id)
     if ranked.empty:
         st.info(f"No token rows at step {step}.")
         return
     labels = {
         int(
             r.sample_id
-        ): f"sample {int(r.sample_id)}: {_pct(r.share)} of the gradient, reward {_num(r.reward)}"
+        ): f"sample {int(r.sample_id)}: {_pct(r.share)} {share_of(update_id)}, reward {_num(r.reward)}"
         for r in ranked.itertuples()
     }
     wanted = st.session_state.pop("in_sample", None)  # from a finding's link (urlstate "sample")
@@ -252,7 +295,9 @@ def _completion(run: str, step: int) -> None:
         format_func=lambda c: COLOR_NAMES.get(c, c),
         help="−coef = −∂L/∂log π: blue tokens the update makes more likely, red ones less likely.",
     )
-    tokens = with_gap(with_push(data.query(run, "sample_tokens", step=step, sample_id=sample)))
+    tokens = with_gap(
+        with_push(data.query(run, "sample_tokens", step=step, sample_id=sample, update_id=update_id))
+    )
     if tokens.empty or color_by not in tokens or tokens[color_by].isna().all():
         st.info(f"'{color_by}' was not recorded for this completion; pick another colour.")
         return
@@ -288,14 +333,15 @@ def render() -> None:
             st.subheader(
                 f"{kind} {step}: which tokens carry its gradient" if kind != "Step" else f"Step {step}"
             )
+            update_id = _update_ui(run, step)
             with common.guard("Spike forensics"):
                 if live:
-                    _forensics(run, step)
+                    _forensics(run, step, update_id)
                 else:
                     st.info(DEAD_STEP.format(step=step), icon=":material/block:")
             st.subheader("Completion")
             with common.guard("Completion"):
-                _completion(run, step)
+                _completion(run, step, update_id)
     common.show_run_warnings(runs)
 
 

@@ -10,6 +10,7 @@ import streamlit as st
 
 from app import data
 from app.views import common, findings, hints, urlstate
+from app.views.sidebar import run_title
 from tokengrad.figures.curves import (
     OVERVIEW_METRICS,
     X_AXES,
@@ -82,7 +83,8 @@ def _summary_row(r: str, spike_k: float) -> dict:
     )
     state = data.status(r)
     head = data.low_prob_shares(r)
-    row = {"run": row.pop("run"), "status": state.state, **row}
+    row.pop("run")
+    row = {"run": run_title(r), "status": state.state, **row}  # the folder, meta.json's name beside it
     row["low_tokens"], row["low_update"] = head.token_share, head.update_share
     return row
 

@@ -18,6 +18,7 @@ import streamlit as st
 from app import data
 from app.views import urlstate
 from tokengrad.figures.style import run_colors
+from tokengrad.read.runs import with_meta_name
 from tokengrad.read.served_root import ALLOW_ANY_FLAG, open_folder, resolve_root
 
 ROOT_KEY = "tg_root"
@@ -104,6 +105,16 @@ def run_label(run_dir: str, root: str | None = None) -> str:
         except ValueError:
             pass
     return path.name
+
+
+def run_title(run_dir: str) -> str:
+    """run_label, with the name meta.json gives the run beside it where that differs (a copied folder):
+    'copy (run_name lab_grpo)'. Cards and tables show it; links and URL state carry run_label."""
+    try:
+        meta_name = data.meta(run_dir).get("run_name")
+    except data.RunLoadError:
+        meta_name = None
+    return with_meta_name(run_label(run_dir), meta_name if isinstance(meta_name, str) else None)
 
 
 def folder_run_names() -> list[str]:

@@ -29,7 +29,7 @@ def summarize(run) -> str:
     m = run.meta
     steps = run.steps
     lines = [
-        f"run        {run.name}  ({run.path})",
+        f"run        {run.label}  ({run.path})",  # the folder, meta.json's name beside it if it differs
         (
             f"schema     v{m.get('schema_version')}  tokengrad {m.get('tokengrad_version')}  "
             f"created {m.get('created')}"

@@ -2,6 +2,7 @@
 (`update_share`, attribution steps), else an estimate from the tokens' logit-gradient norms.
 
     culprits(view, step=142, k=20)        # TokenEvidence, largest share first
+    lead_first(tokens)                    # the sample the headline names first: headline, list, link agree
     summarize(tokens)                     # "3 tokens of sample 17, p ~ 0.002, made 71 % of step 142's update"
 """
 
@@ -12,14 +13,14 @@ import numpy as np
 from tokengrad.doctor.finding import TokenEvidence
 from tokengrad.doctor.registry import pct
 from tokengrad.doctor.view import RunView
-
-_COLS = "sample_id, position, token_id, token, prob"
+from tokengrad.read.token_shares import token_shares
 
 
 def culprits(view: RunView, step: int, k: int = 20) -> tuple[TokenEvidence, ...]:
-    """The k loss tokens of `step` with the largest share: `update_share` (exact; sums to 1 with the
-    residual over all tokens) when recorded, else logit_grad_norm / its sum over the step (an estimate:
-    it ignores how the tokens' gradients align)."""
+    """The k loss tokens of `step` with the largest share of the step's combined update
+    (tokengrad.read.token_shares.token_shares, the token inspector's default share): by `update_share`
+    (exact) when the step recorded it, else by logit_grad_norm over its sum (an estimate: it ignores how
+    the tokens' gradients align)."""
     if not view.has_tokens:
         return ()
     cols = view.token_columns()
@@ -27,21 +28,10 @@ def culprits(view: RunView, step: int, k: int = 20) -> tuple[TokenEvidence, ...]
     if "update_share" in cols:
         n = view.sql("SELECT count(update_share) AS n FROM tokens WHERE step = ? AND in_loss", [step])["n"]
         exact = bool(n.iloc[0]) if len(n) else False
-    if exact:
-        q = (
-            f"SELECT {_COLS}, update_share AS share FROM tokens WHERE step = ? AND in_loss "
-            "AND update_share IS NOT NULL "
-            f"ORDER BY abs(update_share) DESC, sample_id, position LIMIT {int(k)}"
-        )
-    elif "logit_grad_norm" in cols:
-        q = (
-            f"SELECT {_COLS}, logit_grad_norm / sum(logit_grad_norm) OVER () AS share FROM tokens "
-            f"WHERE step = ? AND in_loss AND logit_grad_norm IS NOT NULL "
-            f"ORDER BY logit_grad_norm DESC, sample_id, position LIMIT {int(k)}"
-        )
-    else:
+    if not exact and "logit_grad_norm" not in cols:
         return ()
-    df = view.sql(q, [int(step)])
+    value = "update_share" if exact else "logit_grad_norm"
+    df = token_shares(view, int(step), value=value, k=int(k))
     return tuple(
         TokenEvidence(
             step=int(step),
@@ -49,7 +39,7 @@ def culprits(view: RunView, step: int, k: int = 20) -> tuple[TokenEvidence, ...]
             position=int(r.position),
             token_id=int(r.token_id),
             text=str(r.token) if r.token is not None else "",
-            share=float(r.share) if np.isfinite(r.share) else None,
+            share=float(r.share) if r.share is not None and np.isfinite(r.share) else None,
             share_of="update" if exact else "logit_grad_norm",
             exact=exact,
             prob=float(r.prob) if r.prob is not None and np.isfinite(r.prob) else None,
@@ -59,14 +49,28 @@ def culprits(view: RunView, step: int, k: int = 20) -> tuple[TokenEvidence, ...]
     )
 
 
+def lead_sample(tokens: tuple[TokenEvidence, ...]) -> int | None:
+    """The sample whose listed tokens carry the most of the listed share (ties: the lower id)."""
+    by_sample: dict[int, float] = {}
+    for t in tokens:
+        by_sample[t.sample_id] = by_sample.get(t.sample_id, 0.0) + (t.share or 0.0)
+    return max(by_sample, key=lambda s: (by_sample[s], -s)) if by_sample else None
+
+
+def lead_first(tokens: tuple[TokenEvidence, ...]) -> tuple[TokenEvidence, ...]:
+    """The lead sample's tokens first, then the others, each in rank order: a finding's headline
+    (summarize), its token list and its link (tokengrad.doctor.links: the first token's sample) then name
+    the same sample."""
+    lead = lead_sample(tokens)
+    return tuple(sorted(tokens, key=lambda t: (t.sample_id != lead, t.rank)))
+
+
 def summarize(tokens: tuple[TokenEvidence, ...], most: int = 5) -> str:
-    """One clause naming the sample whose tokens carry the most of the listed share, with its top tokens."""
+    """One clause naming the lead sample (lead_sample), with its top tokens."""
     if not tokens:
         return ""
-    by_sample: dict[int, list[TokenEvidence]] = {}
-    for t in tokens:
-        by_sample.setdefault(t.sample_id, []).append(t)
-    sample, toks = max(by_sample.items(), key=lambda kv: (sum(t.share or 0 for t in kv[1]), -kv[0]))
+    sample = lead_sample(tokens)
+    toks = sorted((t for t in tokens if t.sample_id == sample), key=lambda t: t.rank)
     # the fewest of its tokens that hold 90 % of its listed share (at most `most`)
     cum = np.cumsum([t.share or 0 for t in toks])
     n = int(np.searchsorted(cum, 0.9 * cum[-1]) + 1) if cum[-1] > 0 else 1

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tokengrad.doctor.culprits import culprits, summarize
+from tokengrad.doctor.culprits import culprits, lead_first, summarize
 from tokengrad.doctor.detect_steps import TREND_ALPHA
-from tokengrad.doctor.finding import Action, Finding
+from tokengrad.doctor.finding import Action, Finding, share_note
 from tokengrad.doctor.registry import detector, fmt, pct
 from tokengrad.doctor.spike_rule import SPIKE_MIN_STEPS, SPIKE_Z, robust_z
 from tokengrad.doctor.stats import confidence_from_excess, sign_test_greater, trend
@@ -77,7 +77,7 @@ def gradient_spike(view: RunView) -> list[Finding]:
         step = int(row.step)
         critical = row.z > SPIKE_CRITICAL_Z and row.ratio > SPIKE_CRITICAL_RATIO
         level = "critical" if critical else "warning" if row.ratio >= SPIKE_WARNING_RATIO else "info"
-        tokens = culprits(view, step, CULPRITS_K)
+        tokens = lead_first(culprits(view, step, CULPRITS_K))
         who = summarize(tokens)
         replay = replayed_norms(view, step)
         msg = (
@@ -99,9 +99,7 @@ def gradient_spike(view: RunView) -> list[Finding]:
                 "critical_z": SPIKE_CRITICAL_Z,
                 "critical_ratio": SPIKE_CRITICAL_RATIO,
             },
-            "token_shares": "exact (update_share)"
-            if tokens and tokens[0].exact
-            else "estimate (logit_grad_norm)",
+            "token_shares": share_note(tokens),
         }
         actions = (
             Action("inspect the culprit tokens; down-weight low-probability tokens (Lopti)", _LOPTI),

@@ -26,7 +26,6 @@ DETECTOR_MODULES = (
     "detect_outputs",
     "detect_tokens",
     "detect_mismatch",
-    "detect_integrity",
 )
 
 

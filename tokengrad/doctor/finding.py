@@ -19,11 +19,35 @@ from dataclasses import asdict, dataclass, field
 SEVERITIES = ("info", "warning", "critical")  # ascending
 # what each token-evidence share is a share of, and whether that share is exact
 SHARE_OF = {
-    "update": "exact share of the update's gradient, <g_token, g> / |g|^2 (attribution step)",
+    "update": "exact share of the update's gradient, <g_token, g> / |g|^2 (attribution step; a step's "
+    "updates pooled by |g_u|^2)",
     "bucket_update": "exact share of the update of the token's probability bucket (bucket-analysis step)",
     "logit_grad_norm": "estimate: share of the step's summed logit-gradient norms (alignment ignored)",
     "count": "share of the step's loss tokens",
 }
+
+
+# share_of kinds whose exactness is fixed by how they are computed (a count is exact, or an estimate where
+# the detector says so: a completion's end judged by its length alone)
+EXACT_SHARE = {"update": True, "bucket_update": True, "logit_grad_norm": False}
+
+
+def share_note(tokens) -> str:
+    """The footnote on a finding's token shares (TokenEvidence or their as_dict), from how each was computed:
+    '' when no token carries a share; each kind of share once, in the order first listed."""
+    notes: list[str] = []
+    for t in tokens:
+        get = t.get if isinstance(t, dict) else lambda k, t=t: getattr(t, k)
+        if get("share") is None:
+            continue
+        kind = get("share_of")
+        if kind in EXACT_SHARE:
+            note = SHARE_OF[kind]
+        else:
+            note = f"{'exact' if get('exact') else 'estimate'}: {SHARE_OF[kind]}"
+        if note not in notes:
+            notes.append(note)
+    return "token shares: " + "; ".join(notes) if notes else ""
 
 
 @dataclass(frozen=True)
@@ -45,6 +69,10 @@ class TokenEvidence:
     def __post_init__(self):
         if self.share_of not in SHARE_OF:
             raise ValueError(f"unknown share_of {self.share_of!r}; known: {sorted(SHARE_OF)}")
+        if EXACT_SHARE.get(self.share_of, self.exact) != self.exact:  # the footnote says what the share is
+            raise ValueError(
+                f"a {self.share_of!r} share is exact={EXACT_SHARE[self.share_of]}, got {self.exact}"
+            )
 
 
 @dataclass(frozen=True)

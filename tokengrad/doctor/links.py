@@ -1,5 +1,7 @@
 """Where a finding shows in the dashboard: the page and the URL query the app restores
-(app/views/urlstate.py: runs, step, sample).
+(app/views/urlstate.py: runs, step, sample). `runs` is the run's folder name (Run.name), so a link to a
+copied run folder opens the copy; `sample` is the first listed token's, which for a spike is the sample
+its headline names (doctor.culprits.lead_first).
 
     dashboard_query(finding)     # {"runs": "lab_grpo", "step": "97", "sample": "36"}
     dashboard_url(finding)       # "http://127.0.0.1:8501/inspector?runs=lab_grpo&step=97&sample=36"

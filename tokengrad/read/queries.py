@@ -12,7 +12,8 @@ the in-loss rows of every update by default: with Lopti each token is in the los
 so it counts once (low-probability tokens in update 0, the others in update 1); with mu > 1 passes each
 token counts mu times, which leaves shares and means as they are. Tool output and other masked tokens
 are not the policy's choices and never count. The per-step forensics (top_tokens, top_samples,
-sample_tokens) read update 0 by default. `update_id` and `loss_only` are parameters everywhere.
+sample_tokens) read the step's combined update by default, or one update (`update_id`): a token's share
+of either is tokengrad.read.token_shares', the one the doctor's culprits read.
 
 A run is anything with `sql(query, params) -> DataFrame` over views named after the tables
 (tokengrad.read.runs.Run).
@@ -25,6 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from tokengrad.read import token_shares
 from tokengrad.schema import BIN, SAMPLE, TOK, column_names
 
 ADV_SIGN_SQL = {1: f"{TOK.advantage} > 0", -1: f"{TOK.advantage} < 0", 0: f"{TOK.advantage} = 0"}
@@ -229,42 +231,50 @@ def grad_norm_by_prob(
 CONTEXT_MARKS = ("⟦", "⟧")  # around the ranked token in top_tokens' context column
 
 
+def _context(step: int, update_id: int | None, n: int) -> tuple[str, list]:
+    """[sample_id, position, context]: each token of the step with the n tokens before and after it."""
+    picked, params = token_shares.picked_rows_sql(step, update_id)
+    frame = f"OVER (PARTITION BY {TOK.sample_id} ORDER BY {TOK.position} ROWS BETWEEN"
+    open_, close = CONTEXT_MARKS
+    around = (
+        f"coalesce(string_agg({TOK.token}, '') {frame} {n} PRECEDING AND 1 PRECEDING), '') || '{open_}' || "
+        f"coalesce({TOK.token}, '') || '{close}' || "
+        f"coalesce(string_agg({TOK.token}, '') {frame} 1 FOLLOWING AND {n} FOLLOWING), '')"
+        if n
+        else f"'{open_}' || coalesce({TOK.token}, '') || '{close}'"
+    )
+    return f"SELECT {TOK.sample_id}, {TOK.position}, {around} AS context FROM ({picked})", params
+
+
 def top_tokens(
     run,
     step: int,
     k: int = 20,
     *,
     value: str = TOK.logit_grad_norm,
-    update_id: int | None = 0,
-    loss_only: bool = False,
+    update_id: int | None = None,
     context: int = 5,
 ) -> pd.DataFrame:
-    """The k tokens of a step with the largest `value`, and each one's share of the step's sum of it.
+    """The k loss tokens of a step with the largest share (tokengrad.read.token_shares: the doctor's
+    culprits read the same), of the step's combined update (update_id None) or of one update.
 
-    share = value / sum over the step's tokens: with value = logit_grad_norm, how much of the summed
-    per-token logit-gradient norm one token carries (a spike made by a few tokens shows shares near 1).
-    context: the `context` tokens before and after it in its completion, the token itself in ⟦ ⟧.
+    share: with value = logit_grad_norm, how much of the summed per-token logit-gradient norm one token
+    carries (a spike made by a few tokens shows shares near 1); with update_share, its exact share of the
+    update. updates: the updates whose loss held the token. context: the `context` tokens before and after
+    it in its completion, the token itself in ⟦ ⟧.
     """
     v = _token_column(value)
-    w = _base((step, step), loss_only, update_id).add(f"{v} IS NOT NULL")
-    inner = _base((step, step), False, update_id)
-    cols = ", ".join(c for c in FORENSIC_COLUMNS if c != v)
-    n = max(int(context), 0)
-    frame = f"OVER (PARTITION BY {TOK.sample_id} ORDER BY {TOK.position} ROWS BETWEEN"
-    around = (
-        f"coalesce(string_agg({TOK.token}, '') {frame} {n} PRECEDING AND 1 PRECEDING), '') AS _before, "
-        f"coalesce(string_agg({TOK.token}, '') {frame} 1 FOLLOWING AND {n} FOLLOWING), '') AS _after"
-        if n
-        else "'' AS _before, '' AS _after"
-    )
-    open_, close = CONTEXT_MARKS
+    shares, params = token_shares.shares_sql(run, step, v, update_id)
+    picked, pp = token_shares.picked_rows_sql(step, update_id)
+    around, cp = _context(step, update_id, max(int(context), 0))
+    cols = ", ".join(f"p.{c}" for c in FORENSIC_COLUMNS if c != v)
+    keys = f"USING ({TOK.sample_id}, {TOK.position})"
     q = (
-        f"SELECT {cols}, {v}, {v} / nullif(sum({v}) OVER (), 0) AS share, "
-        f"_before || '{open_}' || coalesce({TOK.token}, '') || '{close}' || _after AS context "
-        f"FROM (SELECT *, {around} FROM tokens{inner.sql()}) AS tokens{w.sql()} "
-        f"ORDER BY {v} DESC, {TOK.sample_id}, {TOK.position} LIMIT ?"
+        f"SELECT {cols}, s.{v}, s.share, s.updates, c.context FROM ({shares}) s JOIN ({picked}) p {keys} "
+        f"JOIN ({around}) c {keys} "
+        f"ORDER BY abs(s.share) DESC NULLS LAST, s.{v} DESC, p.{TOK.sample_id}, p.{TOK.position} LIMIT ?"
     )
-    return run.sql(q, inner.params + w.params + [int(k)])
+    return run.sql(q, params + pp + cp + [int(k)])
 
 
 def top_samples(
@@ -273,31 +283,35 @@ def top_samples(
     k: int = 10,
     *,
     value: str = TOK.logit_grad_norm,
-    update_id: int | None = 0,
-    loss_only: bool = False,
+    update_id: int | None = None,
 ) -> pd.DataFrame:
-    """The k completions of a step with the largest summed `value`, with their share of the step's sum,
-    token count, mean prob and (from the samples table) reward and completion text."""
+    """The k completions of a step with the largest share, the sum of their loss tokens' shares
+    (tokengrad.read.token_shares), with their token count, mean prob and (from the samples table) reward
+    and completion text. A completion without a loss token has share NaN and comes last."""
     v = _token_column(value)
-    w = _base((step, step), loss_only, update_id).add(f"{v} IS NOT NULL")
+    shares, params = token_shares.shares_sql(run, step, v, update_id)
+    picked, pp = token_shares.picked_rows_sql(step, update_id)
     q = (
-        f"WITH t AS (SELECT {TOK.sample_id}, any_value({TOK.group_id}) AS {TOK.group_id}, "
-        f"count(*) AS n_tokens, avg({TOK.prob}) AS prob_mean, avg({TOK.advantage}) AS {TOK.advantage}, "
-        f"sum({v}) AS {v}_sum FROM tokens{w.sql()} GROUP BY {TOK.sample_id}) "
-        f"SELECT t.*, t.{v}_sum / nullif(sum(t.{v}_sum) OVER (), 0) AS share, "
-        f"s.{SAMPLE.reward}, s.{SAMPLE.completion} FROM t LEFT JOIN "
+        f"WITH s AS (SELECT {TOK.sample_id}, sum({v}) AS {v}_sum, sum(share) AS share FROM ({shares}) "
+        f"GROUP BY {TOK.sample_id}), t AS (SELECT {TOK.sample_id}, any_value({TOK.group_id}) AS "
+        f"{TOK.group_id}, count(*) AS n_tokens, avg({TOK.prob}) AS prob_mean, avg({TOK.advantage}) AS "
+        f"{TOK.advantage} FROM ({picked}) GROUP BY {TOK.sample_id}) "
+        f"SELECT t.*, s.{v}_sum, s.share, r.{SAMPLE.reward}, r.{SAMPLE.completion} FROM t "
+        f"LEFT JOIN s USING ({TOK.sample_id}) LEFT JOIN "
         f"(SELECT {SAMPLE.sample_id}, any_value({SAMPLE.reward}) AS {SAMPLE.reward}, "
         f"any_value({SAMPLE.completion}) AS {SAMPLE.completion} FROM samples WHERE {SAMPLE.step} = ? "
-        f"GROUP BY {SAMPLE.sample_id}) s USING ({TOK.sample_id}) "
-        f"ORDER BY t.{v}_sum DESC, t.{TOK.sample_id} LIMIT ?"
+        f"GROUP BY {SAMPLE.sample_id}) r USING ({TOK.sample_id}) "
+        f"ORDER BY s.share DESC NULLS LAST, t.{TOK.sample_id} LIMIT ?"
     )
-    return run.sql(q, w.params + [int(step), int(k)])
+    return run.sql(q, params + pp + [int(step), int(k)])
 
 
-def sample_tokens(run, step: int, sample_id: int, *, update_id: int | None = 0) -> pd.DataFrame:
-    """Every recorded column of one completion's tokens (one update), ordered by position."""
-    w = _base((step, step), False, update_id).add(f"{TOK.sample_id} = ?", int(sample_id))
-    return run.sql(f"SELECT * FROM tokens{w.sql()} ORDER BY {TOK.position}, {TOK.pass_id}", w.params)
+def sample_tokens(run, step: int, sample_id: int, *, update_id: int | None = None) -> pd.DataFrame:
+    """Every recorded column of one completion's tokens, ordered by position: of one update, or (None) each
+    token's row in the loss of the update that trained it (token_shares.picked_rows_sql)."""
+    picked, params = token_shares.picked_rows_sql(step, update_id)
+    q = f"SELECT * FROM ({picked}) WHERE {TOK.sample_id} = ? ORDER BY {TOK.position}"
+    return run.sql(q, params + [int(sample_id)])
 
 
 def token_steps(run) -> list[int]:

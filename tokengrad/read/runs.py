@@ -53,6 +53,15 @@ def list_runs(root: str | os.PathLike, follow_links_out: bool = False) -> list[s
     )
 
 
+def with_meta_name(folder: str, meta_name: str | None) -> str:
+    """'folder', or 'folder (run_name NAME)' where meta.json names the run otherwise (a copied folder)."""
+    return (
+        folder
+        if not meta_name or meta_name == folder.rsplit("/", 1)[-1]
+        else f"{folder} (run_name {meta_name})"
+    )
+
+
 def load_run(path: str | os.PathLike, follow_links_out: bool = False) -> "Run":
     """Open a run directory; raises FileNotFoundError / SchemaVersionError with the reason. A data file
     (or table folder) that links outside the run folder is skipped with a warning unless
@@ -78,7 +87,19 @@ class Run:
 
     @property
     def name(self) -> str:
-        return self.meta.get("run_name") or self.path.name
+        """The run's identity: its folder's name. A copied folder is another run, so cards, links and URL
+        state that name it open this folder, whatever meta.json says (meta_name)."""
+        return self.path.name
+
+    @property
+    def meta_name(self) -> str | None:
+        """The name meta.json gives the run (run_name), None when it has none."""
+        return self.meta.get("run_name") or None
+
+    @property
+    def label(self) -> str:
+        """The folder name, with meta.json's name beside it where they differ: 'copy (run_name lab_grpo)'."""
+        return with_meta_name(self.name, self.meta_name)
 
     @property
     def rank_status(self) -> list[dict]:
