@@ -73,9 +73,11 @@ def reward_std_death(view: RunView) -> list[Finding]:
 
 def _nonfinite_steps(view: RunView, col: str) -> set[int]:
     """Steps whose `col` is NaN or inf on some rank. Asked of DuckDB, which keeps a NaN apart from a null
-    (a step that did not log the value): pandas reads both as NaN, so a NaN loss looked unlogged there."""
+    (a step that did not log the value): pandas reads both as NaN, so a NaN loss looked unlogged there.
+    `NOT isfinite`, not `isnan`: DuckDB 2.0.1's isnan is false on some NaNs written from numpy (seen on a
+    NaN reward), while isfinite is false on every NaN and inf and null on null."""
     cut = "" if view.upto is None else f" AND {STEP.step} <= {int(view.upto)}"
-    query = f"SELECT DISTINCT {STEP.step} FROM steps WHERE (isnan({col}) OR isinf({col})){cut}"
+    query = f"SELECT DISTINCT {STEP.step} FROM steps WHERE NOT isfinite({col}){cut}"
     return set(view.sql(query)[STEP.step].astype(int).tolist())
 
 

@@ -26,6 +26,7 @@ DETECTOR_MODULES = (
     "detect_outputs",
     "detect_tokens",
     "detect_mismatch",
+    "detect_integrity",
 )
 
 

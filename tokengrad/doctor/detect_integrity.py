@@ -1,0 +1,338 @@
+"""Integrity: the recorded per-token data itself is wrong, not the training. Silent corruptions users met in
+2026 (shared docs, ecosystem-2026 Sec. 2, items 7-9): engine log-probs padded with 0.0 (verifiers PR #2078),
+fake train/rollout gaps on tool tokens (miles PR #2476), per-token weights truncated to 0 (tinker-cloud PR
+#65); plus NaN or missing rewards, a reward that never varies and token counts that disagree with the loss
+mask. Each detector names the steps, samples and tokens; a run without the column it reads is reported as
+"not checked" (NotChecked), never as healthy."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from tokengrad.doctor.finding import Action, Finding, NotChecked, TokenEvidence
+from tokengrad.doctor.registry import detector, fmt, pct
+from tokengrad.doctor.view import RunView
+from tokengrad.schema import SAMPLE, STEP, TOK
+
+# A sequence's log-probs are "constant" when at least CONST_MIN_TOKENS loss tokens hold one value while
+# another log-prob column of the same tokens spans more than CONST_SPREAD nats: a real policy that is sure
+# of every token (all log-probs ~0) is sure under every column, so only a filled-in column is flat then.
+CONST_MIN_TOKENS = 4
+CONST_SPREAD = 0.5
+# A fake gap: a loss token whose rollout log-prob is missing or exactly 0 (p = 1) while the trainer's is
+# below -1 nat (p < 0.37): a 1-nat gap on one token is 50-100x the real 0.01-0.02 mismatch miles PR #2476
+# measured. Warning from 1 % of a step's loss tokens, critical from 10 % (tokengrad defaults).
+GAP_TRAINER = -1.0
+GAP_WARNING = 0.01
+GAP_CRITICAL = 0.1
+# A reward that never varies: one value over at least this many steps and groups (tokengrad defaults).
+CONST_REWARD_STEPS = 10
+CONST_REWARD_GROUPS = 20
+ZEROED_CRITICAL = 0.5  # share of a step's sequences with IS weight 0 and no mask (tokengrad default)
+_SHOWN = 10  # evidence rows per finding
+_LOGPROBS = (TOK.logprob, TOK.old_logprob, TOK.rollout_logprob, TOK.ref_logprob)
+_TOKEN_ACTION = Action(
+    "check how the integration fills missing log-probs (never with 0.0, which reads as p = 1)",
+    "verifiers PR #2078; miles PR #2476",
+)
+
+
+def _cut(view: RunView, where: str = "WHERE") -> str:
+    """The live doctor's step cut for a samples or steps query (view.sql cuts tokens itself)."""
+    return "" if view.upto is None else f" {where} {STEP.step} <= {int(view.upto)}"
+
+
+def _need_tokens(view: RunView, *cols: str) -> None:
+    if not view.has_tokens:
+        raise NotChecked("the run has no token rows")
+    for col in cols:
+        if col not in view.token_columns():
+            raise NotChecked(f"the tokens table has no {col}")
+        if view.sql(f"SELECT count({col}) AS n FROM tokens")["n"].iloc[0] == 0:
+            raise NotChecked(f"no token row records {col}")
+
+
+def _rows(df: pd.DataFrame, share_of: str = "count") -> tuple[TokenEvidence, ...]:
+    def pick(r, k):
+        return None if k not in r or pd.isna(r[k]) else int(r[k])
+
+    return tuple(
+        TokenEvidence(
+            step=int(r[STEP.step]),
+            sample_id=pick(r, TOK.sample_id),
+            position=pick(r, TOK.position),
+            token_id=pick(r, TOK.token_id),
+            text=str(r.get(TOK.token) or ""),
+            share_of=share_of,
+            exact=True,
+            rank=i,
+        )
+        for i, (_, r) in enumerate(df.head(_SHOWN).iterrows())
+    )
+
+
+def _flat_sequences(view: RunView, col: str, other: str) -> pd.DataFrame:
+    """Loss-token sequences whose `col` holds one value while `other` spans more than CONST_SPREAD."""
+    return view.sql(
+        f"SELECT step, sample_id, min({col}) AS value, count(*) AS n, max({other}) - min({other}) AS spread "
+        f"FROM tokens WHERE in_loss AND {col} IS NOT NULL AND {other} IS NOT NULL "
+        "GROUP BY step, rank, update_id, sample_id "
+        f"HAVING count(*) >= {CONST_MIN_TOKENS} AND min({col}) = max({col}) "
+        f"AND max({other}) - min({other}) > {CONST_SPREAD} ORDER BY step, sample_id"
+    )
+
+
+@detector("logprob_constant", page="inspector", tables=("tokens",), about="data")
+def logprob_constant(view: RunView) -> list[Finding]:
+    """A log-prob column is one value (often 0.0) over a whole sequence while another column varies:
+    zero-filled or constant log-probs, which corrupt the ratio and the IS weight."""
+    _need_tokens(view, TOK.logprob)
+    cols = [c for c in _LOGPROBS if c in view.token_columns()]
+    out = []
+    for col in cols:
+        other = TOK.old_logprob if col == TOK.logprob else TOK.logprob
+        if other not in cols:
+            continue
+        flat = _flat_sequences(view, col, other)
+        if flat.empty:
+            continue
+        total = view.sql(
+            f"SELECT count(DISTINCT (step, rank, update_id, sample_id)) AS n FROM tokens "
+            f"WHERE in_loss AND {col} IS NOT NULL"
+        )["n"].iloc[0]
+        share = len(flat) / max(int(total), 1)
+        values = sorted({float(v) for v in flat["value"]})[:5]
+        msg = (
+            f"{col} is one value ({', '.join(fmt(v) for v in values)}) over every loss token of {len(flat)} "
+            f"sequence(s) ({pct(share)}), first step {int(flat[STEP.step].iloc[0])} sample "
+            f"{int(flat[TOK.sample_id].iloc[0])}, while {other} spans up to {fmt(flat['spread'].max())} nats"
+        )
+        evidence = {
+            "statistic": f"sequences of >= {CONST_MIN_TOKENS} loss tokens with one {col} value while {other} "
+            f"spans > {CONST_SPREAD} nats",
+            "values": {"column": col, "sequences": len(flat), "share": share, "constant_values": values},
+            "thresholds": {"min_tokens": CONST_MIN_TOKENS, "spread": CONST_SPREAD, "critical_share": 0.5},
+        }
+        level = "critical" if share >= 0.5 else "warning"
+        first, last = int(flat[STEP.step].min()), int(flat[STEP.step].max())
+        out.append(
+            Finding("logprob_constant", level, 1.0, first, last, msg, evidence, _rows(flat), (_TOKEN_ACTION,))
+        )
+    return out
+
+
+@detector("rollout_logprob_gap", page="inspector", tables=("tokens",), about="data")
+def rollout_logprob_gap(view: RunView) -> list[Finding]:
+    """Loss tokens whose rollout log-prob is missing or exactly 0 while the trainer's is below -1 nat:
+    fake train/rollout gaps (tool or env tokens in the loss mask, engine log-probs padded with 0)."""
+    _need_tokens(view, TOK.rollout_logprob)
+    trainer = f"coalesce({TOK.old_logprob}, {TOK.logprob})"
+    gone = "rollout_logprob IS NULL OR NOT isfinite(rollout_logprob) OR rollout_logprob = 0"
+    fake = f"({gone}) AND {trainer} < {GAP_TRAINER}"
+    per = view.sql(
+        f"SELECT step, count(*) AS n, sum(CASE WHEN {fake} THEN 1 ELSE 0 END) AS fake "
+        "FROM tokens WHERE in_loss GROUP BY step ORDER BY step"
+    )
+    per["share"] = per["fake"] / per["n"]
+    bad = per[per["share"] >= GAP_WARNING]
+    if bad.empty:
+        return []
+    worst = bad.loc[bad["share"].idxmax()]
+    toks = view.sql(
+        f"SELECT step, sample_id, position, token_id, token, rollout_logprob, {trainer} AS trainer "
+        f"FROM tokens WHERE in_loss AND {fake} AND step BETWEEN ? AND ? ORDER BY step, sample_id, position "
+        f"LIMIT {_SHOWN}",
+        [int(bad[STEP.step].min()), int(bad[STEP.step].max())],
+    )
+    missing = int(toks["rollout_logprob"].isna().sum())
+    msg = (
+        f"{int(bad['fake'].sum())} loss tokens over {len(bad)} step(s) have a rollout log-prob that is "
+        f"missing or exactly 0 while the trainer's is below {fmt(GAP_TRAINER)} nat (worst: step "
+        f"{int(worst[STEP.step])}, {pct(float(worst['share']))} of its loss tokens): a fake gap, e.g. tool "
+        "output in the loss mask or engine log-probs padded with 0"
+    )
+    evidence = {
+        "statistic": "share of a step's loss tokens with rollout_logprob null/NaN/0 and trainer log-prob "
+        f"< {GAP_TRAINER}",
+        "values": {
+            "tokens": int(bad["fake"].sum()),
+            "steps": bad[STEP.step].astype(int).tolist()[:20],
+            "worst_share": float(worst["share"]),
+            "missing_in_shown": missing,
+        },
+        "thresholds": {"trainer": GAP_TRAINER, "warning": GAP_WARNING, "critical": GAP_CRITICAL},
+    }
+    level = "critical" if float(worst["share"]) >= GAP_CRITICAL else "warning"
+    actions = (
+        _TOKEN_ACTION,
+        Action("keep tool and environment tokens out of the loss mask", "miles PR #2476"),
+    )
+    first, last = int(bad[STEP.step].min()), int(bad[STEP.step].max())
+    return [Finding("rollout_logprob_gap", level, 1.0, first, last, msg, evidence, _rows(toks), actions)]
+
+
+def _zeroed_sequences(view: RunView) -> pd.DataFrame:
+    """Sequences whose every loss token has IS weight 0 and none was masked on purpose (tokens.masked)."""
+    return view.sql(
+        "SELECT step, sample_id, count(*) AS n, bool_or(coalesce(masked, false)) AS masked "
+        "FROM tokens WHERE in_loss AND is_weight IS NOT NULL GROUP BY step, rank, update_id, sample_id "
+        "HAVING max(abs(is_weight)) = 0 ORDER BY step, sample_id"
+    )
+
+
+@detector("is_weight_zeroed", page="inspector", tables=("tokens", "steps"), about="data")
+def is_weight_zeroed(view: RunView) -> list[Finding]:
+    """Whole sequences whose IS weight is 0 on every loss token with no mask to say why (weights cast to
+    int, truncation gone wrong): their gradient is silently gone."""
+    _need_tokens(view, TOK.is_weight)
+    zero = _zeroed_sequences(view)
+    records_masks = view.sql("SELECT count(masked) AS n FROM tokens")["n"].iloc[0] > 0
+    if records_masks:
+        zero = zero[~zero["masked"]]
+    per = zero.groupby(STEP.step).size()
+    if not records_masks and STEP.is_masked_sequences in view.steps.columns:  # the host's own count
+        told = view.steps.set_index(STEP.step)[STEP.is_masked_sequences].reindex(per.index).fillna(0)
+        per = (per - told).clip(lower=0)
+    per = per[per > 0]
+    if per.empty:
+        return []
+    zero = zero[zero[STEP.step].isin(per.index)]
+    seqs = view.sql(
+        "SELECT step, count(DISTINCT (rank, update_id, sample_id)) AS n FROM tokens "
+        "WHERE in_loss AND is_weight IS NOT NULL GROUP BY step"
+    ).set_index(STEP.step)["n"]
+    share = (per / seqs.reindex(per.index)).fillna(0)
+    msg = (
+        f"{int(per.sum())} sequence(s) over {len(per)} step(s) have IS weight 0 on every loss token and no "
+        f"mask recorded for it (worst: step {int(share.idxmax())}, {pct(float(share.max()))} of its "
+        "sequences): their gradient is silently removed"
+    )
+    evidence = {
+        "statistic": "sequences whose every loss token has is_weight == 0, not masked",
+        "values": {"sequences": int(per.sum()), "steps": [int(s) for s in per.index[:20]]},
+        "thresholds": {"critical_share": ZEROED_CRITICAL},
+    }
+    level = "critical" if float(share.max()) >= ZEROED_CRITICAL else "warning"
+    actions = (
+        Action("check the weights' dtype (a cast to int truncates w < 1 to 0)", "tinker-cloud PR #65"),
+    )
+    first, last = int(per.index.min()), int(per.index.max())
+    return [Finding("is_weight_zeroed", level, 1.0, first, last, msg, evidence, _rows(zero), actions)]
+
+
+def _need_rewards(view: RunView) -> None:
+    if view.samples.empty:
+        raise NotChecked("the run has no samples table")
+    if view.sql(f"SELECT count({SAMPLE.reward}) AS n FROM samples{_cut(view)}")["n"].iloc[0] == 0:
+        raise NotChecked("no sample holds a reward")
+
+
+@detector("reward_nonfinite", page="inspector", tables=("samples",), about="data")
+def reward_nonfinite(view: RunView) -> list[Finding]:
+    """A NaN, inf or missing reward among the recorded ones (critical): the advantages of its group are
+    NaN or silently computed without it."""
+    _need_rewards(view)
+    bad = view.sql(
+        f"SELECT step, sample_id, group_id, reward IS NULL AS missing FROM samples "
+        f"WHERE (reward IS NULL OR NOT isfinite(reward)){_cut(view, 'AND')} "
+        "ORDER BY step, sample_id"
+    )
+    if bad.empty:
+        return []
+    missing = int(bad["missing"].sum())
+    first = bad.iloc[0]
+    msg = (
+        f"{len(bad)} reward(s) are NaN, inf or missing ({missing} missing) over "
+        f"{bad[STEP.step].nunique()} step(s), first step {int(first[STEP.step])} sample "
+        f"{int(first[SAMPLE.sample_id])}"
+    )
+    evidence = {
+        "statistic": "samples whose reward is NaN, inf or null while others hold one",
+        "values": {
+            "samples": len(bad),
+            "missing": missing,
+            "steps": sorted({int(s) for s in bad[STEP.step]})[:20],
+        },
+    }
+    actions = (Action("check the reward function's failure path (a timeout, a parse error)", "docs/api.md"),)
+    first_step, last_step = int(bad[STEP.step].min()), int(bad[STEP.step].max())
+    return [
+        Finding(
+            "reward_nonfinite", "critical", 1.0, first_step, last_step, msg, evidence, _rows(bad), actions
+        )
+    ]
+
+
+@detector("reward_constant", tables=("samples",), about="data")
+def reward_constant(view: RunView) -> list[Finding]:
+    """A task's reward is one value over every group of the run (at least 10 steps and 20 groups): a reward
+    function that returns a constant, or a task the policy never (or always) solves."""
+    _need_rewards(view)
+    df = view.samples.dropna(subset=[SAMPLE.reward])
+    task = df[SAMPLE.task].fillna("") if SAMPLE.task in df.columns else pd.Series("", index=df.index)
+    out = []
+    for name, part in df.groupby(task, sort=True):
+        steps = part[STEP.step].nunique()
+        groups = part.groupby([STEP.step, SAMPLE.group_id]).ngroups
+        if part[SAMPLE.reward].nunique() != 1 or steps < CONST_REWARD_STEPS or groups < CONST_REWARD_GROUPS:
+            continue
+        value = float(part[SAMPLE.reward].iloc[0])
+        label = f"task {name!r}" if name else "the run"
+        msg = (
+            f"every reward of {label} is {fmt(value)}: {len(part)} samples in {groups} groups over {steps} "
+            "steps; no group carries a learning signal (a constant reward function, or a task never or "
+            "always solved)"
+        )
+        evidence = {
+            "statistic": "distinct rewards per task over the run",
+            "values": {"task": name, "reward": value, "samples": len(part), "groups": groups, "steps": steps},
+            "thresholds": {"steps": CONST_REWARD_STEPS, "groups": CONST_REWARD_GROUPS},
+        }
+        actions = (Action("call the reward function on a known-good and a known-bad answer", "docs/api.md"),)
+        first, last = int(part[STEP.step].min()), int(part[STEP.step].max())
+        rows = part.drop_duplicates(STEP.step)
+        out.append(
+            Finding("reward_constant", "warning", 1.0, first, last, msg, evidence, _rows(rows), actions)
+        )
+    return out
+
+
+@detector("token_count_mismatch", tables=("steps", "tokens"), about="data")
+def token_count_mismatch(view: RunView) -> list[Finding]:
+    """steps.n_tokens disagrees with the token rows in the loss mask, on steps that kept every row (no
+    token budget): the loss was normalised over other tokens than the ones recorded."""
+    _need_tokens(view)
+    if view.column(STEP.n_tokens) is None:
+        raise NotChecked("the steps table has no n_tokens")
+    df = view.sql(
+        "WITH t AS (SELECT step, rank, count(*) AS rows, "
+        "sum(CASE WHEN in_loss THEN 1 ELSE 0 END) AS in_mask, "
+        "count(selected_by) AS budgeted FROM tokens GROUP BY step, rank) "
+        "SELECT s.step, s.rank, s.n_tokens, s.n_token_rows, t.rows, t.in_mask FROM steps s JOIN t "
+        "USING (step, rank) WHERE t.budgeted = 0 AND s.n_tokens IS NOT NULL"  # t is cut at view.upto
+        " AND (s.n_token_rows IS NULL OR s.n_token_rows = t.rows) AND s.n_tokens <> t.in_mask "
+        "ORDER BY s.step, s.rank"
+    )
+    if df.empty:
+        return []
+    first = df.iloc[0]
+    msg = (
+        f"{len(df)} step(s) record n_tokens unlike their loss-mask token rows, first step "
+        f"{int(first[STEP.step])}: n_tokens {int(first[STEP.n_tokens])}, "
+        f"{int(first['in_mask'])} rows in the mask"
+    )
+    evidence = {
+        "statistic": "steps.n_tokens vs token rows with in_loss, steps without a token budget",
+        "values": {
+            "steps": df[STEP.step].astype(int).tolist()[:20],
+            "n_tokens": df[STEP.n_tokens].astype(int).tolist()[:20],
+            "in_mask": df["in_mask"].astype(int).tolist()[:20],
+        },
+    }
+    actions = (Action("pass st.track the same mask the loss is normalised by", "docs/api.md"),)
+    first_step, last_step = int(df[STEP.step].min()), int(df[STEP.step].max())
+    return [
+        Finding(
+            "token_count_mismatch", "warning", 1.0, first_step, last_step, msg, evidence, _rows(df), actions
+        )
+    ]
