@@ -171,7 +171,8 @@ def test_exported_figures_keep_every_label_inside_and_readable(family, tmp_path)
     # one family (same model and task) per figure set, as the sample runs are compared
     picked = {n: r for n, r in runs.items() if n.startswith(family) and not n.startswith(f"{family}kk_")}
     assert len(picked) == 3, sorted(picked)
-    specs, _ = build_figure_set(picked, max_words=30)
+    specs, _, failed = build_figure_set(picked, max_words=30)
+    assert failed == []
     specs = [s for s in specs if not s.name.startswith("wordcloud")]  # an image: no SVG text to measure
     paths = export.write_static(specs, tmp_path, "svg")
     problems = []

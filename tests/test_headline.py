@@ -98,7 +98,8 @@ def test_readme_study_dashboard_and_export_give_the_same_headline():
     study = (REPO / "docs" / "study.md").read_text()
     runs = {n: load_run(p) for n, p in SHIPPED.items()}
     exported = headline_table(runs).set_index("run")
-    specs, _ = build_figure_set(runs)
+    specs, _, failed = build_figure_set(runs)
+    assert failed == []
     for name, run in runs.items():
         head = low_prob_shares(run)
         tokens, update = _from_tables(run)

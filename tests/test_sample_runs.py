@@ -192,7 +192,8 @@ def test_same_seed_same_first_prompts(runs):
 def test_every_export_figure_has_data(runs):
     from tokengrad.figures.figureset import build_figure_set
 
-    specs, notes = build_figure_set(runs, max_words=30)
+    specs, notes, failed = build_figure_set(runs, max_words=30)
+    assert failed == []
     # The only figures a run may lack: the bucket analysis, when each of its analysed steps had no gradient
     # (and then the note says so, instead of drawing NaN shares).
     dead = "all 4 analysed steps had no gradient (every advantage was 0)"

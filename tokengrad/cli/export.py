@@ -51,51 +51,95 @@ def _parser() -> argparse.ArgumentParser:
         help="steps (inclusive) for the token-level figures (default all)",
     )
     p.add_argument("--words", type=int, default=150, help="words per cloud (default 150)")
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 3 when a figure fails to draw (default: list it on stderr, write the others, exit 0)",
+    )
     return p
 
 
 def cli_export(argv: list[str]) -> int:
-    """Entry point of `tokengrad export`. Returns 0 on success, 1 when only HTML could be written (no
-    browser for static export), 2 on bad arguments or unreadable runs."""
+    """Entry point of `tokengrad export`. Returns 0 when every figure that could be drawn was written (a
+    figure that failed is listed on stderr), 1 when only HTML could be written (no browser for static
+    export), 2 on bad arguments, unreadable runs or an output folder that cannot take the files (disk
+    full, read-only), 3 with --strict when a figure failed."""
     try:
         args = _parser().parse_args(argv)
     except SystemExit as exit_:
         return int(exit_.code or 0)
-    from tokengrad.figures.export import (
-        INSTALL_HINT,
-        BrowserNotFoundError,
-        write_captions,
-        write_html,
-        write_static,
-    )
-    from tokengrad.figures.figureset import build_figure_set, headline_table, unique_names
-    from tokengrad.read.runs import load_run
+    from tokengrad.figures.export import OutputError, make_out_dir
 
     try:
-        runs = unique_names([load_run(p) for p in args.runs])
-        specs, notes = build_figure_set(
-            runs,
-            smoothing=args.smoothing,
-            low=tuple(args.low),
-            high=tuple(args.high),
-            step_range=tuple(args.steps) if args.steps else None,
-            max_words=args.words,
-        )
+        runs, figures = _figure_set(args)
     except (OSError, ValueError) as err:
         print(f"tokengrad export: error: {err}", file=sys.stderr)
         return 2
-    for note in notes:
+    for note in figures.notes:
         print(f"skipped {note}", file=sys.stderr)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    table = out / "headline.csv"  # the numbers the headline figure shows (tokengrad.read.headline)
-    headline_table(runs, tuple(args.steps) if args.steps else None).to_csv(table, index=False)
-    print(table)
-    print(write_captions(specs, out))
-    code = 0
     try:
-        paths = write_static(specs, out, args.format)
-    except (RuntimeError, OSError) as err:  # no browser, or it failed to start/render: fall back to HTML
+        out = make_out_dir(Path(args.out))
+        paths, failed, code = _write(runs, figures.specs, out, args)
+    except OutputError as err:
+        print(f"tokengrad export: error: {err}", file=sys.stderr)
+        return 2
+    for path in paths:
+        print(path)
+    failed = figures.failed + failed
+    for line in failed:
+        print(f"failed {line}", file=sys.stderr)
+    if failed:
+        print(
+            f"tokengrad export: {len(failed)} figure(s) failed (listed above); the other {len(paths)} "
+            f"file(s) are written in {out}",
+            file=sys.stderr,
+        )
+    return 3 if failed and args.strict and code == 0 else code
+
+
+def _figure_set(args):
+    from tokengrad.figures.figureset import build_figure_set, unique_names
+    from tokengrad.read.runs import load_run
+
+    runs = unique_names([load_run(p) for p in args.runs])
+    figures = build_figure_set(
+        runs,
+        smoothing=args.smoothing,
+        low=tuple(args.low),
+        high=tuple(args.high),
+        step_range=tuple(args.steps) if args.steps else None,
+        max_words=args.words,
+    )
+    return runs, figures
+
+
+def _write(runs, specs, out: Path, args) -> tuple[list[Path], list[str], int]:
+    """headline.csv, captions.md and the figures: (paths written, figures failed, exit code 0 or 1)."""
+    from tokengrad.figures.export import (
+        INSTALL_HINT,
+        BrowserNotFoundError,
+        OutputError,
+        export_static,
+        write_atomic,
+        write_captions,
+        write_html,
+    )
+    from tokengrad.figures.figureset import headline_table, one_line
+
+    paths, failed = [], []
+    try:  # the numbers the headline figure shows (tokengrad.read.headline)
+        table = headline_table(runs, tuple(args.steps) if args.steps else None)
+        paths.append(write_atomic(out / "headline.csv", lambda p: table.to_csv(p, index=False)))
+    except OutputError:
+        raise
+    except Exception as err:  # one table's failure must not cost the figures; reported, not hidden
+        failed.append(f"headline.csv: {one_line(err)}")
+    paths.append(write_captions(specs, out))
+    try:
+        result = export_static(specs, out, args.format)
+    except OutputError:
+        raise
+    except (RuntimeError, OSError) as err:  # no browser, or it failed to start: fall back to HTML
         reason = (
             str(err)
             if isinstance(err, BrowserNotFoundError)
@@ -106,7 +150,5 @@ def cli_export(argv: list[str]) -> int:
             "Writing HTML instead.",
             file=sys.stderr,
         )
-        paths, code = write_html(specs, out), 1
-    for path in paths:
-        print(path)
-    return code
+        return paths + write_html(specs, out), failed, 1
+    return paths + result.written, failed + result.failed, 0

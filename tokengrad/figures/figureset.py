@@ -1,20 +1,21 @@
 """The papers' figure set of `tokengrad export`: which figures, from which tables, and which are left out.
 
-    specs, notes = build_figure_set({"grpo": load_run("runs/grpo")})
+    specs, notes, failed = build_figure_set({"grpo": load_run("runs/grpo")})
 
 Run-comparison figures overlay every run (the headline, each probability bucket's share of the update;
 reward, entropy, gradient norm, accuracy by difficulty, weight curves); per-run figures (share of tokens vs
 share of the update and of the summed gradient norm, bucket token vs update shares, bucket update shares
 over steps, gradient norm vs probability, per-layer norms, word clouds) carry the run's name as their
 title. A figure without data, or one that would print "NaN" in a label, is left out with a one-line note
-saying why. headline_table gives the headline numbers per run (headline.csv of `tokengrad export`).
+saying why; a figure whose tables or drawing raise is left out and listed in `failed`, and the rest are
+drawn. headline_table gives the headline numbers per run (headline.csv of `tokengrad export`).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -81,7 +82,22 @@ def nan_label(fig: go.Figure) -> str | None:
     return None
 
 
-def _comparison_specs(runs: Mapping[str, object], smoothing: float, colors: dict) -> list[FigureSpec]:
+class _Pending(NamedTuple):
+    """A figure not drawn yet: `make` reads its tables and draws it, so one failure stays one figure's."""
+
+    name: str
+    make: Callable[[], go.Figure]
+    width: str = "column"
+    height_in: float | None = None
+
+
+class FigureSet(NamedTuple):
+    specs: list[FigureSpec]  # drawn, to be written
+    notes: list[str]  # "name: why" per figure left out on purpose: no data, or a label reading NaN
+    failed: list[str]  # "name: error" per figure whose data or drawing raised; the others are kept
+
+
+def _comparison_specs(runs: Mapping[str, object], smoothing: float, colors: dict) -> list[_Pending]:
     from tokengrad.figures import (
         make_accuracy_by_difficulty_figure,
         make_grad_norm_figure,
@@ -91,32 +107,40 @@ def _comparison_specs(runs: Mapping[str, object], smoothing: float, colors: dict
     from tokengrad.figures.headline import make_headline_figure
     from tokengrad.read.headline import pooled_bucket_shares
 
-    steps = {n: r.steps for n, r in runs.items()}
-    pooled = {
-        n: pooled_bucket_shares(r.buckets, layers=r.layers) if len(r.buckets) else r.buckets
-        for n, r in runs.items()
-    }
+    def headline():
+        pooled = {
+            n: pooled_bucket_shares(r.buckets, layers=r.layers) if len(r.buckets) else r.buckets
+            for n, r in runs.items()
+        }
+        return make_headline_figure(pooled, colors=colors)
+
+    def metric(column):
+        return lambda: make_metric_figure(
+            {n: r.steps for n, r in runs.items()}, column, smoothing=smoothing, colors=colors
+        )
+
     return [
-        FigureSpec("headline_update_share", make_headline_figure(pooled, colors=colors), "page"),
-        FigureSpec("reward", make_metric_figure(steps, STEP.reward_mean, smoothing=smoothing, colors=colors)),
-        FigureSpec(
-            "entropy", make_metric_figure(steps, STEP.entropy_mean, smoothing=smoothing, colors=colors)
-        ),
-        FigureSpec(
+        _Pending("headline_update_share", headline, "page"),
+        _Pending("reward", metric(STEP.reward_mean)),
+        _Pending("entropy", metric(STEP.entropy_mean)),
+        _Pending(
             "grad_norm",
-            make_grad_norm_figure({n: r.layers for n, r in runs.items()}, smoothing=smoothing, colors=colors),
+            lambda: make_grad_norm_figure(
+                {n: r.layers for n, r in runs.items()}, smoothing=smoothing, colors=colors
+            ),
         ),
-        FigureSpec(
+        _Pending(
             "accuracy_by_difficulty",
-            make_accuracy_by_difficulty_figure({n: r.evals for n, r in runs.items()}, colors=colors),
+            lambda: make_accuracy_by_difficulty_figure({n: r.evals for n, r in runs.items()}, colors=colors),
         ),
-        FigureSpec(
-            "weight_curves", make_weight_curve_figure({n: r.meta for n, r in runs.items()}, colors=colors)
+        _Pending(
+            "weight_curves",
+            lambda: make_weight_curve_figure({n: r.meta for n, r in runs.items()}, colors=colors),
         ),
     ]
 
 
-def _run_specs(name: str, run, smoothing: float, low, high, step_range, max_words: int) -> list[FigureSpec]:
+def _run_specs(name: str, run, smoothing: float, low, high, step_range, max_words: int) -> list[_Pending]:
     from tokengrad.figures import (
         make_bucket_share_figure,
         make_bucket_steps_figure,
@@ -132,42 +156,47 @@ def _run_specs(name: str, run, smoothing: float, low, high, step_range, max_word
 
     slug = _slug(name)
     words = dict(step_range=step_range, limit=4 * max_words)
-    pooled = pooled_bucket_shares(run.buckets, step_range, layers=run.layers) if len(run.buckets) else None
-    shares = with_update_shares(gradient_by_bucket(run, step_range=step_range), pooled)
-    specs = [
-        FigureSpec(f"gradient_share_{slug}", make_gradient_share_figure(shares, title=name)),
-        FigureSpec(f"bucket_shares_{slug}", make_bucket_share_figure(run.buckets, step_range, title=name)),
-        FigureSpec(
+
+    def gradient_share():
+        pooled = (
+            pooled_bucket_shares(run.buckets, step_range, layers=run.layers) if len(run.buckets) else None
+        )
+        shares = with_update_shares(gradient_by_bucket(run, step_range=step_range), pooled)
+        return make_gradient_share_figure(shares, title=name)
+
+    def wordcloud():
+        return make_high_low_wordcloud_figure(
+            token_frequencies(run, *high, **words),
+            token_frequencies(run, *low, **words),
+            titles=(f"p ≥ {high[0]:g}", f"p < {low[1]:g}"),
+            width=1200,
+            height=600,
+            max_words=max_words,
+            show_whitespace=False,
+            title=name,
+        )
+
+    return [
+        _Pending(f"gradient_share_{slug}", gradient_share),
+        _Pending(
+            f"bucket_shares_{slug}", lambda: make_bucket_share_figure(run.buckets, step_range, title=name)
+        ),
+        _Pending(
             f"bucket_update_share_{slug}",
-            make_bucket_steps_figure(run.buckets, BUCKET.update_share, title=name),
+            lambda: make_bucket_steps_figure(run.buckets, BUCKET.update_share, title=name),
             "page",
         ),
-        FigureSpec(
+        _Pending(
             f"grad_vs_prob_{slug}",
-            make_grad_vs_prob_figure(grad_norm_by_prob(run, step_range=step_range), title=name),
+            lambda: make_grad_vs_prob_figure(grad_norm_by_prob(run, step_range=step_range), title=name),
         ),
-        FigureSpec(
+        _Pending(
             f"grad_norm_layers_{slug}",
-            make_layer_grad_norm_figure(run.layers, smoothing=smoothing, title=name),
+            lambda: make_layer_grad_norm_figure(run.layers, smoothing=smoothing, title=name),
             "page",
         ),
-        FigureSpec(
-            f"wordcloud_{slug}",
-            make_high_low_wordcloud_figure(
-                token_frequencies(run, *high, **words),
-                token_frequencies(run, *low, **words),
-                titles=(f"p ≥ {high[0]:g}", f"p < {low[1]:g}"),
-                width=1200,
-                height=600,
-                max_words=max_words,
-                show_whitespace=False,
-                title=name,
-            ),
-            "page",
-            2.6,
-        ),
+        _Pending(f"wordcloud_{slug}", wordcloud, "page", 2.6),
     ]
-    return [s._replace(keep_title=True) for s in specs]
 
 
 def build_figure_set(
@@ -178,23 +207,29 @@ def build_figure_set(
     high: tuple[float, float] = (0.75, 1.0),
     step_range: tuple[int, int] | None = None,
     max_words: int = 150,
-) -> tuple[list[FigureSpec], list[str]]:
-    """The papers' figures for runs keyed by name; returns (specs, one note per figure left out: no data,
-    or a label that would read NaN)."""
+) -> FigureSet:
+    """The papers' figures for runs keyed by name: (specs, one note per figure left out: no data, or a
+    label that would read NaN, one line per figure that failed to draw). A figure whose tables or drawing
+    raise is reported in `failed` and the rest are still drawn."""
     from tokengrad.figures.style import run_colors
 
     colors = run_colors(list(runs))  # one colour per run across the whole figure set
-    specs = _comparison_specs(runs, smoothing, colors)
-    for name, run in runs.items():
-        specs += _run_specs(name, run, smoothing, low, high, step_range, max_words)
-    kept, notes = [], []
-    for s in specs:
-        why = _why_empty(s.figure) if not s.figure.data else nan_label(s.figure)
+    pending = [(p, False) for p in _comparison_specs(runs, smoothing, colors)]
+    for name, run in runs.items():  # per-run figures keep the run's name as their title
+        pending += [(p, True) for p in _run_specs(name, run, smoothing, low, high, step_range, max_words)]
+    kept, notes, failed = [], [], []
+    for p, keep_title in pending:
+        try:
+            fig = p.make()
+        except Exception as err:  # one figure's bad data must not cost the others; reported, not hidden
+            failed.append(f"{p.name}: {one_line(err)}")
+            continue
+        why = _why_empty(fig) if not fig.data else nan_label(fig)
         if why:
-            notes.append(f"{s.name}: {why}")
+            notes.append(f"{p.name}: {why}")
         else:
-            kept.append(s)
-    return kept, notes
+            kept.append(FigureSpec(p.name, fig, p.width, p.height_in, keep_title))
+    return FigureSet(kept, notes, failed)
 
 
 def headline_table(runs: Mapping[str, object], step_range: tuple[int, int] | None = None):
@@ -217,6 +252,13 @@ def headline_table(runs: Mapping[str, object], step_range: tuple[int, int] | Non
             }
         )
     return pd.DataFrame(rows)
+
+
+def one_line(err: BaseException) -> str:
+    """'TypeName: message' on one line, hidden characters escaped (a message may quote token text)."""
+    from tokengrad.read.display import visible_text
+
+    return visible_text(" ".join(f"{type(err).__name__}: {err}".split()))
 
 
 def _why_empty(fig: go.Figure) -> str:
