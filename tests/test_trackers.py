@@ -224,3 +224,49 @@ def test_publish_to_wandb_offline(recorded, monkeypatch):
         assert float(items["tokengrad/grad_norm"]) == pytest.approx(steps.loc[s, "grad_norm"], rel=1e-9)
         assert float(items["tokengrad/eval/kk/3/accuracy"]) == 0.25 * s
     assert [float(logged[s]["tokengrad/dead_step"]) for s in range(3)] == [0.0, 1.0, 0.0]
+
+
+def test_publish_counts_and_names_the_nan_and_inf_values_it_leaves_out(tmp_path, capsys):
+    from test_queries import _write, make_tiny_run
+
+    from tokengrad.cli.publish import report_nonfinite
+    from tokengrad.integrations.trackers.scalars import NonFinite, nonfinite_values
+
+    run_dir = make_tiny_run(tmp_path / "bad", n_steps=8)
+    for f in (run_dir / "steps").rglob("*.parquet"):
+        f.unlink()
+    nan, inf = float("nan"), float("inf")
+    # loss NaN at steps 5-7; kl logged as NaN at step 2 and not logged (null) on odd steps; grad_norm -inf
+    steps = [
+        dict(step=s, rank=0, loss=nan if s >= 5 else 0.1, kl=nan if s == 2 else (None if s % 2 else 0.01))
+        for s in range(8)
+    ]
+    steps[4]["grad_norm"] = -inf
+    _write(run_dir, "steps", steps)
+    layers = [
+        dict(step=s, rank=0, update_id=0, layer="total", grad_norm=inf if s == 6 else 1.0) for s in (5, 6)
+    ]
+    _write(run_dir, "layers", layers, seq=9)
+    run = load_run(run_dir)
+    assert nonfinite_values(run) == [
+        NonFinite("tokengrad/grad_norm", 0, 1, 4, 4),
+        NonFinite("tokengrad/kl", 1, 0, 2, 2),  # the null steps are not counted: nothing was recorded
+        NonFinite("tokengrad/layer/total/grad_norm", 0, 1, 6, 6),
+        NonFinite("tokengrad/loss", 3, 0, 5, 7),
+    ]
+    assert main(["publish", str(run_dir), "--tensorboard", str(tmp_path / "tb")]) == 0
+    out, err = capsys.readouterr()
+    assert "published" in out
+    assert err.splitlines() == [
+        "left out 6 NaN/inf value(s) of 4 metric(s), which trackers cannot plot:",
+        "  tokengrad/grad_norm: 1 inf (step 4)",
+        "  tokengrad/kl: 1 NaN (step 2)",
+        "  tokengrad/layer/total/grad_norm: 1 inf (step 6)",
+        "  tokengrad/loss: 3 NaN (steps 5-7)",
+    ]
+    got = _read_tb(tmp_path / "tb")
+    assert sorted(got["tokengrad/loss"]) == [0, 1, 2, 3, 4]  # the finite points are all there
+    assert (
+        report_nonfinite([NonFinite("t", 1, 2, 0, 3)] * 3, shown=1).splitlines()[-1]
+        == "  ... and 2 more metric(s)"
+    )

@@ -1,11 +1,18 @@
-"""`tokengrad publish RUN --tensorboard DIR --wandb PROJECT`: a run's aggregates to experiment trackers."""
+"""`tokengrad publish RUN --tensorboard DIR --wandb PROJECT`: a run's aggregates to experiment trackers.
+
+Trackers cannot plot NaN or inf, so those values are left out of the published scalars; the command says
+how many, of which metrics and at which steps (on stderr, after the "published" line), and exits 0.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 import shutil
+import sys
 from pathlib import Path
+
+MAX_LISTED = 12  # metrics listed one per line in the NaN/inf report; the rest are counted
 
 
 def staging_dir(logdir: Path) -> Path:
@@ -42,7 +49,7 @@ def cli_publish(argv: list[str]) -> int:
     if not (args.tensorboard or args.wandb):
         p.error("give --tensorboard DIR and/or --wandb PROJECT")
     # imported after parsing so that --help and usage errors answer at once (pandas, the trackers)
-    from tokengrad.integrations.trackers import backends
+    from tokengrad.integrations.trackers import backends, scalars
     from tokengrad.read.runs import load_run
 
     run = load_run(args.run)
@@ -74,5 +81,20 @@ def cli_publish(argv: list[str]) -> int:
         f"{type(t).__name__[:-7]} ({args.tensorboard if hasattr(t, 'logdir') else t.project})"
         for t in trackers
     )
+    bad = scalars.nonfinite_values(run)
     print(f"published {n} scalars of {run.name} to {where}")
+    if bad:
+        print(report_nonfinite(bad), file=sys.stderr)
     return 0
+
+
+def report_nonfinite(bad: list, shown: int = MAX_LISTED) -> str:
+    """What publish left out: the NaN / inf count, then one line per metric (tag, counts, steps)."""
+    total = sum(b.nan + b.inf for b in bad)
+    lines = [
+        f"left out {total} NaN/inf value(s) of {len(bad)} metric(s), which trackers cannot plot:",
+        *(f"  {b}" for b in bad[:shown]),
+    ]
+    if len(bad) > shown:
+        lines.append(f"  ... and {len(bad) - shown} more metric(s)")
+    return "\n".join(lines)

@@ -151,6 +151,86 @@ def dead_steps_sql(run) -> pd.Series:
     return (~df["live"].astype(bool)).set_axis(df["step"].astype(int)).rename("dead")
 
 
+class NonFinite(NamedTuple):
+    """Recorded NaN / ±inf values of one metric, which trackers cannot plot and publish leaves out."""
+
+    tag: str
+    nan: int
+    inf: int
+    first_step: int
+    last_step: int
+
+    def __str__(self) -> str:
+        counts = " and ".join(f"{n} {kind}" for n, kind in ((self.nan, "NaN"), (self.inf, "inf")) if n)
+        steps = f"step {self.first_step}"
+        if self.last_step != self.first_step:
+            steps = f"steps {self.first_step}-{self.last_step}"
+        return f"{self.tag}: {counts} ({steps})"
+
+
+# table -> (grouping columns naming the tag, value columns); steps: every numeric column
+_NONFINITE_SOURCES = {
+    "layers": ([LAYER.layer], [LAYER.grad_norm]),
+    "buckets": ([BUCKET.bucket, BUCKET.lo, BUCKET.hi], list(BUCKET_FIELDS)),
+    "evals": ([EVAL.task, EVAL.difficulty], [EVAL.accuracy]),
+}
+
+
+def nonfinite_values(run) -> list[NonFinite]:
+    """Every metric of a run (`tokengrad.read.runs.Run`) holding recorded NaN or ±inf values, by tag.
+
+    Counted in the Parquet files, where a value recorded as NaN differs from one not recorded (null): a
+    step that logged no `kl` is not counted, a step that logged `kl=nan` is.
+    """
+    out = []
+    for table in ("steps", *_NONFINITE_SOURCES):
+        if not run.files(table):
+            continue
+        columns = run.sql(f"SELECT * FROM {table} LIMIT 0")
+        keys, values = _NONFINITE_SOURCES.get(table, ([], _steps_value_columns(columns)))
+        for col in [c for c in values if c in columns.columns]:
+            out += _nonfinite_of(run, table, keys, col)
+    return sorted(out, key=lambda n: n.tag)
+
+
+def _steps_value_columns(columns: pd.DataFrame) -> list[str]:
+    return [
+        c
+        for c in columns.columns
+        if c not in _KEYS and pd.api.types.is_float_dtype(columns[c])  # integers and bools hold no NaN or inf
+    ]
+
+
+def _nonfinite_of(run, table: str, keys: list[str], col: str) -> list[NonFinite]:
+    group = ", ".join(f'"{k}"' for k in keys)
+    value = f'CAST("{col}" AS DOUBLE)'
+    bad = f"NOT isfinite({value})"
+    # FILTER clauses, not WHERE: DuckDB prunes Parquet row groups on their min/max statistics, which
+    # leave NaN out, so a WHERE on the value can skip the very rows holding NaN
+    df = run.sql(
+        f"SELECT {group + ',' if group else ''} count(*) FILTER (WHERE isnan({value})) AS nan, "
+        f"count(*) FILTER (WHERE isinf({value})) AS inf, min(step) FILTER (WHERE {bad}) AS first, "
+        f"max(step) FILTER (WHERE {bad}) AS last FROM {table} {'GROUP BY ' + group if group else ''}"
+    )
+    return [
+        NonFinite(_nonfinite_tag(table, row, col), int(row.nan), int(row.inf), int(row.first), int(row.last))
+        for row in df.itertuples(index=False)
+        if row.nan or row.inf
+    ]
+
+
+def _nonfinite_tag(table: str, row, col: str) -> str:
+    """The tracker tag the value would have had (the same names as step/layer/bucket/eval_scalars)."""
+    if table == "layers":
+        return f"{PREFIX}/layer/{_tag_part(row.layer)}/grad_norm"
+    if table == "buckets":
+        name = row.bucket if row.bucket == schema.RESIDUAL_BUCKET else f"{row.lo:.2f}-{row.hi:.2f}"
+        return f"{PREFIX}/bucket/{name}/{col}"
+    if table == "evals":
+        return f"{PREFIX}/eval/{_tag_part(row.task)}/{_tag_part(row.difficulty)}/accuracy"
+    return f"{PREFIX}/{col}"
+
+
 # ---- helpers ----------------------------------------------------------------------------------------
 
 
