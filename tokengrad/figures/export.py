@@ -110,7 +110,11 @@ def figure_to_bytes(
 
 
 class OutputError(OSError):
-    """The output folder cannot take the files (disk full, read-only, no permission); names the folder."""
+    """The output folder cannot take the files (disk full, read-only, no permission); names the folder.
+    OutputError(errno, message); str() is the message alone, without OSError's "[Errno N]" prefix."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 class StaticExport(NamedTuple):
