@@ -169,12 +169,13 @@ def test_trl_attach_stops_through_should_training_stop(tmp_path, critical_from_s
     assert rec.recorder is None  # detached: the recorder closed after TRL's stop
 
 
-def _bad_loss_loop(rec: Recorder, n: int, bad_from: int, bad: float) -> list[int]:
+def _bad_loss_loop(rec: Recorder, n: int, bad_from: int, bad: float, drain: bool = True) -> list[int]:
     done = []
     for step in range(n):
         with rec.step(step) as st:
             st.log(loss=bad if step >= bad_from else 0.1, reward_mean=0.5)
-        rec.live_doctor.drain(30)
+        if drain:
+            rec.live_doctor.drain(30)
         done.append(step)
     return done
 
@@ -191,11 +192,30 @@ def test_a_nan_or_inf_loss_halts_and_every_finished_step_is_on_disk(tmp_path, ba
     f = err.value.finding
     assert (f.id, f.severity, f.first_step) == ("nonfinite", "critical", 6)
     assert f.evidence["values"]["loss"] == 1
-    # step 6 is on disk once step 7 ends (the recorder reports it there); the boundary before step 8 raises
+    # step 6 logged the bad loss: it is diagnosed once on disk, and the boundary before step 7 raises
     run = load_run(tmp_path / "run")
-    assert run.steps["step"].tolist() == list(range(8))
+    assert run.steps["step"].tolist() == list(range(7))
     assert np.isnan(run.steps["loss"][6]) or np.isinf(run.steps["loss"][6])
     assert run.meta["finished"] is False  # the halt ended the run by an exception
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_nan_loss_halts_at_the_very_next_step_boundary_without_waiting(tmp_path, bad):
+    """A loop that never waits for the doctor: the step that logged a non-finite loss is diagnosed as
+    soon as it is on disk, so begin_step of the next step raises and no step after it runs."""
+    from tokengrad.read import load_run
+
+    rec = Recorder(tmp_path / "run", doctor=Doctor(halt=True, detectors=("nonfinite",)))
+    done: list[int] = []
+    with pytest.raises(DoctorHalt) as err:
+        with rec:
+            for step in range(40):
+                with rec.step(step) as st:
+                    st.log(loss=bad if step >= 6 else 0.1, reward_mean=0.5)
+                done.append(step)
+    assert done == list(range(7))  # step 6 finished; step 7 never began
+    assert (err.value.finding.id, err.value.finding.first_step) == ("nonfinite", 6)
+    assert load_run(tmp_path / "run").steps["step"].tolist() == list(range(7))
 
 
 def test_a_loss_that_was_never_logged_is_not_nonfinite(tmp_path):

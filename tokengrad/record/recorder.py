@@ -269,6 +269,7 @@ class Recorder:
         st, self._step = self._step, None
         if st is None:
             raise RuntimeError("no step is open")
+        halt_now = self._halts_on(st)
         bundle = st.finish()
         for tracker in self._trackers:  # published on the writer thread once the tables are built
             bundle = tracker.tee(bundle)
@@ -283,8 +284,17 @@ class Recorder:
                 self.live_doctor.committed(before)
         self._last_seq = writer.submit(bundle)
         self.last_step = st.step
+        if halt_now:  # diagnosed on disk now, so the next begin_step raises DoctorHalt (no step lost)
+            writer.wait_for(self._last_seq)
+            self.live_doctor.committed(st.step)
+            self.live_doctor.drain(self.live_doctor.options.close_timeout)
         if self._on_error == "raise":  # the error belongs to this step, not the next one
             writer.wait_for(self._last_seq)
+
+    def _halts_on(self, st) -> bool:
+        """A step with a NaN/inf loss or gradient norm under Doctor(halt=True)."""
+        doctor = self.live_doctor
+        return doctor is not None and doctor.options.halt and st.nonfinite()
 
     def discard_step(self) -> None:
         """Drop the open step without recording it (an interrupted step: a resume runs it again)."""

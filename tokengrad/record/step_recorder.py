@@ -9,6 +9,7 @@ that update.
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 
@@ -259,6 +260,13 @@ class StepRecorder:
     def log(self, **scalars) -> None:
         """Per-step scalars (loss, reward_mean, kl, lr, time_*, or any new name -> an extra column)."""
         self._scalars.update(check_scalars(scalars, _NUMERIC_STEP_COLUMNS))
+
+    def nonfinite(self) -> bool:
+        """Whether the step logged a NaN/inf loss or gradient norm: with Doctor(halt=True) the recorder then
+        diagnoses the step as soon as it is on disk, so the next step boundary halts (a live diagnosis
+        alone could land a step or two later)."""
+        values = [self._scalars.get("loss"), self._scalars.get("grad_norm"), *self._update_norms.values()]
+        return any(isinstance(v, float) and not math.isfinite(v) for v in values)
 
     def samples(
         self,
