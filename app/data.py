@@ -15,6 +15,9 @@ after _CACHE_TTL_S, and there are at most _CACHE_ENTRIES per loader.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -233,3 +236,21 @@ def _hashable(value: Any) -> Any:
 def live_signature(run_dirs: list[str]) -> tuple[Signature, ...]:
     """Signatures of several runs at once: what the live-refresh watcher compares between polls."""
     return tuple(signature(d) for d in run_dirs)
+
+
+@functools.cache
+def _malloc_trim():
+    """glibc's malloc_trim, or None (another C library, or no C library found)."""
+    try:
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), "malloc_trim", None)
+    except OSError:
+        return None
+
+
+def release_freed_memory() -> None:
+    """Hand the heap pages freed by a script run back to the OS (glibc's malloc_trim, ~10 ms; a no-op
+    elsewhere). Every script run reads and drops the tables again on a new thread; without this glibc kept
+    their pages, and Live refresh grew the server by ~7 MB a refresh (benchmarks/bench_live_refresh.py)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)

@@ -15,9 +15,13 @@ if _PACKAGE_PARENT not in sys.path:  # `streamlit run` puts only app/ on sys.pat
 
 import streamlit as st  # noqa: E402
 
+from app import data  # noqa: E402
 from app.views import sidebar  # noqa: E402
 
 VIEWS = Path(__file__).resolve().parent / "views"
+# A file, not a ":material/...:" name: Streamlit's browser code fetches a material favicon from a public
+# font host, and a local dashboard must not reach the internet. An SVG file becomes a data: URL.
+ICON = Path(__file__).resolve().parent / "assets" / "icon.svg"
 PAGES = (  # file, title, icon
     ("overview.py", "Overview", ":material/monitoring:"),
     ("buckets.py", "Probability buckets", ":material/bar_chart:"),
@@ -30,10 +34,13 @@ PAGES = (  # file, title, icon
 
 
 def run() -> None:
-    st.set_page_config(page_title="tokengrad", page_icon=":material/monitoring:", layout="wide")
+    st.set_page_config(page_title="tokengrad", page_icon=ICON, layout="wide")
     sidebar.render()
     page = st.navigation([st.Page(VIEWS / f, title=t, icon=i) for f, t, i in PAGES])
-    page.run()
+    try:
+        page.run()
+    finally:  # also after st.stop / st.rerun, which unwind through here
+        data.release_freed_memory()
 
 
 run()

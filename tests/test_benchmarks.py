@@ -58,6 +58,13 @@ FIGURES = {
         "page_evaluation_cold",
         "peak RSS",
     ),
+    "bench_live_refresh.py": (
+        "RSS after warm-up",
+        "RSS at the end",
+        "growth after warm-up (total)",
+        "slope after warm-up per refresh",
+        "slope after warm-up per minute",
+    ),
     "bench_doctor.py": (
         "step boundary, no doctor    median ms",
         "step boundary, doctor on    median ms",

@@ -30,7 +30,9 @@ EVERY_KEY = "tg_live_every"
 FORMAT_KEY = "tg_download_format"
 _SIG_KEY = "tg_live_signature"
 _KNOWN_KEY = "tg_known_runs"
+_CAPPED_KEY = "tg_runs_capped"  # (runs asked for, the first MAX_RUNS of them) when a pick was cut
 DEFAULT_PICK = 4  # runs shown at first: enough to compare, few enough to read
+MAX_RUNS = 12  # runs compared at once: each keeps a colour of its own (figures.style.RUN_PALETTE has 12)
 LIVE_INTERVALS_S = (2, 5, 10, 30)
 DOWNLOAD_FORMATS = ("png", "svg", "html")
 
@@ -80,13 +82,22 @@ def _runs_ui(root: str) -> list[str]:
     new = [n for n in names if known is not None and n not in known]  # appeared since the last run
     st.session_state[_KNOWN_KEY] = names
     picked = st.session_state[PICK_KEY] if PICK_KEY in st.session_state else first_pick(by_name)
-    st.session_state[PICK_KEY] = [n for n in picked if n in by_name] + new  # drop vanished, add new runs
+    picked = list(dict.fromkeys([n for n in picked if n in by_name] + new))  # drop vanished, add new runs
+    if len(picked) > MAX_RUNS:  # a URL can name any number of runs; the note stays while they are shown
+        st.session_state[_CAPPED_KEY] = (len(picked), picked[:MAX_RUNS])
+    st.session_state[PICK_KEY] = picked[:MAX_RUNS]
     picked = st.multiselect(
         "Runs",
         names,
         key=PICK_KEY,
-        help="Pick several runs to overlay them; a run keeps its colour on every page.",
+        max_selections=MAX_RUNS,
+        help=f"Pick up to {MAX_RUNS} runs to overlay them; a run keeps its colour on every page.",
     )
+    asked, shown = st.session_state.get(_CAPPED_KEY, (0, None))
+    if shown == picked:
+        st.caption(
+            f"Showing the first {MAX_RUNS} of the {asked} runs asked for: at most {MAX_RUNS} are compared."
+        )
     _chip_colors(picked)
     st.session_state[RUNS_KEY] = [by_name[n] for n in picked]
     return st.session_state[RUNS_KEY]

@@ -50,7 +50,8 @@ def _x_axis(text: str) -> str:
 
 
 def _names(text: str) -> list[str]:
-    return [t for t in text.split(",") if t]
+    """Comma-separated names, each once (`?runs=a,a,a,...` picks run a once)."""
+    return list(dict.fromkeys(t for t in text.split(",") if t))
 
 
 _LIST = (_names, lambda v: ",".join(v))

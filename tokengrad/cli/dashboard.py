@@ -28,6 +28,10 @@ from tokengrad.read.served_root import ALLOW_ANY_FLAG, PACKAGE_PARENT, resolve_r
 
 DEFAULT_PORT = 8501
 DEFAULT_HOST = "127.0.0.1"
+# Streamlit runs every script run on a new thread, and glibc gives threads malloc arenas of their own (up to
+# 8 per core) whose freed pages it rarely hands back: Live refresh grew the server by ~7 MB a refresh until
+# every arena was full (benchmarks/bench_live_refresh.py). Two arenas keep it flat after warm-up.
+MALLOC_ARENA = "2"
 
 
 def app_path() -> Path:
@@ -123,8 +127,10 @@ def build_command(
 
 def server_env() -> dict[str, str]:
     """The environment of the server: the package folder first on PYTHONPATH, so the app imports this
-    tokengrad even when it runs from a checkout that is not installed."""
+    tokengrad even when it runs from a checkout that is not installed, and glibc's malloc kept to
+    MALLOC_ARENA (unless the caller set MALLOC_ARENA_MAX)."""
     env = dict(os.environ)
+    env.setdefault("MALLOC_ARENA_MAX", MALLOC_ARENA)
     parts = [str(PACKAGE_PARENT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(parts)
     return env
