@@ -39,3 +39,17 @@ else
   echo "[setup] SKIPPED: chromium is missing and this is not root; install it with 'sudo apt-get install -y chromium'"
   echo "        (without it, export writes HTML and the browser tests are skipped)"
 fi
+
+# word-cloud fonts: Noto Sans CJK (Chinese, Japanese, Korean) and Symbola (emoji as outlines, which Pillow
+# scales; Noto Color Emoji is a fixed-size bitmap font it cannot); tokengrad.figures.fonts picks per cloud
+FONT_PKGS="fonts-noto-cjk fonts-symbola"
+if dpkg -s $FONT_PKGS >/dev/null 2>&1; then
+  echo "[setup] word-cloud fonts present: $FONT_PKGS"
+elif [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+  echo "[setup] installing word-cloud fonts: $FONT_PKGS"
+  { apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $FONT_PKGS >/dev/null; } \
+    || echo "[setup] SKIPPED: font install failed; word clouds draw CJK and emoji as escapes (\\u4e2d)"
+else
+  echo "[setup] SKIPPED: fonts missing and this is not root; install with 'sudo apt-get install -y $FONT_PKGS'"
+  echo "        (without them, word clouds draw CJK and emoji as escapes such as \\u4e2d)"
+fi

@@ -13,6 +13,8 @@ from tokengrad.figures.liveness import live_mask
 from tokengrad.figures.smoothing import find_spikes
 from tokengrad.figures.tokens import GAP, PUSH, make_token_figure, token_html, with_gap, with_push
 from tokengrad.read.display import visible_lines
+from tokengrad.read.queries import CONTEXT_MARKS
+from tokengrad.read.token_text import readable_text
 from tokengrad.schema import SAMPLE, STEP, TOK
 
 COLOR_BY = (
@@ -227,7 +229,7 @@ def _top_tokens(run: str, step: int, value: str, update_id: int | None) -> None:
     st.markdown(f"**Tokens carrying most of the {_scope(update_id)}** (click a row to open its completion)")
     tokens = data.query(run, "top_tokens", step=step, k=20, value=value, update_id=update_id)
     event = st.dataframe(
-        tokens.assign(context=tokens["context"].map(visible_lines, na_action="ignore")),
+        tokens.assign(context=tokens["context"].map(_context_text, na_action="ignore")),
         hide_index=True,
         width="stretch",
         key=f"in_top_tokens_{step}_{update_id}",
@@ -260,6 +262,11 @@ def _top_tokens(run: str, step: int, value: str, update_id: int | None) -> None:
         ],
     )
     _open_picked(step, "tokens", tokens, event)
+
+
+def _context_text(context: str) -> str:
+    """A character split over tokens drawn whole on the token completing it (a bracketed part reads ◌)."""
+    return visible_lines(readable_text(context, CONTEXT_MARKS))
 
 
 def _pct(x) -> str:

@@ -9,6 +9,10 @@ Hovering a token shows every value recorded for it. Every scale is colour-blind 
 RdYlBu / RdBu diverging and single-hue sequential scales, no red-green pair): probabilities on a fixed
 [0, 1] red-yellow-blue scale, signed values (coef, advantage) diverging around 0, the PPO ratio diverging
 around 1 (no change), the rest a sequential scale over the data.
+
+Token text is shown as people read it (tokengrad.read.token_text): a character that a byte-level
+tokenizer split over several tokens ('<0xE4>', '<0xB8>', '<0xAD>') is drawn whole on the token that
+completes it ('中'), the tokens holding its earlier bytes read ◌; the hover keeps each token's stored text.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from plotly.colors import sample_colorscale, unlabel_rgb
 
 from tokengrad.figures.style import cap_text, dashboard_layout, empty_figure
 from tokengrad.read.display import visible_text
+from tokengrad.read.token_text import CONTINUATION, merge_tokens
 from tokengrad.schema import TOK
 
 # -coef: gradient descent moves log pi_t by about -lr * coef * |grad log pi_t|^2, so a positive push raises
@@ -132,6 +137,20 @@ def display_token(text: str) -> str:
     return cap_text(visible_text(cap_text(text), symbols=WHITESPACE_SYMBOLS))
 
 
+PART_NOTE = "\n◌: its bytes begin a character drawn whole on a later token"
+
+
+def display_tokens(texts) -> list[str]:
+    """display_token of each token of one completion (in position order), characters split over tokens
+    merged onto the token that completes them; a token holding only earlier bytes of one reads ◌."""
+    merged = merge_tokens(["" if t is None or pd.isna(t) else str(t) for t in texts])
+    return [CONTINUATION if t is None else display_token(t) for t in merged]
+
+
+def _token_texts(df: pd.DataFrame) -> list:
+    return list(df[TOK.token]) if TOK.token in df.columns else [""] * len(df)
+
+
 def hover_text(row: pd.Series, columns) -> str:
     """'name value' lines of every recorded value of one token (floats in 4 significant digits)."""
     lines = [f"token '{cap_text(visible_text(cap_text(str(row.get(TOK.token, '')))))}'"]
@@ -181,13 +200,14 @@ def token_html(
     colors = token_colors(df[color_by], color_by, vmin, vmax)
     cols = _hover_columns(df)
     spans = []
-    for (_, row), bg in zip(df.iterrows(), colors):
-        text = _html.escape(display_token(str(row.get(TOK.token) or "")))
+    merged = merge_tokens(["" if t is None or pd.isna(t) else str(t) for t in _token_texts(df)])
+    for (_, row), bg, part in zip(df.iterrows(), colors, merged):
+        text = _html.escape(CONTINUATION if part is None else display_token(part))
         if "↵" in text:
             text = text.replace("↵", "↵<br>")
         faded = "opacity:0.45;" if _not_in_loss(row) else ""
         style = f"background:{bg or 'transparent'};color:{_text_color(bg)};{faded}{BOUNDARY}"
-        title = _html.escape(hover_text(row, cols), quote=True)
+        title = _html.escape(hover_text(row, cols) + (PART_NOTE if part is None else ""), quote=True)
         spans.append(f'<span class="tg-tok" style="{style}" title="{title}">{text}</span>')
     lo, hi = color_range(df[color_by], color_by, vmin, vmax)
     return (
@@ -253,7 +273,7 @@ def make_token_figure(
         )
 
     z = grid(df[color_by].astype(float), None)
-    text = grid([display_token(str(t or "")) for t in df.get(TOK.token, [""] * n)], "")
+    text = grid(display_tokens(_token_texts(df)), "")
     cols = _hover_columns(df)
     hover = grid([hover_text(r, cols).replace("\n", "<br>") for _, r in df.iterrows()], "")
     lo, hi = color_range(df[color_by], color_by, vmin, vmax)

@@ -6,14 +6,17 @@ Fig. 1 style).
     fig = make_high_low_wordcloud_figure(high, low)              # plotly, two go.Image panels
     png = wordcloud_png(prepare_frequencies(high))               # or PNG bytes
 
-Token strings are cleaned for display: byte-level BPE markers (Ġ space, Ċ newline, ĉ tab) and the
-SentencePiece ▁ become whitespace, surrounding whitespace is stripped, and whitespace-only tokens are shown
-as ␣ / ↵ / ⇥ (or dropped with show_whitespace=False). Special tokens (<|im_end|>, </s>, ...) are dropped;
-byte tokens that are not valid text on their own (<0xE2>, recorded by tokengrad's decoder) are kept as
-they are. Words are never rotated (a rotated '<' reads as 'V'). Clouds are sized by token count, or by the
-tokens' summed gradient (grad_sum, the sum of logit_grad_norm) with size_by="grad_sum".
-The font is found through matplotlib's font manager (DejaVu Sans, bundled with matplotlib), which draws
-symbols that wordcloud's bundled DroidSansMono renders as empty boxes.
+Token strings are cleaned for display: raw byte-level BPE pieces are decoded ('Ġthe' is ' the', 'ä¸Ń'
+is '中'; tokengrad.read.token_text), the SentencePiece ▁ becomes a space, surrounding whitespace is
+stripped, and whitespace-only tokens are shown as ␣ / ↵ / ⇥ (or dropped with show_whitespace=False).
+Special tokens (<|im_end|>, </s>, ...) are dropped. A character split over several tokens ('<0xE4>',
+'<0xB8>', '<0xAD>') reaches the cloud whole from token_frequencies (tokengrad.read.char_frequencies:
+counted once, on the token that completes it); bytes that never form a character stay '<0xE2>'. Words
+are never rotated (a rotated '<' reads as 'V'). Clouds are sized by token count, or by the tokens' summed
+gradient (grad_sum, the sum of logit_grad_norm) with size_by="grad_sum".
+Each cloud is drawn in the font that covers most of its characters (tokengrad.figures.fonts: DejaVu Sans,
+else Noto Sans CJK or Symbola where installed); a character that font lacks is written as an escape
+(\u4e2d), never as an empty box.
 """
 
 from __future__ import annotations
@@ -23,15 +26,16 @@ import io
 import random
 import re
 from collections.abc import Iterable, Mapping
-from functools import lru_cache
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from tokengrad.figures.fonts import DEFAULT_FONT_FAMILY, cloud_font, drawable, find_font  # noqa: F401
 from tokengrad.figures.style import MAX_TOKEN_CHARS, cap_text, dashboard_layout, empty_figure
 from tokengrad.read.display import visible_text
+from tokengrad.read.token_text import readable_token
 from tokengrad.schema import BIN, TOK
 
 MARKERS = {"Ġ": " ", "▁": " ", "Ċ": "\n", "ĉ": "\t"}  # byte-level BPE and SentencePiece (U+2581) markers
@@ -43,7 +47,6 @@ BYTE_TOKEN = re.compile(r"^(<0x[0-9A-F]{2}>)+$")  # undecodable bytes, shown as 
 SIZE_BY = ("count", "grad_sum")
 DEFAULT_STOP_TOKENS: frozenset[str] = frozenset()
 HIGH_HUE, LOW_HUE = 210, 15  # blue for high-probability tokens, red-orange for low
-DEFAULT_FONT_FAMILY = "DejaVu Sans"
 
 
 def clean_token(token: str, *, show_whitespace: bool = True) -> str | None:
@@ -51,7 +54,7 @@ def clean_token(token: str, *, show_whitespace: bool = True) -> str | None:
     whitespace hidden). Line breaks and tabs inside it read ↵ / ⇥, other controls, bidi overrides and
     zero-width characters as escapes (tokengrad.read.display: \\u202e)."""
     # a bounded prefix first: markers and whitespace never need more than a few characters of slack
-    text = "".join(MARKERS.get(ch, ch) for ch in str(token)[: 4 * MAX_TOKEN_CHARS])
+    text = "".join(MARKERS.get(ch, ch) for ch in readable_token(str(token)[: 4 * MAX_TOKEN_CHARS]))
     stripped = text.strip()
     if stripped:
         return cap_text(visible_text(stripped, symbols=INNER_SYMBOLS))
@@ -99,14 +102,6 @@ def prepare_frequencies(
     return dict(ranked[:max_words] if max_words else ranked)
 
 
-@lru_cache(maxsize=8)
-def find_font(family: str = DEFAULT_FONT_FAMILY) -> str:
-    """Path of a TTF for `family` via matplotlib.font_manager (falls back to matplotlib's default font)."""
-    from matplotlib import font_manager
-
-    return font_manager.findfont(font_manager.FontProperties(family=family), fallback_to_default=True)
-
-
 def _hue_color_func(hue: int):
     """wordcloud colour function: one hue, lightness 22-45% drawn from wordcloud's seeded random_state."""
 
@@ -120,11 +115,12 @@ def _hue_color_func(hue: int):
 def _cloud(freqs: Mapping[str, float], width: int, height: int, hue: int, seed: int, font_path: str | None):
     from wordcloud import WordCloud
 
+    font_path = font_path or cloud_font(freqs)
     wc = WordCloud(
         width=width,
         height=height,
         background_color="white",
-        font_path=font_path or find_font(),
+        font_path=str(font_path),
         random_state=seed,
         color_func=_hue_color_func(hue),
         prefer_horizontal=1.0,
@@ -134,7 +130,9 @@ def _cloud(freqs: Mapping[str, float], width: int, height: int, hue: int, seed: 
     )
     capped: dict[str, float] = {}  # freqs that did not come through prepare_frequencies: made visible here
     for word, size in freqs.items():
-        shown = cap_text(visible_text(str(word)[: 4 * MAX_TOKEN_CHARS], symbols=INNER_SYMBOLS))
+        shown = drawable(
+            cap_text(visible_text(str(word)[: 4 * MAX_TOKEN_CHARS], symbols=INNER_SYMBOLS)), font_path
+        )
         capped[shown] = capped.get(shown, 0.0) + size
     return wc.generate_from_frequencies(capped)
 

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from tokengrad.read import token_shares
+from tokengrad.read.char_frequencies import merge_split_characters
 from tokengrad.schema import BIN, SAMPLE, TOK, column_names
 
 ADV_SIGN_SQL = {1: f"{TOK.advantage} > 0", -1: f"{TOK.advantage} < 0", 0: f"{TOK.advantage} = 0"}
@@ -119,7 +120,9 @@ def token_frequencies(
     (count, or grad_sum: the summed per-token gradient norm, logit_grad_norm).
 
     adv_sign 1 / -1 / 0 keeps tokens with positive / negative / zero advantage (None: all). Tokens with
-    no decoded text (recorded without a tokenizer) are named '#<token_id>'.
+    no decoded text (recorded without a tokenizer) are named '#<token_id>'. Tokens holding part of a
+    character are counted as that character, on the token that completes it
+    (tokengrad.read.char_frequencies).
     """
     if int(limit) < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
@@ -133,7 +136,9 @@ def token_frequencies(
         f"FROM tokens{w.sql()} "
         f"GROUP BY {TOK.token_id} ORDER BY {order_by} DESC, {TOK.token} LIMIT ?"
     )
-    return run.sql(q, w.params + [int(limit)])
+    freqs = run.sql(q, w.params + [int(limit)])
+    # a character split over tokens ('<0xE4>', '<0xB8>', '<0xAD>') counts once, as itself
+    return merge_split_characters(run, freqs, w.sql(), w.params, _GRAD, order_by)
 
 
 def token_totals(
