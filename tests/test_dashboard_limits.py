@@ -62,6 +62,8 @@ def test_more_runs_than_compared_at_once_keeps_the_first_with_a_note(many_runs, 
 
 def test_the_server_runs_with_two_malloc_arenas_unless_told(monkeypatch):
     monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    monkeypatch.delenv("ARROW_DEFAULT_MEMORY_POOL", raising=False)
     assert dashboard.server_env()["MALLOC_ARENA_MAX"] == "2"
+    assert dashboard.server_env()["ARROW_DEFAULT_MEMORY_POOL"] == "system"
     monkeypatch.setenv("MALLOC_ARENA_MAX", "8")
     assert dashboard.server_env()["MALLOC_ARENA_MAX"] == "8"

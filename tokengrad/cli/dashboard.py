@@ -127,10 +127,14 @@ def build_command(
 
 def server_env() -> dict[str, str]:
     """The environment of the server: the package folder first on PYTHONPATH, so the app imports this
-    tokengrad even when it runs from a checkout that is not installed, and glibc's malloc kept to
-    MALLOC_ARENA (unless the caller set MALLOC_ARENA_MAX)."""
+    tokengrad even when it runs from a checkout that is not installed, and the allocators set up for a
+    long-running server (unless the caller set them): glibc's malloc kept to MALLOC_ARENA arenas, pyarrow
+    on the system allocator."""
     env = dict(os.environ)
     env.setdefault("MALLOC_ARENA_MAX", MALLOC_ARENA)
+    # pyarrow's default pool (mimalloc) keeps each thread's freed pages; the system pool is glibc's malloc,
+    # which the app trims after every script run (app.data.release_freed_memory)
+    env.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     parts = [str(PACKAGE_PARENT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(parts)
     return env
