@@ -131,6 +131,14 @@ def mismatch(t):
     st["rollout_mismatch"] = st["rollout_mismatch"] + 0.002 * k
 
 
+def confident(t):
+    """From ONSET on, each sequence's first token: the trainer's pi_old gives it 0.95, the engine 0.05."""
+    tok = tokens_of(t["samples"], np.random.default_rng(0))
+    hit = _after(tok) & (tok["position"] == 0)
+    tok.loc[hit, "old_logprob"], tok.loc[hit, "rollout_logprob"] = np.log(0.95), np.log(0.05)
+    t["tokens"] = tok
+
+
 def masked(t):
     """TRL's IS sequence mask as the attach records it (tokens.masked / masked_by): from ONSET on, every loss
     token of 6 of each step's 16 sequences (sample_id % 8 < 3) masked."""
@@ -165,6 +173,7 @@ CASES = {
     "zeroed_gradients": (zeroed, 0, 0, "critical"),
     "rollout_mismatch": (mismatch, ONSET, 8, "warning"),
     "masked_sequences": (masked, ONSET, 0, "warning"),
+    "confident_disagreement": (confident, ONSET, 0, "critical"),
 }
 
 

@@ -116,7 +116,13 @@ def test_figures_plot_the_query_values(hand):
     close(line.y, by_prob["gap_mean"])
     assert list(bars.x) == ["[0.00, 0.50)", "[0.50, 1.00)"] and captions(fig) == ["5 scored loss tokens"]
     pos = make_gap_by_position_figure(rq.gap_by_position(hand, bins=3))
-    assert list(pos.data[0].x) == ["0-0", "1-1", "2-2"]
+    assert list(pos.data[0].x) == ["0", "1", "2"] and pos.layout.xaxis.type == "category"
+    # 10 bins over positions 0..2: the 7 bins that hold no whole position are left out (they read "2-1",
+    # which Plotly took for a date); 2 bins of positions 0..1 and 2 read with an en dash
+    ten = make_gap_by_position_figure(rq.gap_by_position(hand, bins=10))
+    assert list(ten.data[0].x) == ["0", "1", "2"]
+    two = make_gap_by_position_figure(rq.gap_by_position(hand, bins=[0, 2, 3]))
+    assert list(two.data[0].x) == ["0–1", "2"] and two.layout.xaxis.categoryarray == ("0–1", "2")
     close(pos.data[1].y, [0.125, 0.5, -0.4])
     steps = hand.steps
     traj = make_gap_trajectory_figure(steps)

@@ -12,10 +12,12 @@ import streamlit as st
 from app import data
 from app.views import common, findings, urlstate
 from tokengrad.figures.rollout import (
+    gap_verdict,
     make_gap_by_position_figure,
     make_gap_by_prob_figure,
     make_gap_trajectory_figure,
     make_mismatch_share_figure,
+    make_off_policy_split_figure,
     mismatch_summary,
 )
 from tokengrad.schema import SAMPLE, TOK
@@ -81,6 +83,19 @@ def _masked(run: str, step_range) -> None:
         findings.open_finding({"query": q, "run_dir": run, "page": "inspector"})
 
 
+def _confident(run: str, step_range) -> None:
+    st.subheader("Confident disagreements")
+    df = data.query(run, "confident_disagreements", step_range=step_range, limit=200)
+    if df.empty:
+        st.caption("No loss token where one side gives p > 0.9 and the other p < 0.1.")
+        return
+    st.caption(
+        f"{len(df)} tokens (at most 200 shown) where the trainer's π_old gives p > 0.9 and the engine "
+        "p < 0.1, or the reverse: a sampler at another temperature or precision, not rounding."
+    )
+    st.dataframe(df, hide_index=True, width="stretch")
+
+
 def _share(run: str, step_range) -> None:
     st.subheader("Update share of the mismatched tokens")
     urlstate.default(TAU_KEY, 0.1)
@@ -115,6 +130,12 @@ def render() -> None:
         common.empty(f"No rollout_logprob in {name}: the engine's log-probs were not recorded.", NO_ROLLOUT)
         common.show_run_warnings(runs)
         return
+    with common.guard("Verdict"):
+        st.markdown(gap_verdict(data.query(run, "gap_summary")))
+    if data.query(run, "has_staleness"):
+        with common.guard("Staleness and mismatch"):
+            df = data.query(run, "off_policy_split")
+            common.chart(make_off_policy_split_figure(df), "ro_split", f"rollout_split_{name}", table=df)
     with common.guard("Gap per step"):
         common.chart(
             make_gap_trajectory_figure(data.table(run, "steps")), "ro_steps", f"rollout_steps_{name}"
@@ -130,6 +151,8 @@ def render() -> None:
         _share(run, step_range)
     with common.guard("Masked sequences"):
         _masked(run, step_range)
+    with common.guard("Confident disagreements"):
+        _confident(run, step_range)
     common.show_run_warnings(runs)
 
 

@@ -13,6 +13,7 @@ from tokengrad.doctor.finding import Action, Finding, TokenEvidence
 from tokengrad.doctor.registry import detector, fmt, pct
 from tokengrad.doctor.stats import confidence_from_p, sustained, sustained_confidence, trend
 from tokengrad.doctor.view import RunView
+from tokengrad.read import rollout_queries as rq
 
 # mean |log pi_old - log pi_rollout| per loss token, nats. ~1e-7 when the sampler is the trained fp32
 # distribution (schema doc); bf16 inference engines show ~1e-3 to 1e-2 and off-policy trouble past that
@@ -81,9 +82,11 @@ def rollout_mismatch(view: RunView) -> list[Finding]:
         + (f", growing (Mann-Kendall p {tr.p_value:.1e})" if growing else "")
         + f"; worst at step {worst} ({fmt(float(x.max()))})"
     )
+    split = _staleness_apart(view)
+    msg += split[0]
     evidence = {
         "statistic": "end/start window medians of rollout_mismatch; Mann-Kendall",
-        "values": {"start": start, "end": end, "max": float(x.max()), **tr.as_dict()},
+        "values": {"start": start, "end": end, "max": float(x.max()), **tr.as_dict(), **split[1]},
         "thresholds": {"warning": MISMATCH_WARNING, "critical": MISMATCH_CRITICAL, "growth": MISMATCH_GROWTH},
     }
     actions = (Action("correct with truncated importance sampling or sample in fp32", _SOURCE),)
@@ -102,6 +105,79 @@ def rollout_mismatch(view: RunView) -> list[Finding]:
             actions,
         )
     ]
+
+
+def _staleness_apart(view: RunView) -> tuple[str, dict]:
+    """The message tail and evidence values that keep the engine mismatch apart from staleness
+    (tokengrad.read.rollout_queries MISMATCH / STALENESS) where the run recorded policy versions."""
+    if not {"policy_version", "trainer_version", "rollout_logprob"} <= view.token_columns():
+        return "", {}
+    s = rq.gap_summary(view)
+    values = {
+        k: s[k] for k in ("mismatch_abs_mean", "token_mult_prob_error", "n_stale", "staleness_abs_mean")
+    }
+    if not s["n_stale"]:
+        return "; no stale rows: the gap is the engine's mismatch alone", values
+    return (
+        f"; per token the engine mismatch is {fmt(s['mismatch_abs_mean'])} nats, apart from the staleness "
+        f"of {int(s['n_stale'])} rows up to {int(s['lag_max'])} versions old ({fmt(s['staleness_abs_mean'])} "
+        "nats, the policy's own drift)",
+        values,
+    )
+
+
+# Confident disagreement: one side gives the sampled token p > 0.9 and the other p < 0.1, |d| > ln 9 = 2.2
+# nats, where a bf16 engine's rounding stays below 0.1 nats (verl PR #7749, vime #64): a sampler at another
+# temperature or precision, or wrong log-probs. tokengrad defaults: a warning from 3 such tokens making at
+# least 0.1 % of the scored loss tokens, critical from 1 %.
+CONFIDENT_HI, CONFIDENT_LO = 0.9, 0.1
+CONFIDENT_MIN_TOKENS, CONFIDENT_WARNING, CONFIDENT_CRITICAL = 3, 0.001, 0.01
+
+
+@detector("confident_disagreement", tables=("tokens",), page="inspector")
+def confident_disagreement(view: RunView) -> list[Finding]:
+    """Loss tokens where the trainer's pi_old gives p > 0.9 and the engine p < 0.1, or the reverse."""
+    if not {"rollout_logprob", "old_logprob"} <= view.token_columns():
+        return []
+    hits = rq.confident_disagreements(view, hi=CONFIDENT_HI, lo=CONFIDENT_LO)
+    n_scored = rq.gap_summary(view)["n_scored"]
+    if len(hits) < CONFIDENT_MIN_TOKENS or not n_scored or len(hits) / n_scored < CONFIDENT_WARNING:
+        return []
+    share = len(hits) / n_scored
+    level = "critical" if share >= CONFIDENT_CRITICAL else "warning"
+    steps = hits["step"].to_numpy()
+    top = hits.head(5)
+    rows = [
+        {k: (int(v) if k in ("step", "sample_id", "position", "token_id") else v) for k, v in r.items()}
+        for r in top[["step", "sample_id", "position", "token_id", "token", "trainer_prob", "engine_prob"]]
+        .astype(object)
+        .to_dict("records")
+    ]
+    worst = rows[0]
+    msg = (
+        f"{len(hits)} of {int(n_scored)} scored loss tokens ({pct(share)}) have the trainer and the engine "
+        f"confident and opposed (p > {CONFIDENT_HI:g} on one side, < {CONFIDENT_LO:g} on the other), steps "
+        f"{int(steps.min())}-{int(steps.max())}; worst at step {worst['step']} sample {worst['sample_id']} "
+        f"position {worst['position']}: trainer p {worst['trainer_prob']:.3g}, engine p "
+        f"{worst['engine_prob']:.3g}"
+    )
+    evidence = {
+        "statistic": "count of loss tokens with exp(old_logprob) and exp(rollout_logprob) on opposite sides",
+        "values": {"n_tokens": len(hits), "n_scored": int(n_scored), "share": share, "tokens": rows},
+        "thresholds": {"hi": CONFIDENT_HI, "lo": CONFIDENT_LO, "warning": CONFIDENT_WARNING},
+        "exact": True,
+    }
+    tokens = tuple(
+        _counted(int(r.step), r, 1.0 / len(hits), i, r.trainer_prob) for i, r in enumerate(top.itertuples())
+    )
+    actions = (
+        Action(
+            "sample and score at the same temperature and precision; check the engine's log-probs", _SOURCE
+        ),
+    )
+    conf = min(0.99, 0.7 + 10 * share)
+    first, last = int(steps.min()), int(steps.max())
+    return [Finding("confident_disagreement", level, conf, first, last, msg, evidence, tokens, actions)]
 
 
 def masked_per_sequence(view: RunView) -> pd.DataFrame:

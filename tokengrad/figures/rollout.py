@@ -19,6 +19,12 @@ from plotly.subplots import make_subplots
 
 from tokengrad.figures.curves import step_series
 from tokengrad.figures.style import add_caption, dashboard_layout, empty_figure, integer_step_axis
+from tokengrad.read.rollout_queries import (
+    MISMATCH_CRITICAL,
+    MISMATCH_WARNING,
+    MULT_PROB_ERROR_SUSPECT,
+    mismatch_level,
+)
 from tokengrad.schema import BIN, STEP, TOK
 
 NO_ROLLOUT = "no rollout_logprob in this selection (the engine's log-probs were not recorded)"
@@ -73,8 +79,19 @@ def make_gap_by_position_figure(df: pd.DataFrame, title: str | None = None) -> g
     """The gap per bin of the token position (gap_by_position)."""
     if df is None or df.empty or int(df[BIN.count].sum()) == 0:
         return empty_figure(NO_ROLLOUT, title)
-    x = [f"{int(np.ceil(lo))}-{int(np.ceil(hi)) - 1}" for lo, hi in df[[BIN.lo, BIN.hi]].to_numpy()]
-    return _binned_gap_figure(df, x, "position in the completion", title or "Rollout gap by position")
+    first = np.ceil(df[BIN.lo].to_numpy()).astype(int)  # bin i holds the positions first..last
+    last = np.ceil(df[BIN.hi].to_numpy()).astype(int) - 1
+    keep = first <= last  # more bins than positions leaves bins that hold no whole position
+    df, x = df[keep], position_labels(first[keep], last[keep])
+    fig = _binned_gap_figure(df, x, "position in the completion", title or "Rollout gap by position")
+    # categories, not dates: Plotly reads a label like "2-1" as a date when it guesses the axis type
+    return fig.update_xaxes(type="category", categoryorder="array", categoryarray=x)
+
+
+def position_labels(first, last) -> list[str]:
+    """'0–4' per bin of positions 0..4 ('7' for one position): an en dash, never a hyphen, so the label
+    is no date ('2-1' read as 2001-02-01) wherever the axis type is guessed."""
+    return [f"{a}" if a == b else f"{a}–{b}" for a, b in zip(first, last)]
 
 
 def make_gap_trajectory_figure(steps: pd.DataFrame, title: str | None = None) -> go.Figure:
@@ -175,3 +192,65 @@ def make_mismatch_share_figure(df: pd.DataFrame, tau: float, title: str | None =
         f"{s['n_mismatched']} of {s['n_scored']} scored tokens made {s['update_share']:.1%} of an update "
         f"on average over {s['n_updates']} updates",
     )
+
+
+def gap_verdict(summary: dict) -> str:
+    """One line: the run's mean engine mismatch against the healthy band (tokengrad.read.rollout_queries
+    MISMATCH_WARNING / _CRITICAL, NeMo-RL's token_mult_prob_error), and its staleness apart where the run
+    has stale rows (`summary`: rollout_queries.gap_summary)."""
+    m, n = summary.get("mismatch_abs_mean", np.nan), int(np.nan_to_num(summary.get("n_scored", 0)))
+    if not n or not np.isfinite(m):
+        return "Mismatch: no token has an engine log-prob in this selection."
+    level = mismatch_level(m)
+    mult = summary.get("token_mult_prob_error", np.nan)
+    words = {
+        "healthy": f"healthy (below {MISMATCH_WARNING:g} nats; a sampler in the trainer's precision reads "
+        "about 1e-7, bf16 engines 1e-3 to 3e-2)",
+        "warning": f"above the healthy {MISMATCH_WARNING:g} nats (doctor warning; critical from "
+        f"{MISMATCH_CRITICAL:g})",
+        "critical": f"critical: above {MISMATCH_CRITICAL:g} nats, far outside what bf16 engines show",
+    }
+    line = (
+        f"Mismatch (log π_old − log μ, same version): mean |d| {m:.3g} nats over {n} tokens (max "
+        f"{summary.get('mismatch_abs_max', np.nan):.3g}): {words[level]}. NeMo-RL's token_mult_prob_error "
+        f"mean exp(|d|) = {mult:.6g} ({'≤' if mult <= MULT_PROB_ERROR_SUSPECT else '>'} "
+        f"{MULT_PROB_ERROR_SUSPECT:g}, {'fine' if mult <= MULT_PROB_ERROR_SUSPECT else 'suspicious'})."
+    )
+    if int(np.nan_to_num(summary.get("n_stale", 0))):
+        line += (
+            f" Staleness (log π_θ − log π_old, across up to {int(summary['lag_max'])} versions): mean "
+            f"|Δ| {summary['staleness_abs_mean']:.3g} nats over {int(summary['n_stale'])} stale rows (max "
+            f"{summary['staleness_abs_max']:.3g}): the policy's own drift since sampling, not an engine "
+            "error."
+        )
+    return line
+
+
+def make_off_policy_split_figure(df: pd.DataFrame, title: str | None = None) -> go.Figure:
+    """Per step, the mean |mismatch| (engine vs trainer at the sampling version) and the mean |staleness|
+    (trainer vs trainer across versions) of the off-policy gap (rollout_queries.off_policy_split); log
+    axis when every value is > 0."""
+    if df is None or df.empty:
+        return empty_figure(NO_ROLLOUT, title)
+    fig = go.Figure()
+    series = (
+        ("mismatch_abs_mean", "mean |log π_old − log μ|: mismatch", "#0072B2"),
+        ("staleness_abs_mean", "mean |log π_θ − log π_old|: staleness", "#D55E00"),
+    )
+    shown = []
+    for col, name, color in series:
+        part = df[df[col].notna()]
+        if not part.empty:
+            fig.add_trace(
+                go.Scatter(
+                    x=part[STEP.step], y=part[col], name=name, mode="lines+markers", line=dict(color=color)
+                )
+            )
+            shown.append(part[col])
+    if not shown:
+        return empty_figure(NO_ROLLOUT, title)
+    positive = bool((pd.concat(shown) > 0).all())
+    fig.update_yaxes(title_text="nats per token", type="log" if positive else "linear")
+    fig.update_xaxes(title_text="step")
+    integer_step_axis(fig, df[STEP.step])
+    return dashboard_layout(fig, title or "Off-policy gap per step: staleness and mismatch apart")

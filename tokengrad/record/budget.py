@@ -170,6 +170,8 @@ def capture_pass(
         {k: take(t) for k, t in p.extra.items()},
         index=None if sel is None else (sel[0].cpu().numpy(), sel[1].cpu().numpy()),
         selected_by=None if sel is None else sel[2].cpu().numpy(),
+        policy_versions=None if p.policy_versions is None else p.policy_versions.numpy(),
+        trainer_version=p.trainer_version,
     )
 
 

@@ -71,6 +71,8 @@ class CapturedBatch:
     # record.budget.SELECTED_BY.
     index: tuple[np.ndarray, np.ndarray] | None = None
     selected_by: np.ndarray | None = None
+    policy_versions: np.ndarray | None = None  # [N] float64, NaN: unknown (tokens.policy_version)
+    trainer_version: int | None = None  # tokens.trainer_version of every row
 
 
 class TokenDecoder:
@@ -148,6 +150,7 @@ def _batch_table(step: int, rank: int, b: CapturedBatch, decode: TokenDecoder) -
         )
     cols["clipped"] = pa.nulls(n, pa.bool_()) if b.clipped is None else pa.array(take(b.clipped))
     cols["masked"], cols["masked_by"] = _masks(b.values.get("mask_code"), take, n)
+    cols["policy_version"], cols["trainer_version"] = _versions(b, rows, n)
     cols["selected_by"] = (
         pa.nulls(n, pa.string())
         if b.selected_by is None
@@ -161,6 +164,19 @@ def _batch_table(step: int, rank: int, b: CapturedBatch, decode: TokenDecoder) -
     for name, v in b.extra.items():
         fixed = fixed.append_column(name, pa.array(take(v)))
     return fixed
+
+
+def _versions(b: CapturedBatch, rows: np.ndarray, n: int) -> tuple[pa.Array, pa.Array]:
+    """tokens.policy_version (per sequence: b.policy_versions[row], NaN written null) and trainer_version."""
+    v = b.policy_versions
+    policy = (
+        pa.nulls(n, pa.int64())
+        if v is None
+        else pa.array(v[rows], pa.float64(), from_pandas=True).cast(pa.int64())
+    )
+    t = b.trainer_version
+    trainer = pa.nulls(n, pa.int64()) if t is None else pa.array(np.full(n, t, np.int64))
+    return policy, trainer
 
 
 def _masks(code, take, n: int) -> tuple[pa.Array, pa.Array]:

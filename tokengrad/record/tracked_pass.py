@@ -32,6 +32,8 @@ class TrackedPass:
     handle: object = None
     bucketed: bool = False
     recompute: object = None  # () -> [N, T] log pi again, for attribution (and on-spike) steps
+    policy_versions: torch.Tensor | None = None  # [N] float64, NaN: unknown (tokens.policy_version)
+    trainer_version: int | None = None  # tokens.trainer_version of every row
 
 
 def new_pass(
@@ -58,6 +60,8 @@ def build_pass(index: int, logprobs: torch.Tensor, inputs: dict, stats) -> Track
     """Pass `index` from st.track()'s arguments (`inputs`: its keyword tensors by name, `stats` its
     TokenStats), after checking every shape, device and id: the masks as bool, the detached value columns
     (record/stats.py) and the host trainer's own per-token tensors."""
+    inputs = dict(inputs)
+    versions = inputs.pop("policy_versions", None), inputs.pop("trainer_version", None)
     N, T = check_track_inputs(logprobs, **inputs)
     dev = logprobs.device
     mask = inputs["mask"]
@@ -75,7 +79,7 @@ def build_pass(index: int, logprobs: torch.Tensor, inputs: dict, stats) -> Track
     )
     host = {"rollout_logprob": "rollout_logprobs", "is_weight": "is_weights", "mask_code": "mask_codes"}
     tensors.update({col: inputs[k].detach().float() for col, k in host.items() if inputs[k] is not None})
-    return new_pass(
+    p = new_pass(
         index,
         logprobs,
         tensors,
@@ -87,3 +91,36 @@ def build_pass(index: int, logprobs: torch.Tensor, inputs: dict, stats) -> Track
         inputs["clipped"],
         inputs["extra"],
     )
+    p.policy_versions, p.trainer_version = check_versions(*versions, N)
+    return p
+
+
+def check_versions(policy_versions, trainer_version, n: int) -> tuple[torch.Tensor | None, int | None]:
+    """st.track's version arguments: `policy_versions` an int (every row) or [N] numbers (NaN or None:
+    unknown), `trainer_version` an int; ([N] float64 on the CPU or None, int or None)."""
+    if trainer_version is not None and not (_is_int(trainer_version) and int(trainer_version) >= 0):
+        raise ValueError(f"trainer_version must be an int >= 0, got {trainer_version!r}")
+    if policy_versions is None:
+        return None, None if trainer_version is None else int(trainer_version)
+    if _is_int(policy_versions):
+        v = torch.full((n,), float(policy_versions), dtype=torch.float64)  # [N]
+    elif isinstance(policy_versions, (bool, float, str)):
+        raise ValueError(f"policy_versions must be an int or [N] whole numbers, got {policy_versions!r}")
+    else:
+        if not torch.is_tensor(policy_versions):
+            policy_versions = torch.tensor(
+                [float("nan") if x is None else float(x) for x in policy_versions], dtype=torch.float64
+            )
+        v = policy_versions.detach().to("cpu", torch.float64).reshape(-1)  # [N]
+        if v.numel() != n:
+            raise ValueError(f"policy_versions has {v.numel()} entries, expected [N] = ({n},)")
+    known = v[~torch.isnan(v)]
+    if bool((known != known.round()).any()) or bool((known < 0).any()):
+        raise ValueError("policy_versions must be whole numbers >= 0 (NaN or None: unknown)")
+    return v, None if trainer_version is None else int(trainer_version)
+
+
+def _is_int(x) -> bool:
+    if isinstance(x, bool):
+        return False
+    return isinstance(x, int) or (torch.is_tensor(x) and x.dim() == 0 and not x.is_floating_point())

@@ -48,6 +48,19 @@ TOKENS = [
         "generation-time logits, e.g. bf16); null for tool output and greedy decoding",
     ),
     _c(
+        "policy_version",
+        pa.int64(),
+        "version of the weights that sampled the token's sequence, in the host's unit (built-in trainer: "
+        "optimizer updates applied before sampling; verl: min_global_steps, its weight syncs); null: "
+        "the host does not expose it",
+    ),
+    _c(
+        "trainer_version",
+        pa.int64(),
+        "version of the weights whose log pi the row's loss pass computed (`logprob`), in the unit of "
+        "policy_version; trainer_version - policy_version is the row's staleness in versions",
+    ),
+    _c(
         "is_weight",
         pa.float32(),
         "importance-sampling weight the host's loss multiplied the token's term by, read from the host's own "

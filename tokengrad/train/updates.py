@@ -46,6 +46,15 @@ def reuses_old_logprobs(cfg, rule, rule_params: dict) -> bool:
     )
 
 
+def applied_updates(opt: torch.optim.Optimizer) -> int:
+    """The version of the weights: how many optimizer updates have been applied, read from the optimizer's
+    own step count (AdamW keeps one per parameter), so a resumed run continues it from its checkpoint.
+    The sampler of a step is the trainer at the step's start (no delayed rollouts), so this count before
+    the first update is the version that sampled every sequence of the step (tokens.policy_version)."""
+    steps = [float(st["step"]) for st in opt.state.values() if "step" in st]
+    return int(max(steps)) if steps else 0
+
+
 class Updates:
     """The update half of `Trainer` (a mixin: it reads the trainer's cfg, model, policy, rule, optimizer and
     reuse_old, the value of `reuses_old_logprobs`)."""
@@ -59,6 +68,7 @@ class Updates:
         if n_updates == 0:
             return {"n_updates": 0}
         st.is_bucket_step = st.is_bucket_step and not any_idle  # bucket all-reduces need every rank's buckets
+        self.sampled_version = applied_updates(self.opt)  # update k runs at version sampled_version + k
         losses, kls, norms = [], [], []
         for update_id in range(n_updates):
             parts = self.backward_passes(st, b, plan[update_id] if b is not None else None, update_id, g)
@@ -177,6 +187,7 @@ class Updates:
         """The recorder's view of one loss pass: its log-probs and everything the token rows need."""
         old, adv = b.old_logprobs[rows], b.advantages[rows]
         ref = b.ref_logprobs[rows] if b.ref_logprobs is not None else None
+        version = getattr(self, "sampled_version", None)  # set by update()
         st.track(
             logprobs,
             token_ids=b.completion_ids[rows],
@@ -192,6 +203,8 @@ class Updates:
             hidden=hidden,
             clipped=clipped,
             update_id=update_id,
+            policy_versions=version,
+            trainer_version=None if version is None else version + update_id,  # one opt.step() per update
             rollout_logprobs=b.rollout_logprobs[rows],
             **correction.token_columns(b, rows, u.phase[rows], self.correction),
             recompute=lambda: directional_logprobs(  # attribution's second look at the same rows
