@@ -6,6 +6,7 @@
     tokengrad inspect sample_runs/lab_grpo        # summary of a run;  --schema prints the run format
     tokengrad publish sample_runs/lab_grpo --tensorboard tb   # aggregates to TensorBoard (--wandb PROJECT)
     tokengrad doctor sample_runs/* --fail-on critical      # ranked findings, token evidence, CI gate
+    tokengrad import prime_rl outputs/run --out runs/prime  # another framework's per-token dump as a run
 
 Each subcommand's own options: `tokengrad SUBCOMMAND --help`.
 
@@ -42,6 +43,11 @@ SUBCOMMANDS = {
     ),
     "doctor": ("tokengrad.cli.doctor", "cli_doctor", "ranked findings on runs, with the tokens behind them"),
     "watch": ("tokengrad.cli.watch", "cli_watch", "tail a run written elsewhere and print new findings"),
+    "import": (
+        "tokengrad.cli.import_run",
+        "cli_import",
+        "load a per-token dump another framework wrote (TRL, prime-rl, NeMo-RL) as a run",
+    ),
 }
 
 
