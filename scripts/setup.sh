@@ -29,6 +29,9 @@ else
   echo "[setup] tokengrad already installed"
 fi
 
+# OpenRLHF's source for tests/test_openrlhf.py: its wheel unpacked into a cache, not installed (docs/openrlhf.md)
+bash scripts/openrlhf_env.sh
+
 if command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ]; then
   echo "[setup] chromium present: $(command -v chromium || echo /usr/bin/chromium)"
 elif [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
