@@ -64,6 +64,10 @@ QUERIES = {
         rollout_queries.gap_by_position,
         rollout_queries.mismatch_update_share,
         rollout_queries.masked_sequences,
+        rollout_queries.gap_summary,
+        rollout_queries.has_staleness,
+        rollout_queries.off_policy_split,
+        rollout_queries.confident_disagreements,
     )
 }
 _CACHE_ENTRIES = 64
@@ -225,7 +229,7 @@ def low_prob_shares(run_dir: str, step_range: tuple[int, int] | None = None) -> 
 
 
 def status(run_dir: str) -> run_state.RunStatus:
-    """running / finished / crashed (tokengrad.read.status; a few stat calls, not cached)."""
+    """running / finished / crashed / stopped (tokengrad.read.status; a few stat calls, not cached)."""
     return run_state.run_status(run_dir)
 
 

@@ -95,6 +95,8 @@ class StepRecorder:
         stats: TokenStats | None = None,
         hidden: torch.Tensor | None = None,
         clipped: torch.Tensor | None = None,
+        policy_versions: torch.Tensor | int | None = None,
+        trainer_version: int | None = None,
         update_id: int = 0,
         extra: dict[str, torch.Tensor] | None = None,
         recompute=None,
