@@ -143,6 +143,11 @@ def test_cli_import_prints_what_was_not_recorded(tmp_path, capsys):
     assert main(["import", "prime_rl", str(tmp_path / "d"), "--out", str(out)]) == 2  # a run is there
     assert "already holds a run" in capsys.readouterr().err
     assert main(["import", "--list"]) == 0 and "nemo_rl" in capsys.readouterr().out
+    assert main(["inspect", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "source     imported from prime_rl" in text
+    assert "not recorded by the source, tokens: clipped, coef," in text
+    assert "not recorded by the source, tables: layers, buckets" in text
 
 
 @pytest.mark.slow

@@ -48,5 +48,24 @@ def summarize(run) -> str:
     lines.append(f"tokens     {n_tok} rows in {len(run.files('tokens'))} files")
     for table in ("layers", "buckets", "samples", "evals"):
         lines.append(f"{table:<10} {len(run.table(table))} rows")
+    lines += _provenance_lines(m)
     lines += [f"warning    {w}" for w in run.warnings]
     return "\n".join(visible_text(line) for line in lines)
+
+
+def _provenance_lines(meta: dict) -> list[str]:
+    """An imported run: its source, and per table the columns the source did not record."""
+    from tokengrad.read.provenance import NOT_RECORDED, imported, not_recorded, source_note
+
+    info = imported(meta)
+    if info is None:
+        return []
+    lines = [f"source     {source_note(meta)}"]
+    for table in ("tokens", "samples", "steps"):
+        cols = sorted(not_recorded(meta, table))
+        if cols and table not in (info.get("tables_not_recorded") or []):
+            lines.append(f"{NOT_RECORDED}, {table}: {', '.join(cols)}")
+    tables = info.get("tables_not_recorded") or []
+    if tables:
+        lines.append(f"{NOT_RECORDED}, tables: {', '.join(tables)}")
+    return lines
