@@ -148,14 +148,32 @@ def add_curve(
         _add_spikes(fig, x, y, name, color, spike_k, pos)
 
 
+def lone_points(y, connected: bool = False) -> np.ndarray:
+    """The finite points a line cannot draw: no finite neighbour to join (a 1-step run, a live step between
+    two steps without gradient); with connected (connectgaps) only a curve's one finite point."""
+    ok = np.isfinite(np.asarray(y, dtype=float))
+    if connected:
+        return ok & (ok.sum() == 1)
+    return ok & ~np.r_[False, ok[:-1]] & ~np.r_[ok[1:], False]
+
+
+def _line_mode(y, connected: bool = False) -> dict:
+    """mode and markers of a line trace: a dot on each lone point, so that it is drawn at all."""
+    lone = lone_points(y, connected)
+    if not lone.any():
+        return dict(mode="lines")
+    return dict(mode="lines+markers", marker=dict(size=np.where(lone, 6, 0)))
+
+
 def _add_lines(fig, x, shown, name: str, color: str, smoothing: float, showlegend: bool, pos: dict) -> None:
-    """The recorded line (faint when smoothed) and, with smoothing > 0, its debiased EMA on top."""
+    """The recorded line (faint when smoothed) and, with smoothing > 0, its debiased EMA on top; a point
+    with no neighbour to join gets a dot."""
     smoothed = smoothing > 0
     fig.add_trace(
         go.Scatter(
             x=x,
             y=shown,
-            mode="lines",
+            **_line_mode(shown),
             name=f"{name} raw" if smoothed else name,
             legendgroup=name,
             showlegend=showlegend and not smoothed,
@@ -175,7 +193,7 @@ def _add_lines(fig, x, shown, name: str, color: str, smoothing: float, showlegen
             x=x,
             y=ema,
             customdata=shown,
-            mode="lines",
+            **_line_mode(ema, connected=True),
             name=name,
             legendgroup=name,
             showlegend=showlegend,
