@@ -27,6 +27,8 @@ from tokengrad.doctor import examine  # noqa: E402
 from tokengrad.integrations import openrlhf as tg  # noqa: E402
 
 PolicyLoss = openrlhf_source.load("openrlhf.models.loss").PolicyLoss
+aggregate_loss = openrlhf_source.load("openrlhf.models.loss").aggregate_loss
+compute_approx_kl = openrlhf_source.load("openrlhf.models.utils").compute_approx_kl
 Experience = openrlhf_source.load("openrlhf.trainer.ppo_utils.experience").Experience
 log_probs_from_logits = openrlhf_source.load("openrlhf.models.utils").log_probs_from_logits
 
@@ -54,9 +56,10 @@ class Actor(torch.nn.Module):
 class Trainer:
     """Stand-in for OpenRLHF's ActorPPOTrainer (see the module docstring)."""
 
-    def __init__(self, accumulate=2, **loss_kwargs):
+    def __init__(self, accumulate=2, kl_coef=0.0, **loss_kwargs):
         self.actor = Actor()
         self.actor_loss_fn = PolicyLoss(**loss_kwargs)
+        self.kl_coef = kl_coef  # OpenRLHF's KL loss (algo.kl.use_loss) with this coefficient, k3
         self.opt = torch.optim.SGD(self.actor.parameters(), lr=0.5)
         self.accumulate, self.calls, self.seen = accumulate, 0, []
 
@@ -71,7 +74,12 @@ class Trainer:
             rollout_log_probs=experience.rollout_log_probs,
             **loss_batch_info,
         )
-        (actor_loss / self.accumulate).backward()
+        loss = (
+            actor_loss + self.kl_coef * _kl_loss(lp, experience, loss_batch_info)
+            if self.kl_coef
+            else actor_loss
+        )
+        (loss / self.accumulate).backward()
         self.calls += 1
         if self.calls % self.accumulate == 0:
             self.opt.step()
@@ -81,6 +89,14 @@ class Trainer:
 
 
 tg.wrap_trainer(Trainer)
+
+
+def _kl_loss(lp, exp, info):
+    """ppo_actor.py's KL loss on the same log-probs: OpenRLHF's k3 estimator against the reference."""
+    kl = compute_approx_kl(
+        lp, exp.base_action_log_probs, log_probs_old=exp.action_log_probs, kl_estimator="k3"
+    )
+    return aggregate_loss(kl, exp.action_mask, **info)
 
 
 def _experience(seed, rollout=True, drift=0.3, gap=0.6):
@@ -93,8 +109,14 @@ def _experience(seed, rollout=True, drift=0.3, gap=0.6):
         old = (Actor()(seq, mask) + drift * torch.randn(B, A, generator=g)) * mask  # [B, A]
     adv = torch.tensor([1.0, -0.5, 0.8, -1.2])[:, None] * mask  # [B, A]: GRPO, one value per sequence
     mu = old + gap * torch.randn(B, A, generator=g) * mask if rollout else None
+    ref = old + 0.2 * torch.randn(B, A, generator=g) * mask  # [B, A] the reference model's log-probs
     return Experience(
-        sequences=seq, action_mask=mask, action_log_probs=old, advantages=adv, rollout_log_probs=mu
+        sequences=seq,
+        action_mask=mask,
+        action_log_probs=old,
+        base_action_log_probs=ref,
+        advantages=adv,
+        rollout_log_probs=mu,
     )
 
 
@@ -112,7 +134,8 @@ def _train(trainer, n_calls=4, **data):
 
 
 def _reference_coef(trainer, lp, exp, info, **loss_kwargs):
-    """autograd of a fresh PolicyLoss (the trainer's settings) w.r.t. the captured log-probs [B, A]."""
+    """autograd of a fresh PolicyLoss (the trainer's settings; plus the KL loss where the trainer has one)
+    w.r.t. the captured log-probs [B, A]."""
     leaf = lp.clone().requires_grad_(True)
     loss = PolicyLoss(**loss_kwargs)(
         leaf,
@@ -122,6 +145,8 @@ def _reference_coef(trainer, lp, exp, info, **loss_kwargs):
         rollout_log_probs=exp.rollout_log_probs,
         **info,
     )[0]
+    if trainer.kl_coef:
+        loss = loss + trainer.kl_coef * _kl_loss(leaf, exp, info)
     (grad,) = torch.autograd.grad(loss / trainer.accumulate, leaf)
     return grad
 
@@ -182,6 +207,21 @@ def test_recorded_coef_is_autograd_of_openrlhfs_policy_loss(run_dir, name):
         assert torch.allclose(_col(rows, "logprob"), lp[mask].double(), atol=1e-6)
         assert torch.allclose(_col(rows, "advantage"), exp.advantages[mask].double())
     assert (tok["coef"] != 0).any()
+
+
+def test_coef_includes_the_kl_loss_built_on_the_same_log_probs(run_dir):
+    kwargs = dict(is_correction_level="token", is_correction_threshold=(0.7, 1.4))
+    trainer = Trainer(kl_coef=0.5, **kwargs)
+    _train(trainer, n_calls=2)
+    tok = load_run(run_dir).tokens().sort_values(["pass_id", "sample_id", "position"])
+    want = torch.cat(
+        [_reference_coef(trainer, lp, e, i, **kwargs)[e.action_mask] for lp, e, i in trainer.seen]
+    )
+    without = torch.cat(
+        [_reference_coef(Trainer(**kwargs), lp, e, i, **kwargs)[e.action_mask] for lp, e, i in trainer.seen]
+    )
+    assert torch.allclose(_col(tok, "coef"), want.double(), rtol=1e-5, atol=1e-9)
+    assert not torch.allclose(want, without, rtol=1e-3)  # the KL term is not negligible here
 
 
 def _expected_is_weights(exp, level, mode, low, high):
