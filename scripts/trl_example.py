@@ -1,6 +1,6 @@
 """Record a TRL GRPOTrainer run with tokengrad: two added lines, the trainer stays TRL's.
 
-    python scripts/trl_example.py --run-dir runs/trl_demo                       # CPU, tiny random model
+    python scripts/trl_example.py                                             # CPU, tiny model, runs/trl_demo
     python scripts/trl_example.py --run-dir runs/trl_tr --weighting tr_grpo     # TR-GRPO weights inside TRL
     torchrun --nproc_per_node 2 scripts/trl_example.py --run-dir runs/trl_ddp   # 2 processes (gloo on CPU)
     tokengrad dashboard runs/                                                   # look at the runs
@@ -63,7 +63,7 @@ def main(run_dir: str, weighting: str | None = None, loss_type: str = "dapo", st
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--run-dir", required=True)
+    ap.add_argument("--run-dir", default="runs/trl_demo", help="the run folder")
     ap.add_argument("--weighting", default=None, help="a rule of tokengrad.objective.weighting, e.g. tr_grpo")
     ap.add_argument("--loss-type", default="dapo", help="TRL's loss_type: grpo, dapo, dr_grpo, bnpo, ...")
     ap.add_argument("--steps", type=int, default=4)
