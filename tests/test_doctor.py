@@ -216,6 +216,24 @@ def test_masked_sequences_counts_whole_sequences_and_their_reasons(tmp_path):
     assert "38 % of step 30's sequences lost their whole gradient" in f.message
 
 
+def test_tokens_a_host_mask_removed_are_not_zeroed_gradients(tmp_path):
+    """The same zeroed tokens, each carrying the host's IS mask (coef 0 because the mask removed it): the
+    gradient was removed on purpose and masked_sequences' business, so zeroed_gradients stays silent."""
+
+    def masked_zero(t):
+        zeroed(t)
+        tok = t["tokens"]
+        hit = tok["coef"] == 0
+        tok["masked"] = np.where(hit, True, None)
+        tok["masked_by"] = np.where(hit, "is_token_mask", None)
+
+    run = write_doctor_run(tmp_path / "mz", edit=masked_zero)
+    assert [f.id for f in diagnose(run) if f.id == "zeroed_gradients"] == []
+    assert [f.id for f in diagnose(write_doctor_run(tmp_path / "z", edit=zeroed))].count(
+        "zeroed_gradients"
+    ) == 1
+
+
 def test_masked_sequences_from_trls_step_count(tmp_path):
     def counted(t):  # no token mask records: steps.is_masked_sequences over the step's completions
         st = t["steps"]

@@ -242,10 +242,14 @@ def high_prob_drag(view: RunView) -> list[Finding]:
 
 @detector("zeroed_gradients", tables=("tokens",), page="inspector")
 def zeroed_gradients(view: RunView) -> list[Finding]:
-    """Over 5 % (critical: 50 %) of the unclipped A != 0 loss tokens get coef or weight 0: a weighting rule
-    silently removes their gradient."""
-    if not {"coef", "weight", "advantage", "clipped"} <= view.token_columns():
+    """Over 5 % (critical: 50 %) of the unclipped, unmasked A != 0 loss tokens get coef or weight 0: a
+    weighting rule silently removes their gradient. Tokens a host's mask removed (tokens.masked: an IS or
+    rollout-correction mask, with its reason in masked_by) are the masked_sequences detector's, not this
+    one's."""
+    cols = view.token_columns()
+    if not {"coef", "weight", "advantage", "clipped"} <= cols:
         return []
+    unmasked = " AND NOT coalesce(masked, false)" if "masked" in cols else ""
     # any zeroed token at all? (two columns read; a healthy run, with none, ends here)
     if not view.sql("SELECT count(*) AS n FROM tokens WHERE coef = 0 OR weight = 0")["n"].iloc[0]:
         return []
@@ -253,7 +257,8 @@ def zeroed_gradients(view: RunView) -> list[Finding]:
         "SELECT step, count(*) AS n, count(*) FILTER (WHERE coef = 0 OR weight = 0) AS zero, "
         "max(prob) FILTER (WHERE coef = 0 OR weight = 0) AS p_max, "
         "min(prob) FILTER (WHERE coef = 0 OR weight = 0) AS p_min FROM tokens "
-        "WHERE in_loss AND advantage != 0 AND NOT coalesce(clipped, false) GROUP BY step ORDER BY step"
+        f"WHERE in_loss AND advantage != 0 AND NOT coalesce(clipped, false){unmasked} "
+        "GROUP BY step ORDER BY step"
     )
     if per.empty or per["zero"].sum() == 0:
         return []
@@ -269,7 +274,7 @@ def zeroed_gradients(view: RunView) -> list[Finding]:
         f"{rule!r}, steps {first}-{last}, at p in [{fmt(p_lo)}, {fmt(p_hi)}] (exact: autograd coef)"
     )
     evidence = {
-        "statistic": "share of in_loss, A != 0, unclipped tokens with coef == 0 or weight == 0",
+        "statistic": "share of in_loss, A != 0, unclipped, unmasked tokens with coef == 0 or weight == 0",
         "values": {"share": share, "tokens": int(per["zero"].sum()), "p_min": p_lo, "p_max": p_hi},
         "thresholds": {"warning": ZERO_WARNING, "critical": ZERO_CRITICAL},
         "exact": True,
