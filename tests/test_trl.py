@@ -334,9 +334,8 @@ def test_train_end_restores_the_trainer(tmp_path):
     tg_trl.attach(trainer, tmp_path / "run")
     assert "compute_loss" in vars(trainer) and vars(trainer.model)["forward"] is not forward
     trainer.train()
-    assert not {"compute_loss", "train"} & set(vars(trainer)) and "clip_grad_norm_" not in vars(
-        trainer.accelerator
-    )
+    # only the wrapper that continues the run on a later train() stays (tests/test_doctor_conformance.py)
+    assert "compute_loss" not in vars(trainer) and "clip_grad_norm_" not in vars(trainer.accelerator)
     assert vars(trainer.model)["forward"] is forward
     assert not any(type(cb).__module__.startswith("tokengrad.") for cb in trainer.callback_handler.callbacks)
     assert load_run(tmp_path / "run").meta["finished"] is True

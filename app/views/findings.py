@@ -1,5 +1,6 @@
 """The doctor's findings at the top of the landing page: counts, then the ranked findings, each with a
-button that opens the page, step and sample that show its evidence.
+button that opens the page, step and sample that show its evidence, then the detectors that could not run
+on a run and why (a missing setting or column), so an unchecked run does not look healthy.
 
     from app.views import findings
     findings.render(runs)            # one call, self-contained (cached per run signature)
@@ -15,7 +16,7 @@ import streamlit as st
 from app import data
 from app.views import common
 from app.views.sidebar import run_title
-from tokengrad.doctor.engine import diagnose
+from tokengrad.doctor.engine import examine
 from tokengrad.doctor.finding import share_note
 from tokengrad.doctor.links import dashboard_query
 from tokengrad.doctor.ranking import rank_key
@@ -32,9 +33,10 @@ SHOWN = 5  # findings listed before the "more" expander
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def _diagnose(run_dir: str, sig: data.Signature) -> list[dict]:
-    view = RunView(data.open_run(run_dir))  # the small tables the pages read, from the cache
-    return [{**f.as_dict(), "query": dashboard_query(f), "run_dir": run_dir} for f in diagnose(view)]
+def _diagnose(run_dir: str, sig: data.Signature) -> tuple[list[dict], list[dict]]:
+    result = examine(RunView(data.open_run(run_dir)))  # the small tables the pages read, from the cache
+    found = [{**f.as_dict(), "query": dashboard_query(f), "run_dir": run_dir} for f in result.findings]
+    return found, [n.as_dict() for n in result.not_checked]
 
 
 def findings_for(run_dir: str) -> list[dict]:
@@ -42,8 +44,13 @@ def findings_for(run_dir: str) -> list[dict]:
     is named as the dashboard names it, by its folder (meta.json's name beside it where that differs), and
     the query opens that folder."""
     title, label = run_title(run_dir), common.run_name(run_dir)
-    found = _diagnose(run_dir, data.signature(run_dir))
+    found = _diagnose(run_dir, data.signature(run_dir))[0]
     return [{**f, "run": title, "query": {**f["query"], "runs": label}} for f in found]
+
+
+def not_checked_for(run_dir: str) -> list[dict]:
+    """The detectors that could not run on the run: [{"detector", "run", "reason"}], cached likewise."""
+    return _diagnose(run_dir, data.signature(run_dir))[1]
 
 
 def open_finding(f: dict) -> None:
@@ -77,18 +84,28 @@ def _one(f: dict, key: str) -> None:
             open_finding(f)
 
 
+def _not_checked(skipped: list[dict]) -> None:
+    with st.expander(f"{len(skipped)} detector(s) not checked: the run lacks what they read"):
+        for n in skipped:
+            st.markdown(f"**{n['detector']}** · {n['run']}: not checked, {n['reason']}")
+
+
 def render(runs: list[str]) -> None:
-    """The findings block: a count line and the ranked findings of the picked runs."""
+    """The findings block: a count line, the ranked findings of the picked runs, the detectors not
+    checked."""
     found: list[dict] = []
+    skipped: list[dict] = []
     for run in runs:
         with common.guard(f"Findings of {common.run_name(run)}"):
             found += findings_for(run)
+            skipped += not_checked_for(run)
     order = {"critical": 0, "warning": 1, "info": 2}
     found.sort(key=rank_key)  # the CLI's order: machine findings last (tokengrad.doctor.ranking)
     counts = {s: sum(f["severity"] == s for f in found) for s in order}
     st.subheader("Findings")
     st.caption(
         ", ".join(f"{n} {s}" for s, n in counts.items())
+        + (f", {len(skipped)} not checked" if skipped else "")
         + " · `tokengrad doctor RUN` prints the same list with its evidence"
     )
     for i, f in enumerate(found[:SHOWN]):
@@ -97,3 +114,5 @@ def render(runs: list[str]) -> None:
         with st.expander(f"{len(found) - SHOWN} more"):
             for i, f in enumerate(found[SHOWN:], SHOWN):
                 _one(f, f"fd_open_{i}")
+    if skipped:
+        _not_checked(skipped)

@@ -36,7 +36,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def cli_doctor(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    from tokengrad.doctor.engine import diagnose, load_detectors  # after parsing: --help without pandas
+    from tokengrad.doctor.engine import examine, load_detectors  # after parsing: --help without pandas
 
     if args.list:
         load_detectors()
@@ -45,17 +45,19 @@ def cli_doctor(argv: list[str]) -> int:
     if not args.runs:
         raise ValueError("name at least one run directory (or --list)")
     only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
-    findings = []
+    findings, skipped = [], []
     for run in args.runs:
-        findings += [f for f in diagnose(run, only=only) if f.at_least(args.min_severity)]
+        result = examine(run, only=only)
+        findings += [f for f in result.findings if f.at_least(args.min_severity)]
+        skipped += result.not_checked
 
     findings = rank_findings(findings)
     if args.json:
-        print(json.dumps(as_json(findings, args.runs, args.dashboard), indent=2))
+        print(json.dumps(as_json(findings, args.runs, args.dashboard, skipped), indent=2))
     else:
-        print(as_text(findings, args.dashboard))
+        print(as_text(findings, args.dashboard, not_checked=skipped))
     if args.html:
-        Path(args.html).write_text(as_html(findings, args.runs, args.dashboard))
+        Path(args.html).write_text(as_html(findings, args.runs, args.dashboard, skipped))
     if args.fail_on and any(f.at_least(args.fail_on) for f in findings):
         return 1
     return 0

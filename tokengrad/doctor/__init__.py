@@ -13,6 +13,9 @@ import importlib
 
 _LAZY = {
     "diagnose": "engine",
+    "examine": "engine",
+    "NotChecked": "finding",
+    "RunSettings": "settings",
     "Finding": "finding",
     "TokenEvidence": "finding",
     "Action": "finding",

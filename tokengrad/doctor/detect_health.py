@@ -31,10 +31,7 @@ def _streak(mask: np.ndarray, warn: int, crit: int) -> tuple[int, int, str] | No
 @detector("reward_std_death", tables=("steps",))
 def reward_std_death(view: RunView) -> list[Finding]:
     """The batch reward std stays below 0.01 for 5 steps (critical: 20): no learning signal."""
-    col = view.column("reward_std")
-    if col is None:
-        return []
-    steps, x = col
+    steps, x = view.need("reward_std", "batch reward std")
     found = _streak(x < d.REWARD_STD_FLOOR, d.REWARD_STD_SUSTAIN, d.REWARD_STD_CRITICAL_SUSTAIN)
     if found is None:
         return []
@@ -138,9 +135,7 @@ def _growth(name, steps, x, ratio, what, unit, actions, transform=None) -> list[
 @detector("grad_norm_drift", tables=("steps",))
 def grad_norm_drift(view: RunView) -> list[Finding]:
     """The live steps' gradient norm grows tenfold over the run (Mann-Kendall on its log, rising)."""
-    col = view.column("grad_norm")
-    if col is None:
-        return []
+    col = view.need("grad_norm", "gradient norm")
     live = np.isfinite(col[1]) & (col[1] > 0)
     if live.sum() < 10:
         return []
@@ -202,10 +197,7 @@ def _load_severity(f: Finding) -> Finding:
 @detector("dead_steps", tables=("steps",))
 def dead_steps(view: RunView) -> list[Finding]:
     """A streak of 5 steps (critical: 20) whose gradient is exactly 0 (every advantage 0)."""
-    col = view.column("grad_norm")
-    if col is None:
-        return []
-    steps, g = col
+    steps, g = view.need("grad_norm", "gradient norm")
     dead = g == 0
     found = _streak(dead, d.DEAD_STREAK_WARNING, d.DEAD_STREAK_CRITICAL)
     if found is None:

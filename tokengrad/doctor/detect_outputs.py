@@ -8,7 +8,7 @@ import pandas as pd
 
 from tokengrad.doctor import detect_samples as d
 from tokengrad.doctor.detect_steps import TREND_ALPHA
-from tokengrad.doctor.finding import Action, Finding, TokenEvidence
+from tokengrad.doctor.finding import Action, Finding, NotChecked, TokenEvidence
 from tokengrad.doctor.registry import detector, fmt, pct, window
 from tokengrad.doctor.stats import confidence_from_p, spearman, sustained, trend
 from tokengrad.doctor.view import RunView
@@ -108,62 +108,73 @@ def truncated_completions(view: RunView, limit: int) -> tuple[pd.DataFrame, bool
     return s.assign(truncated=s["length"] >= limit), False
 
 
-@detector("truncation", tables=("samples", "tokens"), page="inspector")
+def _truncated_share(view: RunView) -> tuple[np.ndarray, np.ndarray, pd.DataFrame | None, bool, str]:
+    """(steps, share truncated per step, the flagged completions or None, exact, what was read): from the
+    samples at the run's length limit, else from the share the producer logged itself (TRL's
+    completions/clipped_ratio); NotChecked when neither is there."""
+    limit, logged = view.settings.max_new_tokens, view.settings.metric("truncated_share")
+    if limit is not None and not view.samples.empty:
+        flags, exact = truncated_completions(view, limit)
+        if not flags.empty:
+            steps, share = _per_step(flags, "truncated")
+            return steps, share, flags, exact, f"max_new_tokens = {limit}"
+    col = view.column(logged) if logged else None
+    if col is not None:
+        return col[0], col[1], None, True, f"the length limit ({logged}, logged by the trainer)"
+    if limit is None:
+        raise NotChecked("the length limit is unknown (no max_new_tokens in the run's settings)")
+    raise NotChecked("the run records no completion lengths (samples table)")
+
+
+@detector("truncation", tables=("samples", "tokens", "steps"), page="inspector")
 def truncation(view: RunView) -> list[Finding]:
     """Over 10 % of the completions (critical: 50 %) stop at max_new_tokens without an end token, 5 steps."""
-    limit = view.max_new_tokens
-    if limit is None or view.samples.empty:
-        return []
-    flags, exact = truncated_completions(view, limit)
-    if flags.empty:
-        return []
-    steps, share = _per_step(flags, "truncated")
+    steps, share, flags, exact, limit = _truncated_share(view)
     for level, threshold in (("critical", d.TRUNC_CRITICAL), ("warning", d.TRUNC_WARNING)):
         run = sustained(share > threshold, d.TRUNC_SUSTAIN)
         if run is None:
             continue
         a, b = run
         msg = (
-            f"{pct(float(share[a:b].mean()))} of the completions hit max_new_tokens = {limit} without an end "
+            f"{pct(float(share[a:b].mean()))} of the completions hit {limit} without an end "
             f"token over steps {steps[a]}-{steps[b - 1]}" + ("" if exact else " (estimate: by length only)")
         )
         evidence = {
             "statistic": f"share of truncated completions per step, {d.TRUNC_SUSTAIN} steps in a row",
-            "values": {"mean_share": float(share[a:b].mean()), "max_new_tokens": limit, "exact": exact},
+            "values": {
+                "mean_share": float(share[a:b].mean()),
+                "max_new_tokens": view.settings.max_new_tokens,
+                "exact": exact,
+            },
             "thresholds": {
                 "warning": d.TRUNC_WARNING,
                 "critical": d.TRUNC_CRITICAL,
                 "sustain": d.TRUNC_SUSTAIN,
             },
         }
-        hits = flags[flags["truncated"] & flags["step"].between(steps[a], steps[b - 1])].head(3)
-        tokens = tuple(
-            TokenEvidence(
-                step=int(r.step),
-                sample_id=int(r.sample_id),
-                text=str(r.completion)[-80:],
-                share_of="count",
-                exact=exact,
-            )
-            for r in hits.itertuples()
-        )
         actions = (
             Action("raise max_new_tokens or shape overlong completions", "DAPO, arXiv 2503.14476 Sec. 3.4"),
         )
-        return [
-            Finding(
-                "truncation",
-                level,
-                min(0.99, 0.5 + 0.05 * (b - a)),
-                steps[a],
-                steps[b - 1],
-                msg,
-                evidence,
-                tokens,
-                actions,
-            )
-        ]
+        conf = min(0.99, 0.5 + 0.05 * (b - a))
+        tokens = _truncated_examples(flags, steps[a], steps[b - 1], exact)
+        return [Finding("truncation", level, conf, steps[a], steps[b - 1], msg, evidence, tokens, actions)]
     return []
+
+
+def _truncated_examples(flags: pd.DataFrame | None, first: int, last: int, exact: bool) -> tuple:
+    if flags is None:
+        return ()
+    hits = flags[flags["truncated"] & flags["step"].between(first, last)].head(3)
+    return tuple(
+        TokenEvidence(
+            step=int(r.step),
+            sample_id=int(r.sample_id),
+            text=str(r.completion)[-80:],
+            share_of="count",
+            exact=exact,
+        )
+        for r in hits.itertuples()
+    )
 
 
 def seq_rep(text: str, n: int = d.REP_N) -> float:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tokengrad.doctor.finding import Action, Finding, TokenEvidence
+from tokengrad.doctor.finding import Action, Finding, NotChecked, TokenEvidence
 from tokengrad.doctor.registry import detector, pct
 from tokengrad.doctor.stats import sustained
 from tokengrad.doctor.view import RunView
@@ -51,8 +51,10 @@ def _per_step_share(flags: pd.DataFrame, column: str) -> tuple[np.ndarray, np.nd
 
 def _groups(view: RunView) -> pd.DataFrame:
     s = view.samples
-    if s.empty or s["reward"].isna().all():
-        return pd.DataFrame()
+    if s.empty:
+        raise NotChecked("the run records no samples (rewards per completion)")
+    if s["reward"].isna().all():
+        raise NotChecked("no completion has a reward (every recorded reward is NaN)")
     s = s.assign(correct_=s["correct"] if "correct" in s.columns else np.nan)
     top, bottom = float(s["reward"].max()), float(s["reward"].min())
     g = s.groupby(["step", "group_id"]).agg(

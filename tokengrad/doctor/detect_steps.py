@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tokengrad.doctor.finding import Action, Finding
+from tokengrad.doctor.finding import Action, Finding, NotChecked
 from tokengrad.doctor.registry import detector, fmt, pct, window
 from tokengrad.doctor.stats import confidence_from_p, sustained, sustained_confidence, trend
 from tokengrad.doctor.view import RunView
@@ -53,10 +53,9 @@ def _ends(values: np.ndarray) -> tuple[float, float, int]:
 @detector("entropy_collapse", tables=("steps",))
 def entropy_collapse(view: RunView) -> list[Finding]:
     """Mean token entropy falls to a fraction of its start (Mann-Kendall falling, end/start medians)."""
-    col = view.column("entropy_mean")
-    if col is None or col[1].size < 10:
-        return []
-    steps, h = col
+    steps, h = view.need("entropy_mean", "token entropy")
+    if h.size < 10:
+        raise NotChecked(f"{h.size} steps record the entropy, the trend needs 10")
     start, end, w = _ends(h)
     tr = trend(h, steps)
     if start <= 0 or not tr.falling(TREND_ALPHA) or end >= ENTROPY_DROP * start:
@@ -99,10 +98,7 @@ def entropy_collapse(view: RunView) -> list[Finding]:
 
 def _sustained_finding(view, name, column, warn, crit, k, unit, actions, source) -> list[Finding]:
     """A finding when `column` stays above `warn` (critical: `crit`) for k consecutive recorded steps."""
-    col = view.column(column)
-    if col is None:
-        return []
-    steps, x = col
+    steps, x = view.need(column)
     for level, threshold in (("critical", crit), ("warning", warn)):
         run = sustained(x > threshold, k)
         if run is None:
@@ -127,6 +123,8 @@ def _sustained_finding(view, name, column, warn, crit, k, unit, actions, source)
 @detector("kl_blowup", tables=("steps",))
 def kl_blowup(view: RunView) -> list[Finding]:
     """KL to the reference stays above 0.1 nats (critical: 1 nat) for 3 steps."""
+    if view.settings.beta == 0 and view.column("kl") is None:
+        raise NotChecked("beta = 0: the run has no KL to a reference model")
     actions = (
         Action("raise beta or lower the learning rate", _SPINNING_UP),
         Action("check the reference model and the KL estimator (k3)", "Schulman 2020, Approximating KL"),

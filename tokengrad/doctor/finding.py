@@ -8,7 +8,8 @@
             actions=(Action("lower the learning rate or clip harder", "arXiv 2505.12929 Sec. 4"),))
 
 A finding is plain data (frozen dataclasses, JSON through `as_dict`); `rank_findings` orders them critical
-first, then by confidence and onset.
+first, then by confidence and onset. A detector that cannot run on a run raises `NotChecked(reason)`; the
+engine reports it next to the findings ("truncation: not checked, the length limit is unknown").
 """
 
 from __future__ import annotations
@@ -117,6 +118,28 @@ class Finding:
 
     def as_dict(self) -> dict:
         return _jsonable(asdict(self))
+
+
+class NotChecked(Exception):
+    """A detector could not run on this run: `reason` names the setting or data it lacks. Raised by the
+    detector; the engine fills in `detector` and `run` and lists it beside the findings, so a missing
+    setting is reported instead of passing as a healthy run."""
+
+    def __init__(self, reason: str, detector: str = "", run: str = ""):
+        super().__init__(reason)
+        self.reason, self.detector, self.run = reason, detector, run
+
+    def __str__(self) -> str:
+        return f"{self.detector or 'detector'}: not checked, {self.reason}"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, NotChecked) and self.as_dict() == other.as_dict()
+
+    def __hash__(self) -> int:
+        return hash((self.detector, self.reason, self.run))
+
+    def as_dict(self) -> dict:
+        return {"detector": self.detector, "run": self.run, "reason": self.reason}
 
 
 def rank_findings(findings: list[Finding]) -> list[Finding]:

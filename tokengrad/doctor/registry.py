@@ -3,8 +3,11 @@
     @detector("entropy_collapse", page="overview", tables=("steps",))
     def entropy_collapse(view: RunView) -> list[Finding]: ...
 
-One fixed signature: a detector takes a `RunView` and returns a list of findings (empty when healthy or
-when the run lacks the data; `tables` names what it reads, for the docs and for `tokengrad doctor --list`).
+One fixed signature: a detector takes a `RunView` and returns a list of findings (empty when healthy); when
+the run lacks a setting or column it needs it raises `NotChecked(reason)` (`view.need(column)` does for a
+steps column), which the report lists as "not checked". It reads the run's settings from `view.settings`
+(tokengrad.doctor.settings: one shape whatever recorded the run). `tables` names what it reads, for the
+docs and for `tokengrad doctor --list`.
 Detectors are deterministic: the same run gives the same findings.
 """
 

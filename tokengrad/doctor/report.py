@@ -1,15 +1,18 @@
 """Findings as text (the terminal), JSON (CI and agents) and one self-contained HTML page.
 
-print(as_text(findings))
-json.dumps(as_json(findings, runs))
-Path("report.html").write_text(as_html(findings, runs))
+print(as_text(findings, not_checked=skipped))     # skipped: engine.examine(...).not_checked
+json.dumps(as_json(findings, runs, not_checked=skipped))
+Path("report.html").write_text(as_html(findings, runs, not_checked=skipped))
+
+Every format lists the detectors that could not run on a run and why ("truncation: not checked, the length
+limit is unknown"), so a run that was not looked at does not read as a healthy one.
 """
 
 from __future__ import annotations
 
 import html
 
-from tokengrad.doctor.finding import SEVERITIES, Finding
+from tokengrad.doctor.finding import SEVERITIES, Finding, NotChecked
 from tokengrad.doctor.links import DEFAULT_BASE, dashboard_query, dashboard_url
 from tokengrad.read.display import visible_lines, visible_text
 
@@ -22,10 +25,18 @@ def _steps(f: Finding) -> str:
     return f"step {f.first_step}" if f.first_step == f.last_step else f"steps {f.first_step}-{f.last_step}"
 
 
-def as_text(findings: list[Finding], base: str = DEFAULT_BASE, tokens: int = 3) -> str:
-    """One block per finding: severity, id, run, steps, confidence, message, top tokens, link."""
+def not_checked_lines(not_checked: list[NotChecked]) -> list[str]:
+    """One line per detector that could not run: 'truncation: not checked, <reason>  [run]'."""
+    return [f"skip {n}  [{n.run}]" for n in not_checked]
+
+
+def as_text(
+    findings: list[Finding], base: str = DEFAULT_BASE, tokens: int = 3, not_checked: list[NotChecked] = ()
+) -> str:
+    """One block per finding: severity, id, run, steps, confidence, message, top tokens, link; then the
+    detectors that could not run, with the reason."""
     if not findings:
-        return "no findings"
+        return "\n".join(["no findings", *not_checked_lines(not_checked)])
     lines = []
     for f in findings:
         lines.append(f"{_MARK[f.severity]} {f.id}  {f.run}  {_steps(f)}  confidence {f.confidence:.2f}")
@@ -41,10 +52,13 @@ def as_text(findings: list[Finding], base: str = DEFAULT_BASE, tokens: int = 3) 
         lines.append(f"     {dashboard_url(f, base)}")
     counts = {s: sum(f.severity == s for f in findings) for s in reversed(SEVERITIES)}
     lines.append(", ".join(f"{n} {s}" for s, n in counts.items()))
+    lines += not_checked_lines(not_checked)
     return visible_lines("\n".join(lines))  # run names and quoted text: escapes, never terminal codes
 
 
-def as_json(findings: list[Finding], runs: list[str], base: str = DEFAULT_BASE) -> dict:
+def as_json(
+    findings: list[Finding], runs: list[str], base: str = DEFAULT_BASE, not_checked: list[NotChecked] = ()
+) -> dict:
     return {
         "runs": runs,
         "counts": {s: sum(f.severity == s for f in findings) for s in SEVERITIES},
@@ -52,6 +66,7 @@ def as_json(findings: list[Finding], runs: list[str], base: str = DEFAULT_BASE) 
             {**f.as_dict(), "dashboard": {"url": dashboard_url(f, base), "query": dashboard_query(f)}}
             for f in findings
         ],
+        "not_checked": [n.as_dict() for n in not_checked],
     }
 
 
@@ -80,8 +95,11 @@ def _html_tokens(f: Finding) -> str:
     return f"<table>{head}{rows}</table>"
 
 
-def as_html(findings: list[Finding], runs: list[str], base: str = DEFAULT_BASE) -> str:
-    """A self-contained page (no scripts, no external files): one box per finding."""
+def as_html(
+    findings: list[Finding], runs: list[str], base: str = DEFAULT_BASE, not_checked: list[NotChecked] = ()
+) -> str:
+    """A self-contained page (no scripts, no external files): one box per finding, then the detectors
+    that could not run."""
     blocks = []
     for f in findings:
         actions = "".join(
@@ -96,6 +114,9 @@ def as_html(findings: list[Finding], runs: list[str], base: str = DEFAULT_BASE) 
     counts = ", ".join(f"{sum(f.severity == s for f in findings)} {s}" for s in reversed(SEVERITIES))
     title = "tokengrad doctor: " + ", ".join(html.escape(visible_text(r)) for r in runs)
     body = "".join(blocks) or "<p>No findings.</p>"
+    if not_checked:
+        items = "".join(f"<li>{html.escape(str(n))} <i>({html.escape(n.run)})</i></li>" for n in not_checked)
+        body += f"<h2>Not checked</h2><ul>{items}</ul>"
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title><style>{_CSS}</style>"
         f"</head><body><h1>{title}</h1><p>{counts}</p>{body}</body></html>"

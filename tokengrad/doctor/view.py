@@ -4,6 +4,8 @@
     view.steps                                  # steps table, one row per step (ranks merged)
     view.column("entropy_mean")                 # (steps, values) of a steps column; None when not recorded
     view.sql("SELECT ... FROM tokens WHERE step = ?", [142])
+    view.settings.max_new_tokens                # the run's settings, whatever recorded it (settings.py)
+    view.need("kl")                             # a column, or NotChecked("the run records no kl")
 
 Every table is cut at `upto` (the last committed step the live doctor has seen), so a detector looking at a
 running run sees exactly the steps written so far.
@@ -17,6 +19,8 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
+from tokengrad.doctor.finding import NotChecked
+from tokengrad.doctor.settings import RunSettings, settings_of
 from tokengrad.read.runs import Run, load_run
 from tokengrad.schema import STEP
 
@@ -46,6 +50,11 @@ class RunView:
     def config(self) -> dict:
         cfg = self.meta.get("config")
         return cfg if isinstance(cfg, dict) else {}
+
+    @cached_property
+    def settings(self) -> RunSettings:
+        """The run's training settings in one shape, whichever producer wrote it (doctor/settings.py)."""
+        return settings_of(self.meta)
 
     def _cut(self, df: pd.DataFrame) -> pd.DataFrame:
         if self.upto is None or df.empty or "step" not in df.columns:
@@ -85,13 +94,12 @@ class RunView:
             return None
         return df[STEP.step].to_numpy()[keep].astype(int), values[keep]
 
-    @property
-    def max_new_tokens(self) -> int | None:
-        for key in ("max_new_tokens", "max_completion_length", "response_length"):
-            value = self.config.get(key)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
-        return None
+    def need(self, name: str, what: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """`column(name)`, or NotChecked naming it when no step recorded it (`what`: the words for it)."""
+        col = self.column(name)
+        if col is None:
+            raise NotChecked(f"the run records no {what or name}" + (f" ({name})" if what else ""))
+        return col
 
     @cached_property
     def has_tokens(self) -> bool:

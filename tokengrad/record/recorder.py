@@ -176,6 +176,7 @@ class Recorder:
             self._writer = RunWriter(
                 self.run_dir, self.rank, self._on_error, self._compact_every, rows_dropped=carried
             )
+            self._last_seq = None  # a sequence number of the writer of an earlier open(): not this one's
         except BaseException:
             self._lock.release()
             raise

@@ -271,11 +271,17 @@ def pack(
     return input_ids, attn, P, input_ids[:, P:], mask, lm
 
 
+def _reward(value) -> float:
+    """A task's reward as a float; None (the task could not score it) stays NaN, never a number: the
+    recorded sample keeps it and the advantage of an unscored completion is 0 (sampling.scored)."""
+    return float("nan") if value is None else float(value)
+
+
 def score_completions(comps: Completions, task: Task, problems: list[Problem]) -> tuple[Tensor, Tensor]:
     """(rewards [B, G], correct [B, G] bool): the task's verifiable reward of every completion."""
     G = len(comps.texts) // len(problems)
     texts = [[comps.texts[b * G + g] for g in range(G)] for b in range(len(problems))]
-    rewards = torch.tensor([[float(task.reward(pr, t)) for t in ts] for pr, ts in zip(problems, texts)])
+    rewards = torch.tensor([[_reward(task.reward(pr, t)) for t in ts] for pr, ts in zip(problems, texts)])
     correct = torch.tensor([[bool(task.is_correct(pr, t)) for t in ts] for pr, ts in zip(problems, texts)])
     return rewards, correct
 

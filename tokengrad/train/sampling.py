@@ -61,12 +61,14 @@ def gather_rollout(
         scores = dist.gather_cat(torch.stack([rewards, correct.float(), lengths], -1))  # [B, G, 3]
         parts.append((comps, problems, rewards, correct))
         all_scores.append(scores)
-        n_informative += int(keep_groups(scores[..., 0]).sum())
+        n_informative += int(keep_groups(scored(scores[..., 0])).sum())
         if n_informative >= B:
             break
     scores = torch.cat(all_scores)  # [R B, G, 3]
     R = len(all_scores)
-    keep = keep_groups(scores[..., 0]) if filter_groups else torch.ones(R * B, dtype=torch.bool)  # [R B]
+    keep = (
+        keep_groups(scored(scores[..., 0])) if filter_groups else torch.ones(R * B, dtype=torch.bool)
+    )  # [R B]
     keep &= keep.cumsum(0) <= B  # the first B informative groups, as verl truncates to the batch size
     mine = torch.cat([torch.arange(share.start, share.stop) + k * B for k in range(R)])  # [b R] global groups
     comps = Completions(*(sum((list(getattr(p[0], f)) for p in parts), []) for f in Completions._fields))
@@ -79,11 +81,21 @@ def gather_rollout(
         sample_ids=group_ids * G + torch.arange(G).repeat(len(mine)),
         group_ids=group_ids,
         in_update=keep[mine].repeat_interleave(G),
-        advantages=compute_advantages(scores[..., 0], adv_scale)[mine],
+        advantages=compute_advantages(scored(scores[..., 0]), adv_scale)[mine],
         scores=scores,
         n_rounds=R,
         n_kept=int(keep.sum()),
     )
+
+
+def scored(rewards: Tensor) -> Tensor:
+    """[B, G] rewards for the advantages: a NaN reward (a completion the task could not score) takes its
+    group's mean, so its advantage is 0 and it neither rewards nor penalises; the samples table keeps NaN."""
+    unscored = torch.isnan(rewards)  # [B, G]
+    if not bool(unscored.any()):
+        return rewards
+    mean = rewards.nanmean(dim=1, keepdim=True).nan_to_num(0.0)  # [B, 1] 0 for a group with no score
+    return torch.where(unscored, mean.expand_as(rewards), rewards)
 
 
 def rollout_stats(scores: Tensor) -> dict:

@@ -61,7 +61,7 @@ from tokengrad.train.rollout import (
     sampling_kwargs,
     score_completions,
 )
-from tokengrad.train.sampling import Gathered, gather_rollout, rollout_stats, sample_rows
+from tokengrad.train.sampling import Gathered, gather_rollout, rollout_stats, sample_rows, scored
 from tokengrad.train.tasks import get_task
 from tokengrad.train.updates import Updates, reuses_old_logprobs
 
@@ -265,7 +265,7 @@ class Trainer(Updates):
             )
             logged.update(rollout)  # the gap's metrics: none without a sampler log-prob (greedy, no rows)
             if not logged.get("grad_norm"):  # 0, or no update at all
-                self.dead_steps["other" if keep_groups(g.scores[..., 0]).any() else "tied"] += 1
+                self.dead_steps["other" if keep_groups(scored(g.scores[..., 0])).any() else "tied"] += 1
             st.log(**logged)
             st.samples(
                 **sample_rows(g, self.cfg.task, self.cfg.group_size),

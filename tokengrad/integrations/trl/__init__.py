@@ -35,8 +35,9 @@ from __future__ import annotations
 
 from tokengrad.integrations.trl.checks import check_logging, check_not_training, check_run_dir
 from tokengrad.integrations.trl.deepspeed import check_deepspeed, deepspeed_setup
+from tokengrad.integrations.trl.logs import column
 from tokengrad.integrations.trl.loss import check_loss_type
-from tokengrad.integrations.trl.recording import SAMPLE_KEY, TRLRecording
+from tokengrad.integrations.trl.recording import SAMPLE_KEY, TRLRecording, announce
 from tokengrad.integrations.trl.weighting import trainer_params, warn_if_kl_scaled
 from tokengrad.objective.gradient_scale import (
     NOT_A_GRADIENT_SCALE,
@@ -107,6 +108,9 @@ def attach(
     rule = resolve_weighting(weighting, weighting_params)
     warn_if_kl_scaled(weighting, trainer)
     tokenizer = getattr(trainer, "_tokenizer", None) or trainer.processing_class
+    pending = getattr(trainer, "_tokengrad_continuation", None)
+    if pending is not None:  # an earlier recording waiting for another train(): this one replaces it
+        pending.stop_continuing()
     rec = Recorder(
         run_dir,
         model=trainer.model,
@@ -118,7 +122,9 @@ def attach(
         **recorder_kwargs,
     )
     rec.raise_on_halt = False  # doctor=Doctor(halt=True): the callback sets control.should_training_stop
-    return TRLRecording(trainer, rec, rule).install()
+    recording = TRLRecording(trainer, rec, rule).install()
+    announce(rec, "attached to the trainer")
+    return recording
 
 
 def _options(buckets, attribution, recorder_kwargs: dict) -> tuple[Buckets, Attribution]:
@@ -202,5 +208,7 @@ def _run_config(trainer, trl_version: str) -> dict:
         "trl_version": trl_version,
         "trainer": type(trainer).__name__,
         "args": args,
+        # the samples columns of the reward functions (recording.py names them so)
+        "reward_columns": [f"reward_{column(name)}" for name in trainer.reward_func_names],
         **extra,
     }

@@ -22,6 +22,7 @@ STEP_COLUMNS = {
 }
 LAST_VALUE = ("trl_global_step", "trl_epoch", "trl_num_tokens")  # counters: the step's last value
 SUMMARY_KEYS = ("train_", "eval_", "total_flos")  # end-of-training summaries and evaluations: not a step
+KEEP_NAN = ("loss",)  # a NaN here is the pathology itself (the doctor's nonfinite), never left out
 
 
 def column(name: str) -> str:
@@ -54,7 +55,7 @@ class StepLogs:
         for k, v in scalars.items():
             if k in LAST_VALUE:
                 self.last[k] = v
-            elif v == v:  # NaN (a metric TRL could not compute) does not dilute the mean
+            elif v == v or k in KEEP_NAN:  # NaN (a metric TRL could not compute) does not dilute the mean
                 self.sums[k] = self.sums.get(k, 0.0) + n * v
                 self.counts[k] = self.counts.get(k, 0.0) + n
         return {**{k: self.sums[k] / self.counts[k] for k in self.sums}, **self.last}

@@ -8,6 +8,7 @@ and the callback the optimizer-update boundaries and TRL's logs.
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 import torch
@@ -27,7 +28,9 @@ SAMPLE_KEY = "tokengrad_sample_id"  # [B] global completion index, carried throu
 
 class TRLRecording:
     """The hooks on one trainer and the recorder they feed; `detach()`, called when `train()` returns or
-    raises, ends the open step, closes the recorder and restores the trainer."""
+    raises, ends the open step, closes the recorder and restores the trainer. A later `trainer.train()` on
+    the same trainer continues the run (`_continue_on_next_train`): the recorder reopens and its steps
+    follow the last one recorded, so the second training is not silently left out."""
 
     def __init__(self, trainer, recorder: Recorder, rule=None):
         self.trainer, self.recorder, self.rule = trainer, recorder, rule
@@ -43,11 +46,12 @@ class TRLRecording:
         self._masks: dict = {}  # TRL's off-policy and entropy masks of this compute_loss call
         self._scored = None  # (prompts, completions, completion_ids, rewards_per_func) of the batch
         self._patched: list[tuple[object, str, object]] = []
-        self._fused = FusedCapture(trainer)
+        self._fused = None
         self._callback = None
 
     def install(self) -> "TRLRecording":
         t = self.trainer
+        self._fused = FusedCapture(t)  # fresh per install: a continued run hooks the head again
         self._patch(t, "train", self._train)
         self._patch(t, "compute_loss", self._compute_loss)
         self._patch(t, "_get_per_token_logps_and_entropies", self._per_token_logps)
@@ -72,8 +76,9 @@ class TRLRecording:
 
     def detach(self, finished: bool = True) -> None:
         """End the open step, close the recorder (flushing its files; `finished=False`: training failed, the
-        run is not marked finished) and restore the trainer."""
+        run is not marked finished) and restore the trainer; a pending continuation is dropped."""
         if self.recorder is None:
+            self.stop_continuing()
             return
         try:
             if self.step is not None:
@@ -86,6 +91,7 @@ class TRLRecording:
                     delattr(obj, name)
                 else:
                     setattr(obj, name, old)
+            self._patched = []
             self._fused.remove()
             self.trainer.remove_callback(self._callback)
             self.trainer._tokengrad_recording = None
@@ -98,13 +104,37 @@ class TRLRecording:
         setattr(obj, name, lambda *a, **k: fn(orig, *a, **k))
 
     def _train(self, orig, *a, **k):
+        recorder = self.recorder
         try:
             out = orig(*a, **k)
         except BaseException:  # finished steps reach disk; a failed run is never marked finished
             self.detach(finished=False)
+            self._continue_on_next_train(recorder)
             raise
         self.detach()
+        self._continue_on_next_train(recorder)
         return out
+
+    def _continue_on_next_train(self, recorder: Recorder) -> None:
+        """Leave one wrapper on `trainer.train`: calling it again reopens the recorder and installs the
+        hooks, so the new training's steps follow the last recorded one (TRL restarts its global_step)."""
+        t = self.trainer
+
+        def again(*a, **k):
+            self.stop_continuing()
+            self.recorder, self._logs, self._accumulating = recorder, StepLogs(), False
+            announce(recorder, f"trainer.train() again: the run goes on from step {self.next_step}")
+            self.install()
+            return t.train(*a, **k)
+
+        t.train = again
+        t._tokengrad_continuation = self
+
+    def stop_continuing(self) -> None:
+        """Remove the wrapper `_continue_on_next_train` left (a new attach() or detach() replaces it)."""
+        t = self.trainer
+        if vars(t).get("_tokengrad_continuation") is self:
+            del t.train, t._tokengrad_continuation
 
     # -- generation: one tokengrad step per generation batch ----------------------------------------
     def _generate_and_score(self, orig, inputs):
@@ -288,6 +318,18 @@ class _Callback(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         self.recording._on_log(state, logs or {})
+
+
+def announce(recorder: Recorder, what: str) -> None:
+    """One line on stderr (rank 0) where the run is written and how to look at it."""
+    if recorder.rank == 0:
+        run = recorder.run_dir
+        print(
+            f"tokengrad: {what}; recording to {run} (dashboard: tokengrad dashboard {run.parent}; "
+            f"findings: tokengrad doctor {run})",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _text(x) -> str:
