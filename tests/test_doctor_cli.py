@@ -30,7 +30,7 @@ def sample_report(tmp_path_factory) -> dict:
 
 
 def test_sample_runs_have_no_critical_finding(sample_report):
-    assert len(SAMPLE_RUNS) == 9
+    assert len(SAMPLE_RUNS) >= 9  # the shipped runs (docs/sample_runs.md)
     assert sample_report["rc"] == 0
     assert sample_report["counts"]["critical"] == 0
     assert sample_report["counts"]["warning"] > 0  # the lab runs' gradient spikes are real and reported

@@ -305,8 +305,9 @@ def token_count_mismatch(view: RunView) -> list[Finding]:
     if view.column(STEP.n_tokens) is None:
         raise NotChecked("the steps table has no n_tokens")
     df = view.sql(
+        # a token trained in several updates (mu > 1) has a row per update; n_tokens counts it once
         "WITH t AS (SELECT step, rank, count(*) AS rows, "
-        "sum(CASE WHEN in_loss THEN 1 ELSE 0 END) AS in_mask, "
+        "count(DISTINCT CASE WHEN in_loss THEN (sample_id, position) END) AS in_mask, "
         "count(selected_by) AS budgeted FROM tokens GROUP BY step, rank) "
         "SELECT s.step, s.rank, s.n_tokens, s.n_token_rows, t.rows, t.in_mask FROM steps s JOIN t "
         "USING (step, rank) WHERE t.budgeted = 0 AND s.n_tokens IS NOT NULL"  # t is cut at view.upto
@@ -322,7 +323,7 @@ def token_count_mismatch(view: RunView) -> list[Finding]:
         f"{int(first['in_mask'])} rows in the mask"
     )
     evidence = {
-        "statistic": "steps.n_tokens vs token rows with in_loss, steps without a token budget",
+        "statistic": "steps.n_tokens vs distinct in_loss (sample_id, position), steps without a budget",
         "values": {
             "steps": df[STEP.step].astype(int).tolist()[:20],
             "n_tokens": df[STEP.n_tokens].astype(int).tolist()[:20],
@@ -333,6 +334,6 @@ def token_count_mismatch(view: RunView) -> list[Finding]:
     first_step, last_step = int(df[STEP.step].min()), int(df[STEP.step].max())
     return [
         Finding(
-            "token_count_mismatch", "warning", 1.0, first_step, last_step, msg, evidence, _rows(df), actions
-        )
+            "token_count_mismatch", "warning", 1.0, first_step, last_step, msg, evidence, actions=actions
+        )  # step-level counts: the evidence names steps, no token
     ]
