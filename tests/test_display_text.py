@@ -10,7 +10,7 @@ from tokengrad.doctor.finding import Finding, TokenEvidence
 from tokengrad.doctor.report import as_html, as_text
 from tokengrad.figures.tokens import display_token, make_token_figure, token_html
 from tokengrad.figures.wordclouds import clean_token, prepare_frequencies, wordcloud_png
-from tokengrad.read.display import visible_lines, visible_text
+from tokengrad.read.display import slug, visible_lines, visible_text
 from tokengrad.read.runs import load_run
 
 # payload -> how it must read: each hidden character as the escape Python would write for it
@@ -126,3 +126,10 @@ def test_doctor_text_and_html_show_evidence_escaped():
     assert "ab\\u202ecd'\nsecond line \\x1b[31m" in text  # the message keeps its own line break
     html = as_html([f], ["r"])
     assert "\u202e" not in html and "\x1b" not in html and "\\u200f日本" in html
+
+
+def test_slug_is_the_one_file_stem_rule():
+    # the dashboard's download names and the exported figure set's file names (keep=".")
+    assert slug("entropy law / run 1.5", "figure") == "entropy_law_run_1_5"
+    assert slug("entropy law / run 1.5", "run", keep=".") == "entropy_law_run_1.5"
+    assert slug("__é/ü__", "figure") == "figure" and slug("", "run", keep=".") == "run"

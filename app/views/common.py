@@ -7,7 +7,6 @@ columns) becomes a warning on that section and the rest of the page is still dra
 from __future__ import annotations
 
 import contextlib
-import re
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -18,6 +17,7 @@ from app.views.sidebar import FORMAT_KEY, RUNS_KEY, folder_run_names, run_label
 from tokengrad.figures.export import figure_to_bytes, find_browser
 from tokengrad.figures.style import captions
 from tokengrad.figures.tables import figure_table
+from tokengrad.read.display import slug
 
 MIME = {"png": "image/png", "svg": "image/svg+xml", "html": "text/html"}
 DOWNLOAD_WIDTH, DOWNLOAD_HEIGHT = 1100, 500  # CSS px of a downloaded chart (PNG at 300 dpi scale)
@@ -114,10 +114,6 @@ def guard(what: str):
         st.warning(f"{what}: could not be drawn ({type(err).__name__}: {err})")
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_-]+", "_", text).strip("_") or "figure"
-
-
 def download_format() -> str:
     """The sidebar's format, or html when PNG/SVG is asked for but no Chrome/Chromium is installed."""
     fmt = st.session_state.get(FORMAT_KEY, "png")
@@ -137,7 +133,7 @@ def chart(fig: go.Figure, key: str, name: str | None = None, table: pd.DataFrame
         st.caption(" · ".join(notes))
     fmt = download_format()
     size = {"width": DOWNLOAD_WIDTH, "height": fig.layout.height or DOWNLOAD_HEIGHT}
-    stem = _slug(name or key)
+    stem = slug(name or key, "figure")
     image, csv, _ = st.columns([1, 1, 4])  # side by side, under the chart's left edge
     image.download_button(
         f"Download {fmt.upper()}",

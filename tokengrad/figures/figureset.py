@@ -21,6 +21,7 @@ from typing import NamedTuple
 import numpy as np
 import plotly.graph_objects as go
 
+from tokengrad.read.display import slug as file_stem
 from tokengrad.schema import BUCKET, STEP
 
 _NAN_WORD = re.compile(r"(?<![A-Za-z])nan(?![A-Za-z])", re.IGNORECASE)
@@ -32,10 +33,6 @@ class FigureSpec(NamedTuple):
     width: str = "column"  # figures.style.PAPER_WIDTHS key
     height_in: float | None = None
     keep_title: bool = False  # per-run figures keep the run name as their title
-
-
-def _slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "run"
 
 
 def unique_names(runs: Sequence) -> dict[str, object]:
@@ -154,7 +151,7 @@ def _run_specs(name: str, run, smoothing: float, low, high, step_range, max_word
     from tokengrad.read.headline import pooled_bucket_shares
     from tokengrad.read.queries import grad_norm_by_prob, token_frequencies
 
-    slug = _slug(name)
+    slug = file_stem(name, "run", keep=".")
     words = dict(step_range=step_range, limit=4 * max_words)
 
     def gradient_share():

@@ -25,7 +25,7 @@ import plotly.graph_objects as go
 from plotly.colors import sample_colorscale, unlabel_rgb
 
 from tokengrad.figures.style import cap_text, dashboard_layout, empty_figure
-from tokengrad.read.display import visible_text
+from tokengrad.read.display import WHITESPACE_SYMBOLS, visible_text
 from tokengrad.read.token_text import CONTINUATION, merge_tokens
 from tokengrad.schema import TOK
 
@@ -82,7 +82,7 @@ HOVER_COLUMNS = (
     TOK.in_loss,
 )
 _KEYS = frozenset({TOK.step, TOK.rank, TOK.update_id, TOK.pass_id, TOK.sample_id, TOK.group_id, TOK.token})
-WHITESPACE_SYMBOLS = {"\n": "↵", "\t": "⇥"}
+TOKEN_SYMBOLS = {c: WHITESPACE_SYMBOLS[c] for c in "\n\t"}  # line breaks and tabs; other controls escaped
 
 
 def color_range(
@@ -134,7 +134,7 @@ def display_token(text: str) -> str:
     capped."""
     if not text:
         return "∅"
-    return cap_text(visible_text(cap_text(text), symbols=WHITESPACE_SYMBOLS))
+    return cap_text(visible_text(cap_text(text), symbols=TOKEN_SYMBOLS))
 
 
 PART_NOTE = "\n◌: its bytes begin a character drawn whole on a later token"

@@ -34,14 +34,13 @@ from plotly.subplots import make_subplots
 
 from tokengrad.figures.fonts import DEFAULT_FONT_FAMILY, cloud_font, drawable, find_font  # noqa: F401
 from tokengrad.figures.style import MAX_TOKEN_CHARS, cap_text, dashboard_layout, empty_figure
-from tokengrad.read.display import visible_text
+from tokengrad.read.display import WHITESPACE_SYMBOLS, visible_text
 from tokengrad.read.token_text import readable_token
 from tokengrad.schema import BIN, TOK
 
 MARKERS = {"Ġ": " ", "▁": " ", "Ċ": "\n", "ĉ": "\t"}  # byte-level BPE and SentencePiece (U+2581) markers
-WHITESPACE_SYMBOLS = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "↵"}
 # inside a word: a line break would make the cloud's text multi-line, which it cannot place
-INNER_SYMBOLS = {"\n": "↵", "\t": "⇥", "\r": "↵"}
+INNER_SYMBOLS = {c: sym for c, sym in WHITESPACE_SYMBOLS.items() if c != " "}
 SPECIAL_TOKEN = re.compile(r"^<\|?[A-Za-z0-9_./:-]*\|?>$|^</?s>$")  # <|im_end|>, <pad>, </s>, <|endoftext|>
 BYTE_TOKEN = re.compile(r"^(<0x[0-9A-F]{2}>)+$")  # undecodable bytes, shown as they are
 SIZE_BY = ("count", "grad_sum")

@@ -3,7 +3,8 @@
     visible_text("abc\u202edef")          # 'abc\\u202edef': a right-to-left override shown, not obeyed
     visible_text("\x1b[31mred")           # '\\x1b[31mred': a terminal escape shown, not run
     visible_text("a\nb", keep="\n")       # 'a\nb': line breaks kept where the page lays out lines
-    visible_text("a\nb", symbols={"\n": "↵"})  # 'a↵b': or drawn as a symbol
+    visible_text("a\nb", symbols={"\n": "↵"})  # 'a↵b': or drawn as a symbol (WHITESPACE_SYMBOLS)
+    slug("seed 0/run", "run")               # 'seed_0_run': a name as a file-name stem
 
 Token text, completions, run and folder names come from models and file systems: a bidi override
 (U+202E, U+200F, U+2066...) reverses what follows it, a C0/C1 control or an ANSI sequence (ESC [ ...)
@@ -20,12 +21,16 @@ Standard library only, so that the dashboard, the CLI, the figures and the docto
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from collections.abc import Mapping
 
 HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"})
 SHORT_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
 ZWJ = "\u200d"
+# A whitespace character drawn as a symbol where it would otherwise be invisible or break a layout (the
+# inspector's tokens, word-cloud entries); each view picks the characters it draws this way.
+WHITESPACE_SYMBOLS = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "↵"}
 _SKIN_TONES = range(0x1F3FB, 0x1F400)  # Fitzpatrick modifiers (category Sk), which may precede a ZWJ
 _VS16 = "\ufe0f"  # emoji presentation selector, which may precede a ZWJ
 
@@ -77,3 +82,9 @@ def visible_text(text: object, *, keep: str = "", symbols: Mapping[str, str] | N
 def visible_lines(text: object) -> str:
     """visible_text keeping line breaks and tabs: prompts, completions and messages shown as blocks."""
     return visible_text(text, keep="\n\t")
+
+
+def slug(text: str, default: str, keep: str = "") -> str:
+    """`text` as a file-name stem: each run of characters other than ASCII letters, digits, '_', '-' and
+    `keep` becomes one '_', leading and trailing '_' dropped; `default` when nothing is left."""
+    return re.sub(f"[^A-Za-z0-9_{re.escape(keep)}-]+", "_", text).strip("_") or default
