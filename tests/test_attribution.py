@@ -266,3 +266,26 @@ def test_trainer_attributes_every_micro_batch_and_update_within_a_budget(tmp_pat
     assert per_update.tolist() == pytest.approx([1.0, 1.0], abs=1e-3)
     resid = run.buckets.query("step == 1 and bucket == 'residual'")["update_share"]
     assert len(resid) == 2 and resid.abs().max() < 1e-3
+
+
+def test_a_step_without_gradient_records_null_shares_not_nonfinite_values(tmp_path):
+    """Every advantage 0: |g|^2 = 0, so each share is undefined. It is stored as null (not NaN) and the
+    step's n_nonfinite stays 0, so the doctor's nonfinite detector does not call a dead step corrupt."""
+    model = _model(False)
+    ids = torch.randint(0, TINY_V, (4, 9), generator=torch.Generator().manual_seed(1))
+    with Recorder(tmp_path / "run", model=model, attribution=Attribution(every=1)) as rec:
+        with rec.step(0) as st:
+            lp = forward_logprobs(model, ids)[1]
+            st.track(
+                lp,
+                token_ids=ids[:, 1:],
+                advantages=torch.zeros(4),
+                sample_ids=torch.arange(4),
+                recompute=lambda: forward_logprobs(model, ids)[1],
+            )
+            (lp * 0.0).sum().backward()
+            st.record_grad_norms(0)
+    run = load_run(tmp_path / "run")
+    shares = run.sql("SELECT count(*) AS n, count(update_share) AS kept FROM tokens")
+    assert (int(shares["n"][0]), int(shares["kept"][0])) == (32, 0)
+    assert int(run.steps["n_nonfinite"][0]) == 0
