@@ -16,27 +16,18 @@ if _PACKAGE_PARENT not in sys.path:  # `streamlit run` puts only app/ on sys.pat
 import streamlit as st  # noqa: E402
 
 from app import data  # noqa: E402
+from app.pages import PAGES, view_path  # noqa: E402
 from app.views import sidebar  # noqa: E402
 
-VIEWS = Path(__file__).resolve().parent / "views"
 # A file, not a ":material/...:" name: Streamlit's browser code fetches a material favicon from a public
 # font host, and a local dashboard must not reach the internet. An SVG file becomes a data: URL.
 ICON = Path(__file__).resolve().parent / "assets" / "icon.svg"
-PAGES = (  # file, title, icon
-    ("overview.py", "Overview", ":material/monitoring:"),
-    ("buckets.py", "Probability buckets", ":material/bar_chart:"),
-    ("wordclouds.py", "Word clouds", ":material/cloud:"),
-    ("inspector.py", "Token inspector", ":material/text_fields:"),
-    ("entropy.py", "Entropy", ":material/water_drop:"),
-    ("rollout.py", "Rollout vs trainer", ":material/compare_arrows:"),
-    ("evaluation.py", "Evaluation", ":material/checklist:"),
-)
 
 
 def run() -> None:
     st.set_page_config(page_title="tokengrad", page_icon=ICON, layout="wide")
     sidebar.render()
-    page = st.navigation([st.Page(VIEWS / f, title=t, icon=i) for f, t, i in PAGES])
+    page = st.navigation([st.Page(view_path(p), title=v.title, icon=v.icon) for p, v in PAGES.items()])
     try:
         page.run()
     finally:  # also after st.stop / st.rerun, which unwind through here

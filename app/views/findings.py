@@ -14,6 +14,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import data
+from app.pages import PAGES, view_file
 from app.views import common
 from app.views.sidebar import run_title
 from tokengrad.doctor.engine import examine
@@ -22,12 +23,8 @@ from tokengrad.doctor.links import dashboard_query
 from tokengrad.doctor.ranking import rank_key
 from tokengrad.doctor.view import RunView
 from tokengrad.read.display import visible_lines
+from tokengrad.read.pages import HOME
 
-PAGE_FILES = {
-    "overview": "views/overview.py",
-    "inspector": "views/inspector.py",
-    "buckets": "views/buckets.py",
-}
 BADGE = {"critical": ":red-badge[critical]", "warning": ":orange-badge[warning]", "info": ":blue-badge[info]"}
 SHOWN = 5  # findings listed before the "more" expander
 
@@ -54,14 +51,15 @@ def not_checked_for(run_dir: str) -> list[dict]:
 
 
 def open_finding(f: dict) -> None:
-    """Put the finding's run, step and sample into Session State, then switch to its page."""
+    """Put the finding's run, step and sample into Session State, then switch to its page (the Overview
+    for a page id app/pages.py does not know)."""
     q = f["query"]
     if "step" in q:
         st.session_state["in_step"] = int(q["step"])
     if "sample" in q:
         st.session_state["in_sample"] = int(q["sample"])
     st.session_state["in_run"] = f["run_dir"]
-    st.switch_page(PAGE_FILES.get(f["page"], PAGE_FILES["overview"]), query_params=q)
+    st.switch_page(view_file(f["page"] if f["page"] in PAGES else HOME), query_params=q)
 
 
 def _steps(f: dict) -> str:

@@ -5,8 +5,6 @@ exceeds tau, and the sequences a mask removed, each linked to the token inspecto
 
 from __future__ import annotations
 
-from urllib.parse import urlencode
-
 import streamlit as st
 
 from app import data
@@ -20,6 +18,7 @@ from tokengrad.figures.rollout import (
     make_off_policy_split_figure,
     mismatch_summary,
 )
+from tokengrad.read.pages import INSPECTOR, page_url
 from tokengrad.schema import SAMPLE, TOK
 
 NO_ROLLOUT = (
@@ -49,7 +48,7 @@ def _masked(run: str, step_range) -> None:
         )
         return
     df["inspector"] = [
-        "inspector?" + urlencode(inspector_query(run, s, i)) for s, i in zip(df[TOK.step], df[TOK.sample_id])
+        page_url(INSPECTOR, inspector_query(run, s, i)) for s, i in zip(df[TOK.step], df[TOK.sample_id])
     ]
     st.caption(
         f"{len(df)} sequences with masked tokens; `rollout_seq_log_ratio` = Σ_t (log π_old − log μ), the log "
@@ -80,7 +79,7 @@ def _masked(run: str, step_range) -> None:
     if rows and rows[0] < len(df):
         r = df.iloc[rows[0]]
         q = inspector_query(run, r[TOK.step], r[TOK.sample_id])
-        findings.open_finding({"query": q, "run_dir": run, "page": "inspector"})
+        findings.open_finding({"query": q, "run_dir": run, "page": INSPECTOR})
 
 
 def _confident(run: str, step_range) -> None:

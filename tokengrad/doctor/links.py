@@ -1,7 +1,7 @@
-"""Where a finding shows in the dashboard: the page and the URL query the app restores
-(app/views/urlstate.py: runs, step, sample). `runs` is the run's folder name (Run.name), so a link to a
-copied run folder opens the copy; `sample` is the first listed token's, which for a spike is the sample
-its headline names (doctor.culprits.lead_first).
+"""Where a finding shows in the dashboard: its page (an id of tokengrad.read.pages) and the URL query the
+app restores (app/views/urlstate.py: runs, step, sample). `runs` is the run's folder name (Run.name), so a
+link to a copied run folder opens the copy; `sample` is the first listed token's, which for a spike is the
+sample its headline names (doctor.culprits.lead_first).
 
     dashboard_query(finding)     # {"runs": "lab_grpo", "step": "97", "sample": "36"}
     dashboard_url(finding)       # "http://127.0.0.1:8501/inspector?runs=lab_grpo&step=97&sample=36"
@@ -12,11 +12,9 @@ from __future__ import annotations
 from urllib.parse import urlencode
 
 from tokengrad.doctor.finding import Finding
+from tokengrad.read.pages import HOME, PAGE_IDS, url_path
 
 DEFAULT_BASE = "http://127.0.0.1:8501"
-# page name of a detector -> the Streamlit page's URL path (app/streamlit_app.py PAGES: the file's stem;
-# the first page, Overview, is the root)
-PAGE_PATHS = {"overview": "", "buckets": "buckets", "inspector": "inspector", "evaluation": "evaluation"}
 
 
 def dashboard_query(finding: Finding) -> dict[str, str]:
@@ -32,5 +30,7 @@ def dashboard_query(finding: Finding) -> dict[str, str]:
 
 
 def dashboard_url(finding: Finding, base: str = DEFAULT_BASE) -> str:
-    path = PAGE_PATHS.get(finding.page, "")
-    return f"{base.rstrip('/')}/{path}?{urlencode(dashboard_query(finding))}"
+    """The finding's page (tokengrad.read.pages; the Overview for a page id it does not know) at `base`,
+    with dashboard_query."""
+    page = finding.page if finding.page in PAGE_IDS else HOME
+    return f"{base.rstrip('/')}/{url_path(page)}?{urlencode(dashboard_query(finding))}"
