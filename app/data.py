@@ -26,9 +26,11 @@ import streamlit as st
 
 from tokengrad import schema
 from tokengrad.read import (
+    entropy_law,
     entropy_queries,
     gradient_shares,
     headline,
+    layout,
     queries,
     rollout_queries,
     share_queries,
@@ -59,6 +61,7 @@ QUERIES = {
         entropy_queries.entropy_drainers,
         entropy_queries.entropy_quadrants,
         entropy_queries.entropy_by_position,
+        entropy_law.entropy_law,
         rollout_queries.has_rollout,
         rollout_queries.gap_by_prob,
         rollout_queries.gap_by_position,
@@ -88,16 +91,10 @@ def _stat(path: Path, base: Path) -> tuple[str, int, int] | None:
 
 
 def signature(run_dir: str, tables: tuple[str, ...] | None = None) -> Signature:
-    """Files that make up `tables` of the run (all tables when None), plus meta.json and rank status."""
+    """Files that make up `tables` of the run (all tables when None), plus meta.json and rank status
+    (tokengrad.read.layout.run_files)."""
     base = Path(run_dir)
-    paths = [base / schema.META_FILE]
-    status = base / schema.RANKS_DIR
-    paths += sorted(status.glob("rank*.json")) if status.is_dir() else []
-    for table in tables if tables is not None else tuple(schema.TABLES):
-        folder = base / table
-        if folder.is_dir():  # the writer's temp files start with "." and do not match the glob
-            paths += sorted(folder.glob("rank*/s*.parquet"))
-    return tuple(s for s in (_stat(p, base) for p in paths) if s is not None)
+    return tuple(s for s in (_stat(p, base) for p in layout.run_files(base, tables)) if s is not None)
 
 
 def runs_under(root: str) -> list[str]:

@@ -1,7 +1,7 @@
 """Create the shipped sample runs: the two CPU lab models and SmolLM2-135M, each under GRPO, TR-GRPO and
-AR+Lopti.
+AR+Lopti, and two lab-add GRPO runs for the Rollout and Entropy pages.
 
-    python scripts/make_sample_runs.py                              # all nine runs into sample_runs/
+    python scripts/make_sample_runs.py                              # all eleven runs into sample_runs/
     python scripts/make_sample_runs.py --only lab_grpo --steps 5    # a quick look at one run
     python scripts/make_sample_runs.py --from-study runs/study      # lab runs = the study's seed-0 runs
     tokengrad dashboard sample_runs                                 # then look at them
@@ -10,6 +10,9 @@ AR+Lopti.
 differ only in the weighting rule and its parameters). `lab_kk_<rule>`: configs/lab_kk_<rule>.toml (the lab
 model `lab-kk` on Knights and Knaves with a plain-word trace; the configs and seed of the seed-0 runs of
 `scripts/study.py --organism kk`, recorded under a token budget of 512 rows per step).
+`lab_grpo_rollout`: configs/lab_add_grpo_rollout.toml (a bf16, top-p 0.9 sampler against the fp32 trainer,
+TRL's sequence_mask removing sequences, num_iterations = 2). `lab_grpo_entropy`:
+configs/lab_add_grpo_entropy.toml (lab_grpo's config, 100 steps, entropy attribution every 5 steps).
 `smollm_<rule>`: configs/smollm_sample.toml
 (SmolLM2-135M-Instruct on 1-2 digit arithmetic, refilling dynamic sampling) with the rule set on the
 command line. Within each family every run uses the same seed, so the runs share the training prompts, the
@@ -52,8 +55,12 @@ RUNS = (
         f"smollm_{r}": ("smollm_sample.toml", {"weighting": r, "weighting_params": p})
         for r, p in RULE_PARAMS.items()
     }
+    # runs that fill the Rollout and Entropy pages: a bf16 / top-p sampler against the fp32 trainer with
+    # sequence_mask and mu = 2, and GRPO with entropy attribution every 5 steps (the configs say why)
+    | {f"lab_grpo_{extra}": (f"lab_add_grpo_{extra}.toml", {}) for extra in ("rollout", "entropy")}
 )
 
+STUDY_RUNS = {f"lab_{r}" for r in RULE_PARAMS}  # the study's seed-0 configs (--from-study copies these)
 SIZE_LIMIT_MB = 30.0  # the committed sample_runs/ folder, all runs together
 
 
@@ -79,7 +86,7 @@ def copy_study_run(name: str, study: Path, out: Path) -> Path:
     rule = config.removeprefix("lab_add_").removesuffix(".toml")
     src = study / f"{rule}-s0"
     meta = json.loads((src / "meta.json").read_text()) if (src / "meta.json").exists() else {}
-    if not (config.startswith("lab_add_") and meta.get("finished") and meta["config"]["seed"] == 0):
+    if not (name in STUDY_RUNS and meta.get("finished") and meta["config"]["seed"] == 0):
         raise SystemExit(f"{src} is not a finished seed-0 study run of {config}")
     run_dir = out / name
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -117,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {"progress": False} | ({"steps": args.steps} if args.steps else {})
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.only:
-        if args.from_study and RUNS[name][0].startswith("lab_add_"):  # the lab-add study's configs
+        if args.from_study and name in STUDY_RUNS:  # the lab-add study's configs
             print(f"{copy_study_run(name, args.from_study, args.out)}: copied from {args.from_study}")
             continue
         run_dir, seconds = make_run(name, args.out, overrides)

@@ -135,6 +135,6 @@ def test_dashboard_page(tabular_run, tmp_path, monkeypatch):
     app.switch_page("views/entropy.py").run()
     assert not app.exception, [e.value for e in app.exception]
     assert not app.warning, [w.value for w in app.warning]
-    assert len(app.get("plotly_chart")) == 3
+    assert len(app.get("plotly_chart")) == 4  # with the entropy law's, empty here (no entropy column)
     top = app.dataframe[0].value
     assert len(top) == 25 and top[TOK.entropy_share].notna().all()

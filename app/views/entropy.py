@@ -9,10 +9,12 @@ import streamlit as st
 from app import data
 from app.views import common
 from tokengrad.figures.entropy import (
+    make_entropy_law_figure,
     make_entropy_position_figure,
     make_entropy_quadrant_figure,
     make_entropy_steps_figure,
 )
+from tokengrad.read.entropy_law import entropy_law_fit
 from tokengrad.read.entropy_queries import DRAIN, DRAINER_COLUMNS, STEP_COLUMNS
 from tokengrad.schema import STEP
 
@@ -32,6 +34,20 @@ def _steps(run: str, name: str) -> None:
     common.chart(make_entropy_steps_figure(rows), "en_steps", f"entropy_steps_{name}", table=rows)
 
 
+def _law(run: str, name: str, step_range) -> None:
+    st.subheader("The entropy law per token (arXiv 2602.03392)")
+    st.caption(
+        "A logit step ε on the sampled token changes its position's entropy by −ε·p·(H + log p) to first "
+        "order (Thm. 3.2); ε is read off the token's own measured probability change, "
+        "ε = dlogprob / (1 − p). Points on y = x: the entropy moved as the token's own logit step "
+        "predicts; the rest of the change comes from the other logits of the position, which every other "
+        "token's gradient also moves."
+    )
+    df = data.query(run, "entropy_law", steps=step_range)
+    fit = entropy_law_fit(df)
+    common.chart(make_entropy_law_figure(df), "en_law", f"entropy_law_{name}", table=fit)
+
+
 def render() -> None:
     st.title("Entropy")
     runs = common.require_runs()
@@ -47,6 +63,8 @@ def render() -> None:
         with common.guard("By position"):
             df = data.query(run, "entropy_by_position", steps=step_range, bins=10)
             common.chart(make_entropy_position_figure(df), "en_pos", f"entropy_position_{name}", table=df)
+        with common.guard("Entropy law per token"):
+            _law(run, name, step_range)
         with common.guard("Top drainers"):
             st.subheader("Tokens that drained the most entropy")
             st.caption(

@@ -3,6 +3,7 @@
     make_entropy_quadrant_figure(entropy_quadrants(run))   # probability bucket x advantage sign
     make_entropy_position_figure(entropy_by_position(run))  # along the completion
     make_entropy_steps_figure(entropy_steps(run))           # predicted vs measured change of the mean entropy
+    make_entropy_law_figure(entropy_law(run))               # arXiv 2602.03392's per-token law vs measured
 
 A cell's entropy_share is its tokens' part of their update's first-order entropy change along the gradient
 (summed per update); dentropy / dentropy_pred are the mean per-position change along the applied update.
@@ -16,6 +17,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from tokengrad.figures.style import dashboard_layout, empty_figure
+from tokengrad.read.entropy_law import LAW_PRED, law_fit
 from tokengrad.schema import STEP, TOK
 
 NO_ENTROPY = "no entropy attribution in this selection (Attribution(entropy=True) / attribute_entropy)"
@@ -118,3 +120,37 @@ def make_entropy_steps_figure(df: pd.DataFrame, title: str | None = None) -> go.
     fig.update_yaxes(title_text=LABELS[STEP.dentropy_mean])
     sub = f"{int(fit['n'])} steps, r = {fit['r']:.3f}, slope = {fit['slope']:.3f}"
     return dashboard_layout(fig, f"{title or 'Predicted vs measured ΔH̄'}<br><sup>{sub}</sup>")
+
+
+def make_entropy_law_figure(df: pd.DataFrame, title: str | None = None, bins: int = 20) -> go.Figure:
+    """Measured per-token entropy change against the law of arXiv 2602.03392, -eps p (H + log p), from
+    tokengrad.read.entropy_law.entropy_law rows: the tokens (a light scatter) and their means over
+    `bins` quantile bins of the prediction, with y = x where the law holds; the pooled fit in the title."""
+    if df is None or df.empty:
+        return empty_figure(NO_ENTROPY, title)
+    x, y = df[LAW_PRED].to_numpy(float), df[TOK.dentropy].to_numpy(float)  # [N], [N]
+    fit = law_fit(x, y)
+    fig = go.Figure(
+        go.Scattergl(
+            x=x,
+            y=y,
+            mode="markers",
+            name="tokens",
+            marker=dict(size=4, opacity=0.25, color="#999999"),
+            customdata=df[[TOK.step, TOK.sample_id, TOK.position, TOK.prob]].to_numpy(),
+            hovertemplate="step %{customdata[0]} sample %{customdata[1]} pos %{customdata[2]}<br>"
+            "p %{customdata[3]:.3f}<br>law %{x:.3g}<br>measured %{y:.3g}<extra></extra>",
+        )
+    )
+    b = pd.qcut(pd.Series(x).rank(method="first"), min(int(bins), len(x)), labels=False)
+    means = pd.DataFrame({"x": x, "y": y, "b": b}).groupby("b")[["x", "y"]].mean()
+    fig.add_trace(go.Scatter(x=means["x"], y=means["y"], mode="lines+markers", name=f"mean of {bins} bins"))
+    lim = float(max(np.abs(x).max(), np.abs(y).max())) or 1.0
+    fig.add_trace(go.Scatter(x=[-lim, lim], y=[-lim, lim], mode="lines", name="y = x", line=dict(dash="dot")))
+    fig.update_xaxes(title_text="law: −ε·p·(H + log p), ε = dlogprob / (1 − p) (nats)")
+    fig.update_yaxes(title_text=LABELS[TOK.dentropy])
+    sub = (
+        f"{int(fit['n'])} tokens, Pearson {fit['pearson']:.3f}, Spearman {fit['spearman']:.3f}, "
+        f"slope {fit['slope']:.3f}, sign agrees {fit['sign_agree']:.1%}"
+    )
+    return dashboard_layout(fig, f"{title or 'Entropy law per token (arXiv 2602.03392)'}<br><sup>{sub}</sup>")
