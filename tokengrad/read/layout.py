@@ -62,6 +62,21 @@ def rank_folders(run_dir: Path, table: str) -> list[Path]:
     return sorted(p for p in base.glob("rank*") if p.is_dir()) if base.is_dir() else []
 
 
+def data_files(run_dir: Path, table: str) -> list[Path]:
+    """Every data file of a table as it lies, rank by rank in name order: redundant files included, the
+    writer's temporary dot files never."""
+    return [p for folder in rank_folders(run_dir, table) for p in sorted(folder.glob("s*.parquet"))]
+
+
+def run_files(run_dir: Path, tables: tuple[str, ...] | None = None) -> list[Path]:
+    """meta.json, the ranks' status files and the data files of `tables` (every table when None): the
+    files whose changes a reader's cache watches (a new step file, a compaction, a rewritten meta.json)."""
+    base = Path(run_dir)
+    status = base / schema.RANKS_DIR
+    paths = [base / schema.META_FILE, *(sorted(status.glob("rank*.json")) if status.is_dir() else ())]
+    return paths + [p for t in (schema.TABLES if tables is None else tables) for p in data_files(base, t)]
+
+
 def step_range(path: Path) -> tuple[int, int] | None:
     """(min, max) of the `step` column, from the footer's statistics when present; None if unreadable."""
     try:
