@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from tokengrad.read.queries import _base, _Where, bin_edges
+from tokengrad.read.token_sql import Where, bin_edges, bin_index, token_where
 from tokengrad.schema import DEFAULT_BUCKET_EDGES, STEP, TOK
 
 DRAIN = "entropy_drain"  # query column: entropy_share * steps.entropy_grad_dot (not stored)
@@ -57,9 +57,9 @@ STEP_COLUMNS = (
 )
 
 
-def _where(steps: tuple[int, int] | None) -> _Where:
+def _where(steps: tuple[int, int] | None) -> Where:
     """Loss tokens with an entropy share, in the step range (NaN: an update without a gradient)."""
-    return _base(steps, True, None).add(f"isfinite({TOK.entropy_share})")
+    return token_where(steps, True, None).add(f"isfinite({TOK.entropy_share})")
 
 
 def entropy_steps(run) -> pd.DataFrame:
@@ -91,12 +91,12 @@ def entropy_drainers(run, steps: tuple[int, int] | None = None, k: int = 20) -> 
     return run.sql(q, w.params + [int(k)])
 
 
-def _n_updates(run, w: _Where) -> int:
+def _n_updates(run, w: Where) -> int:
     q = f"SELECT count(*) AS n FROM (SELECT DISTINCT {TOK.step}, {TOK.update_id} FROM {_FROM}{w.sql()})"
     return int(run.sql(q, w.params)["n"].iloc[0])
 
 
-def _binned(run, w: _Where, index: str, index_params: list) -> pd.DataFrame:
+def _binned(run, w: Where, index: str, index_params: list) -> pd.DataFrame:
     """Per bin b (and advantage sign): tokens, summed share and drain per update, mean predicted and
     measured per-position entropy change."""
     q = (
@@ -112,11 +112,6 @@ def _binned(run, w: _Where, index: str, index_params: list) -> pd.DataFrame:
     return out
 
 
-def _bin_index(col: str, edges: np.ndarray) -> tuple[str, list[float]]:
-    inner = [float(e) for e in edges[1:-1]]
-    return (" + ".join([f"CAST({col} >= ? AS INTEGER)"] * len(inner)) or "0"), inner
-
-
 def entropy_quadrants(
     run, steps: tuple[int, int] | None = None, edges: Sequence[float] = DEFAULT_BUCKET_EDGES
 ) -> pd.DataFrame:
@@ -125,7 +120,7 @@ def entropy_quadrants(
     and entropy_drain summed per update (a cell's part of its update's entropy change along the
     gradient), dentropy_pred / dentropy the mean per-position change along the applied update."""
     e = bin_edges(list(edges))
-    index, inner = _bin_index(TOK.prob, e)
+    index, inner = bin_index(TOK.prob, e)
     out = _binned(run, _where(steps), index, inner)
     b = out.pop("b").to_numpy(int)
     out.insert(0, "lo", e[b])
@@ -139,7 +134,7 @@ def entropy_by_position(run, steps: tuple[int, int] | None = None, bins: int = 1
     w = _where(steps)
     top = run.sql(f"SELECT max({TOK.position}) AS m FROM {_FROM}{w.sql()}", w.params)["m"].iloc[0]
     e = np.linspace(0, (0 if pd.isna(top) else int(top)) + 1, int(bins) + 1)
-    index, inner = _bin_index(TOK.position, e)
+    index, inner = bin_index(TOK.position, e)
     per = _binned(run, w, index, inner)
     if per.empty:
         return pd.DataFrame(columns=["lo", "hi", "n_tokens", TOK.entropy_share, DRAIN, TOK.dentropy])

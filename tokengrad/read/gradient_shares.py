@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from tokengrad.read.queries import _GRAD, _base, _binned, bin_edges
+from tokengrad.read.token_sql import GRAD, bin_edges, binned, token_where
 from tokengrad.schema import BIN, PBIN, TOK
 
 UPDATE_SHARE = "update_share"  # per-token <g_t, g>/|g|^2, where the run recorded attribution
@@ -38,9 +38,9 @@ def step_gradients(run, *, loss_only: bool = True) -> pd.DataFrame:
     """[step, n_tokens, grad_sum, live] per step with token rows: grad_sum = sum of the in-loss tokens'
     logit_grad_norm (|coef| where it was not recorded); live = grad_sum > 0. A step whose every advantage
     is 0 has coef = 0 on every token and is not live (figures.liveness)."""
-    w = _base(None, loss_only, None)
+    w = token_where(None, loss_only, None)
     q = (
-        f"SELECT {TOK.step}, count(*) AS n_tokens, sum({_GRAD}) AS grad_sum FROM tokens{w.sql()} "
+        f"SELECT {TOK.step}, count(*) AS n_tokens, sum({GRAD}) AS grad_sum FROM tokens{w.sql()} "
         f"GROUP BY {TOK.step} ORDER BY {TOK.step}"
     )
     df = run.sql(q, w.params)
@@ -49,15 +49,15 @@ def step_gradients(run, *, loss_only: bool = True) -> pd.DataFrame:
 
 
 def _from_tokens(run, e: np.ndarray, step_range, live_only: bool, loss_only: bool) -> pd.DataFrame:
-    w = _base(step_range, loss_only, None)
+    w = token_where(step_range, loss_only, None)
     if live_only:
         w.add(
-            f"{TOK.step} IN (SELECT {TOK.step} FROM tokens{_base(None, loss_only, None).sql()} "
-            f"GROUP BY {TOK.step} HAVING sum({_GRAD}) > 0)"
+            f"{TOK.step} IN (SELECT {TOK.step} FROM tokens{token_where(None, loss_only, None).sql()} "
+            f"GROUP BY {TOK.step} HAVING sum({GRAD}) > 0)"
         )
     has_update = UPDATE_SHARE in token_columns(run)
-    select = f"sum({_GRAD}) AS grad_sum" + (f", sum({UPDATE_SHARE}) AS update_sum" if has_update else "")
-    return _binned(run, e, select, w)
+    select = f"sum({GRAD}) AS grad_sum" + (f", sum({UPDATE_SHARE}) AS update_sum" if has_update else "")
+    return binned(run, e, select, w)
 
 
 def _bin_steps(run, step_range) -> pd.DataFrame:

@@ -23,20 +23,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import pandas as pd
 
 from tokengrad.read import token_shares
 from tokengrad.read.char_frequencies import merge_split_characters
+from tokengrad.read.token_sql import ADV_SIGN_SQL, GRAD, Where, bin_edges, binned, token_where
 from tokengrad.schema import BIN, SAMPLE, TOK, column_names
 
-ADV_SIGN_SQL = {1: f"{TOK.advantage} > 0", -1: f"{TOK.advantage} < 0", 0: f"{TOK.advantage} = 0"}
 # Per-token columns whose per-bin mean grad_norm_by_prob reports.
 BINNED_MEANS = (TOK.prob, TOK.logit_grad_unit, TOK.logit_grad_norm, TOK.head_grad_norm, TOK.entropy)
 ABS_COEF = "abs_coef"
-# A token's contribution to the step's gradient: the exact norm at its logits, else |coef| (same ordering
-# within a step when logit_grad_unit was not recorded).
-_GRAD = f"coalesce({TOK.logit_grad_norm}, abs({TOK.coef}), 0)"
 # Token columns the forensics tables show next to the ranked value.
 FORENSIC_COLUMNS = (
     TOK.sample_id,
@@ -52,37 +48,7 @@ FORENSIC_COLUMNS = (
 )
 
 
-class _Where:
-    """AND-ed SQL conditions with their positional parameters, in order."""
-
-    def __init__(self):
-        self.conds: list[str] = []
-        self.params: list = []
-
-    def add(self, cond: str, *params) -> "_Where":
-        self.conds.append(cond)
-        self.params += list(params)
-        return self
-
-    def sql(self) -> str:
-        return " WHERE " + " AND ".join(self.conds) if self.conds else ""
-
-
-def _base(step_range: tuple[int, int] | None, loss_only: bool, update_id: int | None) -> _Where:
-    w = _Where()
-    if step_range is not None:
-        lo, hi = (int(s) for s in step_range)
-        if lo > hi:
-            raise ValueError(f"step_range must be (lo, hi) with lo <= hi, got {step_range}")
-        w.add(f"{TOK.step} BETWEEN ? AND ?", lo, hi)
-    if update_id is not None:
-        w.add(f"{TOK.update_id} = ?", int(update_id))
-    if loss_only:
-        w.add(TOK.in_loss)
-    return w
-
-
-def _prob_range(w: _Where, lo: float, hi: float) -> _Where:
+def _prob_range(w: Where, lo: float, hi: float) -> Where:
     """lo <= prob < hi, with hi inclusive at 1 (as the schema's bucket edges)."""
     if not 0.0 <= lo < hi <= 1.0:
         raise ValueError(f"need 0 <= prob_lo < prob_hi <= 1, got prob_lo={lo}, prob_hi={hi}")
@@ -95,10 +61,10 @@ def _token_column(name: str) -> str:
     return name
 
 
-def _frequency_where(prob_lo, prob_hi, step_range, adv_sign, loss_only, update_id) -> _Where:
+def _frequency_where(prob_lo, prob_hi, step_range, adv_sign, loss_only, update_id) -> Where:
     if adv_sign is not None and adv_sign not in ADV_SIGN_SQL:
         raise ValueError(f"adv_sign must be one of {sorted(ADV_SIGN_SQL)} or None, got {adv_sign!r}")
-    w = _prob_range(_base(step_range, loss_only, update_id), prob_lo, prob_hi)
+    w = _prob_range(token_where(step_range, loss_only, update_id), prob_lo, prob_hi)
     if adv_sign is not None:
         w.add(ADV_SIGN_SQL[adv_sign])
     return w
@@ -132,13 +98,13 @@ def token_frequencies(
     # count per integer token_id first (cheap hash keys), name only the surviving groups
     name = f"coalesce(nullif(any_value({TOK.token}), ''), '#' || CAST({TOK.token_id} AS VARCHAR))"
     q = (
-        f"SELECT {name} AS {TOK.token}, count(*) AS {BIN.count}, sum({_GRAD}) AS grad_sum "
+        f"SELECT {name} AS {TOK.token}, count(*) AS {BIN.count}, sum({GRAD}) AS grad_sum "
         f"FROM tokens{w.sql()} "
         f"GROUP BY {TOK.token_id} ORDER BY {order_by} DESC, {TOK.token} LIMIT ?"
     )
     freqs = run.sql(q, w.params + [int(limit)])
     # a character split over tokens ('<0xE4>', '<0xB8>', '<0xAD>') counts once, as itself
-    return merge_split_characters(run, freqs, w.sql(), w.params, _GRAD, order_by)
+    return merge_split_characters(run, freqs, w.sql(), w.params, GRAD, order_by)
 
 
 def token_totals(
@@ -156,10 +122,10 @@ def token_totals(
     w = _frequency_where(prob_lo, prob_hi, step_range, adv_sign, loss_only, update_id)
     every = _frequency_where(0.0, 1.0, step_range, adv_sign, loss_only, update_id)
     sel = run.sql(
-        f"SELECT count(*) AS n, count(DISTINCT {TOK.token_id}) AS d, sum({_GRAD}) AS g FROM tokens{w.sql()}",
+        f"SELECT count(*) AS n, count(DISTINCT {TOK.token_id}) AS d, sum({GRAD}) AS g FROM tokens{w.sql()}",
         w.params,
     ).iloc[0]
-    tot = run.sql(f"SELECT count(*) AS n, sum({_GRAD}) AS g FROM tokens{every.sql()}", every.params).iloc[0]
+    tot = run.sql(f"SELECT count(*) AS n, sum({GRAD}) AS g FROM tokens{every.sql()}", every.params).iloc[0]
     num = lambda v: float(v) if pd.notna(v) else 0.0  # noqa: E731 - SUM over no rows is NULL
     return {
         "count": int(sel["n"]),
@@ -168,39 +134,6 @@ def token_totals(
         "all_count": int(tot["n"]),
         "all_grad_sum": num(tot["g"]),
     }
-
-
-def bin_edges(bins: int | Sequence[float]) -> np.ndarray:
-    """Bin edges over [0, 1]: `bins` equal-width bins, or the given increasing edges."""
-    if isinstance(bins, (int, np.integer)):
-        if bins < 1:
-            raise ValueError(f"bins must be >= 1, got {bins}")
-        return np.linspace(0.0, 1.0, int(bins) + 1)
-    edges = np.asarray(bins, dtype=float)
-    if edges.ndim != 1 or edges.size < 2 or np.any(np.diff(edges) <= 0):
-        raise ValueError(f"bin edges must be at least two strictly increasing numbers, got {list(bins)}")
-    return edges
-
-
-def _binned(run, edges: np.ndarray, select: str, w: _Where, column: str = TOK.prob) -> pd.DataFrame:
-    """Rows of `select` aggregates grouped by bin of `column` (default the probability), all bins present
-    (count 0 if empty).
-
-    The bin index is the number of interior edges <= the value, so bin i is [e_i, e_{i+1}) and the top
-    edge is inclusive; tokens outside [e_0, e_last] are left out.
-    """
-    inner = edges[1:-1].tolist()
-    index = " + ".join([f"CAST({column} >= ? AS INTEGER)"] * len(inner)) or "0"
-    w.add(f"{column} BETWEEN ? AND ?", float(edges[0]), float(edges[-1]))
-    q = (
-        f"SELECT b, count(*) AS {BIN.count}{', ' + select if select else ''} FROM "
-        f"(SELECT {index} AS b, * FROM tokens{w.sql()}) GROUP BY b ORDER BY b"
-    )
-    got = run.sql(q, inner + w.params).set_index("b")
-    frame = pd.DataFrame({BIN.lo: edges[:-1], BIN.hi: edges[1:]})
-    out = frame.join(got, how="left")
-    out[BIN.count] = out[BIN.count].fillna(0).astype("int64")
-    return out.reset_index(drop=True)
 
 
 def prob_histogram(
@@ -212,7 +145,7 @@ def prob_histogram(
     update_id: int | None = None,
 ) -> pd.DataFrame:
     """[lo, hi, count]: how many tokens fall in each probability bin."""
-    return _binned(run, bin_edges(bins), "", _base(step_range, loss_only, update_id))
+    return binned(run, bin_edges(bins), "", token_where(step_range, loss_only, update_id))
 
 
 def grad_norm_by_prob(
@@ -230,7 +163,7 @@ def grad_norm_by_prob(
     (arXiv 2505.12929, Prop. 4.2); see figures.buckets.make_grad_vs_prob_figure.
     """
     means = ", ".join([f"avg({c}) AS {c}" for c in BINNED_MEANS] + [f"avg(abs({TOK.coef})) AS {ABS_COEF}"])
-    return _binned(run, bin_edges(bins), means, _base(step_range, loss_only, update_id))
+    return binned(run, bin_edges(bins), means, token_where(step_range, loss_only, update_id))
 
 
 CONTEXT_MARKS = ("⟦", "⟧")  # around the ranked token in top_tokens' context column

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from tokengrad.read.queries import _base, _binned, bin_edges
+from tokengrad.read.token_sql import bin_edges, binned, token_where
 from tokengrad.schema import SAMPLE, TOK
 
 GAP = f"({TOK.old_logprob} - {TOK.rollout_logprob})"  # d = log pi_old - log mu
@@ -62,8 +62,8 @@ def gap_by_prob(
 ) -> pd.DataFrame:
     """[lo, hi, count, gap_mean, abs_gap_mean, abs_gap_max] per bin of the trainer's probability `prob`:
     the signed mean gap (< 0: the engine gave the token more mass, as top-p does), the mean and max |d|."""
-    w = _base(step_range, True, update_id).add(SCORED)
-    return _binned(run, bin_edges(bins), GAP_MEANS, w)
+    w = token_where(step_range, True, update_id).add(SCORED)
+    return binned(run, bin_edges(bins), GAP_MEANS, w)
 
 
 def gap_by_position(
@@ -75,14 +75,14 @@ def gap_by_position(
 ) -> pd.DataFrame:
     """[lo, hi, count, gap_mean, abs_gap_mean, abs_gap_max] per bin of the token position (`bins` equal
     bins from 0 to one past the longest completion, or the given edges; bin i is [e_i, e_{i+1}))."""
-    w = _base(step_range, True, update_id).add(SCORED)
+    w = token_where(step_range, True, update_id).add(SCORED)
     if isinstance(bins, (int, np.integer)):
         top = run.sql(f"SELECT max({TOK.position}) AS m FROM tokens{w.sql()}", w.params)["m"].iloc[0]
         edges = np.linspace(0, (0 if pd.isna(top) else int(top)) + 1, int(bins) + 1)
     else:
         edges = bin_edges(bins)
     # the top edge is one past the longest completion, so the inclusive top never holds a token
-    return _binned(run, edges, GAP_MEANS, w, column=TOK.position)
+    return binned(run, edges, GAP_MEANS, w, column=TOK.position)
 
 
 def mismatch_update_share(run, tau: float, *, step_range: tuple[int, int] | None = None) -> pd.DataFrame:
@@ -99,7 +99,7 @@ def mismatch_update_share(run, tau: float, *, step_range: tuple[int, int] | None
     """
     if not (isinstance(tau, (int, float)) and np.isfinite(tau) and tau >= 0):
         raise ValueError(f"tau must be a finite number >= 0 (nats), got {tau!r}")
-    w = _base(step_range, True, None).add(f"isfinite({TOK.update_share})")
+    w = token_where(step_range, True, None).add(f"isfinite({TOK.update_share})")
     far = f"{SCORED} AND abs({GAP}) > ?"
     q = (
         f"SELECT {TOK.step}, {TOK.update_id}, count(*) AS n_tokens, "
@@ -119,7 +119,7 @@ def masked_sequences(
     group_id, masked_by, n_masked, n_tokens, reward, advantage, rollout_seq_log_ratio, rollout_gap_mean],
     the largest |rollout_seq_log_ratio| first. n_masked / n_tokens count distinct loss positions (a token
     recorded in several updates counts once); masked_by lists every reason found in the sequence."""
-    w = _base(step_range, True, None)
+    w = token_where(step_range, True, None)
     q = (
         f"WITH t AS (SELECT {TOK.step}, {TOK.sample_id}, any_value({TOK.group_id}) AS {TOK.group_id}, "
         f"count(DISTINCT {TOK.position}) AS n_tokens, "
@@ -152,7 +152,7 @@ def off_policy_split(run, *, step_range: tuple[int, int] | None = None) -> pd.Da
     [step, n_scored, mismatch_abs_mean, mismatch_abs_max, n_stale, staleness_abs_mean, staleness_abs_max,
     lag_mean, lag_max]. Mismatch over the rows the engine scored; staleness over the rows with both
     versions whose lag is > 0 (n_stale; a step with none has null staleness); lag in versions."""
-    w = _base(step_range, True, None)
+    w = token_where(step_range, True, None)
     stale = f"{VERSIONED} AND {LAG} > 0"
     q = (
         f"SELECT {TOK.step}, count(*) FILTER (WHERE {SCORED}) AS n_scored, "
@@ -173,7 +173,7 @@ def gap_summary(run, *, step_range: tuple[int, int] | None = None) -> dict[str, 
     token_mult_prob_error (NeMo-RL's mean exp(|d|)) over distinct scored loss tokens (a token recorded in
     several updates counts once: its mismatch is the same in each), and n_stale, staleness_abs_mean,
     staleness_abs_max, lag_max over the stale rows. NaN where there is nothing to measure."""
-    w = _base(step_range, True, None).add(SCORED)
+    w = token_where(step_range, True, None).add(SCORED)
     once = (
         f"QUALIFY row_number() OVER (PARTITION BY {TOK.step}, {TOK.rank}, {TOK.sample_id}, {TOK.position} "
         f"ORDER BY {TOK.update_id}, {TOK.pass_id}) = 1"
@@ -184,7 +184,7 @@ def gap_summary(run, *, step_range: tuple[int, int] | None = None) -> dict[str, 
         f"(SELECT {MISMATCH} AS d FROM tokens{w.sql()} {once})"
     )
     out = run.sql(q, w.params).iloc[0].to_dict()
-    w = _base(step_range, True, None).add(f"{VERSIONED} AND {LAG} > 0")
+    w = token_where(step_range, True, None).add(f"{VERSIONED} AND {LAG} > 0")
     q = (
         f"SELECT count(*) AS n_stale, avg(abs({STALENESS})) AS staleness_abs_mean, "
         f"max(abs({STALENESS})) AS staleness_abs_max, max({LAG}) AS lag_max FROM tokens{w.sql()}"
@@ -222,7 +222,7 @@ def confident_disagreements(
     the largest |mismatch| first."""
     if not (0.0 < lo < hi < 1.0):
         raise ValueError(f"need 0 < lo < hi < 1 (probabilities), got lo={lo!r}, hi={hi!r}")
-    w = _base(step_range, True, None).add(SCORED)
+    w = token_where(step_range, True, None).add(SCORED)
     p_t, p_e = f"exp({TOK.old_logprob})", f"exp({TOK.rollout_logprob})"
     w.add(f"(({p_t} > ? AND {p_e} < ?) OR ({p_t} < ? AND {p_e} > ?))", hi, lo, lo, hi)
     q = (

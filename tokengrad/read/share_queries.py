@@ -1,5 +1,5 @@
 """Queries over per-token update shares (attribution steps) and the exact aggregate tables of budgeted runs
-(prob_bins, vocab), in DuckDB like tokengrad.read.queries, whose selection helpers they share.
+(prob_bins, vocab), in DuckDB like tokengrad.read.queries, rows selected by tokengrad.read.token_sql.
 
     share_by_partition(run, by="entropy_quantile", bins=5)   # -> [lo, hi, count, token_share, update_share]
     prob_bin_histogram(run)                                   # the exact per-bin sums of a budgeted run
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from tokengrad.read.queries import ADV_SIGN_SQL, _base, _Where, bin_edges
+from tokengrad.read.token_sql import ADV_SIGN_SQL, Where, bin_edges, token_where
 from tokengrad.schema import BIN, TOK
 
 
@@ -31,7 +31,7 @@ PARTITIONS = ("prob", "entropy_quantile", "adv_sign", "position")
 SHARE = TOK.update_share
 
 
-def _n_updates(run, w: _Where) -> int:
+def _n_updates(run, w: Where) -> int:
     q = (
         f"SELECT count(*) AS n FROM (SELECT DISTINCT {TOK.step}, {TOK.update_id} FROM tokens{w.sql()} "
         f"{'AND' if w.conds else 'WHERE'} {SHARE} IS NOT NULL)"
@@ -60,8 +60,8 @@ def share_by_partition(
     """
     if by not in PARTITIONS:
         raise ValueError(f"unknown partition {by!r}; known: {list(PARTITIONS)}")
-    w = _base(step_range, True, update_id)
-    n_up = _n_updates(run, _base(step_range, True, update_id))
+    w = token_where(step_range, True, update_id)
+    n_up = _n_updates(run, token_where(step_range, True, update_id))
     if by == "adv_sign":
         q = (
             f"SELECT CAST(sign({TOK.advantage}) AS INTEGER) AS lo, count(*) AS {BIN.count}, "
@@ -93,14 +93,14 @@ def _partition_edges(run, by: str, bins, step_range, update_id) -> tuple[str, np
         return TOK.prob, bin_edges(bins)
     if by == "position":
         if isinstance(bins, (int, np.integer)):
-            w = _base(step_range, True, update_id)
+            w = token_where(step_range, True, update_id)
             top = run.sql(f"SELECT max({TOK.position}) AS m FROM tokens{w.sql()}", w.params)["m"].iloc[0]
             top = 0 if pd.isna(top) else int(top)
             return TOK.position, np.linspace(0, top + 1, int(bins) + 1)
         return TOK.position, bin_edges(bins)
     if not isinstance(bins, (int, np.integer)) or bins < 1:
         raise ValueError(f"entropy quantiles need an integer number of bins >= 1, got {bins!r}")
-    w = _base(step_range, True, update_id)
+    w = token_where(step_range, True, update_id)
     qs = [i / int(bins) for i in range(int(bins) + 1)]
     got = run.sql(f"SELECT quantile_cont({TOK.entropy}, ?) AS e FROM tokens{w.sql()}", [qs] + w.params)["e"]
     e = got.iloc[0]
@@ -123,7 +123,7 @@ def prob_bin_histogram(
 ) -> pd.DataFrame:
     """From the prob_bins table (exact over every token of a budgeted run): [lo, hi, count, <means of
     PROB_BIN_MEANS>, update_share] per probability bin; update_share is the bin's share per update."""
-    w = _Where()
+    w = Where()
     if step_range is not None:
         w.add("step BETWEEN ? AND ?", int(step_range[0]), int(step_range[1]))
     if update_id is not None:
@@ -162,7 +162,7 @@ def vocab_frequencies(
         raise ValueError(f"value must be {BIN.count!r} or {SHARE!r}, got {value!r}")
     if not 0.0 <= prob_lo < prob_hi <= 1.0:
         raise ValueError(f"need 0 <= prob_lo < prob_hi <= 1, got prob_lo={prob_lo}, prob_hi={prob_hi}")
-    w = _Where().add("lo >= ? - 1e-6", float(prob_lo)).add("hi <= ? + 1e-6", float(prob_hi))
+    w = Where().add("lo >= ? - 1e-6", float(prob_lo)).add("hi <= ? + 1e-6", float(prob_hi))
     if step_range is not None:
         w.add("step BETWEEN ? AND ?", int(step_range[0]), int(step_range[1]))
     if adv_sign is not None:
