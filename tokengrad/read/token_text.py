@@ -23,28 +23,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from functools import lru_cache
+
+from tokengrad.read.byte_table import byte_level_table
 
 BYTE_SPELLING = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece byte fallback / the recorder's spelling
 CONTINUATION = "◌"  # a token whose bytes belong to a character shown on a later token
 _SHIFTED = range(0x100, 0x144)  # the table's stand-ins for unprintable bytes ('Ġ' = space, 'Ċ' = newline)
-
-
-@lru_cache(maxsize=1)
-def byte_level_table() -> dict[str, int]:
-    """character -> byte of the GPT-2 byte-to-character table (Radford et al. 2019, byte-level BPE):
-    printable Latin-1 bytes stand for themselves, the other 68 bytes for U+0100 onwards, in byte order."""
-    printable = [
-        *range(ord("!"), ord("~") + 1),
-        *range(ord("¡"), ord("¬") + 1),
-        *range(ord("®"), ord("ÿ") + 1),
-    ]
-    table, shift = {chr(b): b for b in printable}, 0
-    for b in range(256):
-        if b not in printable:
-            table[chr(256 + shift)] = b
-            shift += 1
-    return table
 
 
 def _utf8_prefix_ok(data: bytes) -> bool:

@@ -13,26 +13,11 @@ from __future__ import annotations
 
 import re
 import warnings
-from functools import lru_cache
+
+from tokengrad.read.byte_table import byte_level_table
 
 REPLACEMENT = "\ufffd"
 BYTE_PIECE = re.compile(r"^(<0x[0-9A-Fa-f]{2}>)+$")
-
-
-@lru_cache(maxsize=1)
-def _char_to_byte() -> dict[str, int]:
-    """Inverse of the GPT-2 byte-to-character table (Radford et al. 2019, byte-level BPE)."""
-    printable = [
-        *range(ord("!"), ord("~") + 1),
-        *range(ord("¡"), ord("¬") + 1),
-        *range(ord("®"), ord("ÿ") + 1),
-    ]
-    table, shift = {chr(b): b for b in printable}, 0
-    for b in range(256):
-        if b not in printable:
-            table[chr(256 + shift)] = b
-            shift += 1
-    return table
 
 
 def bytes_text(data: bytes) -> str:
@@ -51,7 +36,7 @@ def piece_text(tokenizer, token_id: int) -> str:
         return text
     if BYTE_PIECE.match(raw):  # SentencePiece byte fallback
         return re.sub(r"0x([0-9A-Fa-f]{2})", lambda m: "0x" + m.group(1).upper(), raw)
-    table = _char_to_byte()
+    table = byte_level_table()
     if raw and all(c in table for c in raw):  # byte-level BPE
         return bytes_text(bytes(table[c] for c in raw))
     return text
