@@ -233,8 +233,7 @@ def _rules_by_cost():
     """Rules with batch statistics run in the default tier; pointwise rules (equal by construction, their
     weights need no batch statistic) in the slow tier."""
     return [
-        pytest.param(r, marks=pytest.mark.slow) if getattr(WEIGHTINGS[r], "pointwise", False) else r
-        for r in sorted(WEIGHTINGS)
+        pytest.param(r, marks=pytest.mark.slow) if WEIGHTINGS[r].pointwise else r for r in sorted(WEIGHTINGS)
     ]
 
 

@@ -7,6 +7,7 @@ import torch
 
 import tokengrad.objective.weighting as weighting
 from tokengrad.objective.loss import policy_loss
+from tokengrad.objective.rule_contract import FIELDS
 from tokengrad.objective.weighting import (
     TokenBatch,
     TokenWeights,
@@ -293,3 +294,55 @@ def test_every_rule_runs_in_the_loss(name):
     (grad,) = torch.autograd.grad(out.loss, lp)
     assert torch.isfinite(grad).all() and grad.abs().sum() > 0
     assert w.effective(mask).shape == mask.shape
+
+
+def test_what_the_built_in_rules_declare():
+    fields = {name: get_weighting(name).fields() for name in ALL_RULES}
+    assert fields["lopti"] == ("phases",) and fields["ar_lopti"] == ("advantage_weight", "phases")
+    assert fields["kl_cov"] == ("kl_cov_coef",) and fields["tr_grpo"] == ("loss_weight",)
+    assert get_weighting("tr_grpo").fields({"placement": "ratio"}) == ("ratio_weight",)
+    assert [n for n in ALL_RULES if get_weighting(n).has_phases()] == ["ar_lopti", "lopti"]
+    assert [n for n in ALL_RULES if not get_weighting(n).pointwise] == ["clip_cov", "cw_grpo", "kl_cov"]
+    assert [n for n in ALL_RULES if not get_weighting(n).ppo_clip] == ["kl_cov"]
+    with pytest.raises(ValueError, match=r"known placements: \['loss', 'ratio'\]"):
+        get_weighting("tr_grpo").fields({"placement": "kl"})
+
+
+def test_each_declaration_matches_what_the_rule_returns():
+    """Every rule on a batch with both sides of Lopti's eta returns exactly the fields it declares."""
+    lp = _t([[0.05, 0.3, 0.6, 0.95], [0.2, 0.5, 0.7, 0.9]]).log()
+    batch = TokenBatch(lp, lp - 0.1, _t([1.0, -1.0]), torch.ones(2, 4, dtype=F64))
+    for name in ALL_RULES:
+        for params in ({}, {"placement": "ratio"}) if name.startswith("tr_grpo") else ({},):
+            w = get_weighting(name)(batch, **params)
+            returned = tuple(f for f in FIELDS if getattr(w, f) is not None)
+            assert returned == get_weighting(name).fields(params), (name, params)
+
+
+def test_an_undeclared_field_is_stopped_at_the_call(no_square):
+    @register_weighting("square")  # declares the gradient scales only, but returns phases
+    def square(batch: TokenBatch) -> TokenWeights:
+        return TokenWeights(loss_weight=batch.mask, phases=(batch.mask,))
+
+    with pytest.raises(
+        ValueError, match=r"'square' returned \['phases'\].*returns=\('loss_weight', 'phases'\)"
+    ):
+        get_weighting("square")(_prob_batch([0.5]))
+    assert square(_prob_batch([0.5])).phases is not None  # the decorator returns the function itself
+    with pytest.raises(ValueError, match=r"names no TokenWeights field \['phase'\]"):
+        register_weighting("square_2", returns=("phase",))(square)
+
+
+def test_capabilities_are_read_without_running_the_rule(no_square):
+    from tokengrad.objective.gradient_scale import resolve_weighting, unsupported_fields
+
+    @register_weighting("square", returns=("advantage_weight", "phases"))
+    def square(batch: TokenBatch, gamma: float = 2.0) -> TokenWeights:
+        raise AssertionError("a capability was found by running the rule")
+
+    assert get_weighting("square").has_phases({"gamma": 3.0})
+    assert unsupported_fields("square") == ["phases"]
+    with pytest.raises(ValueError, match=r"phases \(extra update phases\).*rules that can: \['ar', "):
+        resolve_weighting("square", {})
+    with pytest.raises(ValueError, match=r"has no parameters \['tau'\]"):
+        unsupported_fields("square", {"tau": 1.0})

@@ -28,15 +28,12 @@ NOT_A_GRADIENT_SCALE = {
 }
 
 
-def _probe_batch():
-    lp = torch.tensor([[0.05, 0.3, 0.6, 0.95], [0.2, 0.5, 0.7, 0.9]]).log()  # [2, 4]
-    return TokenBatch(lp, lp - 0.1, torch.tensor([1.0, -1.0]), torch.ones(2, 4))
-
-
 def unsupported_fields(name: str, params: dict | None = None) -> list[str]:
-    """Fields of the rule's TokenWeights that a gradient scale of dL/dlog pi cannot express."""
-    weights = get_weighting(name)(_probe_batch(), **(params or {}))
-    return [f for f in NOT_A_GRADIENT_SCALE if getattr(weights, f) is not None]
+    """Fields of the rule's TokenWeights that a gradient scale of dL/dlog pi cannot express, as the rule
+    declares them (`register_weighting(..., returns=...)`) for these parameters."""
+    validate_params(name, params or {})
+    returns = get_weighting(name).fields(params)
+    return [f for f in NOT_A_GRADIENT_SCALE if f in returns]
 
 
 def supported_weightings() -> list[str]:
@@ -49,8 +46,7 @@ def resolve_weighting(name: str | None, params: dict | None):
     if name is None:
         return None
     rule, params = get_weighting(name), dict(params or {})
-    validate_params(name, params)
-    bad = unsupported_fields(name, params)
+    bad = unsupported_fields(name, params)  # validates the parameters first
     if bad:
         why = ", ".join(f"{f} ({NOT_A_GRADIENT_SCALE[f]})" for f in bad)
         raise ValueError(
@@ -72,13 +68,8 @@ def token_weights(rule, logps, old, adv, loss_mask) -> torch.Tensor | None:
     if rule is None:
         return None
     fn, params = rule
+    # resolve_weighting refused rules that declare more than a scale; the rule's call refuses the undeclared
     tw = fn(TokenBatch(logps.detach(), old.detach(), adv, loss_mask.float()), **params)
-    bad = [f for f in NOT_A_GRADIENT_SCALE if getattr(tw, f) is not None]
-    if bad:  # attach() probed the rule; a rule whose output depends on the batch can still get here
-        raise ValueError(
-            f"the weighting rule returned {bad} for this batch; only a per-token scale can act on a host "
-            "trainer's loss"
-        )
     if all(w is None for w in (tw.loss_weight, tw.advantage_weight)):
         return None
     return tw.effective().to(logps.device)  # [B, T]

@@ -18,7 +18,12 @@ from typing import Callable, NamedTuple
 import torch
 from torch import Tensor
 
-from tokengrad.objective.weighting import TokenWeights, broadcast_tokens, check_finite, check_token_tensors
+from tokengrad.objective.rule_contract import (
+    TokenWeights,
+    broadcast_tokens,
+    check_finite,
+    check_token_tensors,
+)
 from tokengrad.registry import Registry
 
 Aggregation = Callable[

@@ -19,131 +19,78 @@ decorate it, cite the paper in its docstring, and return a ``TokenWeights`` whos
         return TokenWeights(loss_weight=p**gamma)     # [N, T]
 
 Its parameters and their defaults are read from the signature (``rule_params``), so keyword
-defaults are the documented defaults; nothing else needs registering.
+defaults are the documented defaults. A rule that sets more than the gradient scales ``loss_weight`` and
+``advantage_weight`` says so at registration (``returns=("ratio_weight",)``, ``("phases",)``, ...): the
+trainer plans its updates and the TRL/verl integrations accept or refuse it from that declaration
+(``tokengrad.objective.rule_contract``), and a rule returning a field it did not declare is an error.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 from torch import Tensor
 
 from tokengrad.objective.params import check_params
+from tokengrad.objective.rule_contract import (
+    GRADIENT_SCALES,
+    Returns,
+    TokenBatch,
+    TokenWeights,
+    WeightingRule,
+)
 from tokengrad.registry import Registry
 
-WEIGHTINGS: Registry[Callable[..., "TokenWeights"]] = Registry("weighting rule")
-
-
-def check_token_tensors(**named: Tensor | None) -> None:
-    """Raise ValueError unless every given tensor (None is skipped) has the same 2-D shape [N, T]."""
-    shapes = {k: tuple(v.shape) for k, v in named.items() if v is not None}
-    if not shapes:
-        return
-    first = next(iter(shapes.values()))
-    if len(first) != 2 or any(s != first for s in shapes.values()):
-        listing = ", ".join(f"{k}={list(s)}" for k, s in shapes.items())
-        raise ValueError(f"expected tensors of one shape [N, T]; got {listing}")
-
-
-def check_finite(mask: Tensor, **named: Tensor | None) -> None:
-    """Raise ValueError if a tensor is NaN/inf at a position where ``mask`` is set."""
-    valid = mask > 0  # [N, T]
-    for name, x in named.items():
-        if x is not None and not bool(torch.isfinite(x[valid]).all()):
-            raise ValueError(f"{name} has NaN or inf at tokens inside the mask")
-
-
-def broadcast_tokens(x: Tensor, like: Tensor, name: str) -> Tensor:
-    """[N] (one value per sequence) or [N, T] -> [N, T]; anything else is a ValueError."""
-    if x.dim() == 1 and like.dim() == 2 and x.shape[0] == like.shape[0]:
-        return x[:, None].expand_as(like)  # [N, T]
-    check_token_tensors(**{name: x, "logprobs": like})
-    return x
-
-
-@dataclass(frozen=True)
-class TokenBatch:
-    """What every rule sees. Tensors are detached and promoted to at least float32 on construction;
-    ``advantages`` may be given per sequence [N] and is broadcast to [N, T]."""
-
-    logprobs: Tensor  # [N, T] current log pi_theta (at the time of the loss pass)
-    old_logprobs: Tensor  # [N, T] log pi_old (rollout policy)
-    advantages: Tensor  # [N, T] advantage broadcast to tokens
-    mask: Tensor  # [N, T] float, 1 = token in the loss
-
-    def __post_init__(self) -> None:
-        dtype = torch.promote_types(self.logprobs.dtype, torch.float32)
-        lp = self.logprobs.detach().to(dtype)  # [N, T]
-        adv = broadcast_tokens(self.advantages.detach().to(dtype), lp, "advantages")  # [N, T]
-        fields = dict(
-            logprobs=lp,
-            old_logprobs=self.old_logprobs.detach().to(dtype),
-            advantages=adv,
-            mask=self.mask.detach().to(dtype),
-        )
-        check_token_tensors(**fields)
-        check_finite(fields["mask"], logprobs=lp, old_logprobs=fields["old_logprobs"], advantages=adv)
-        for name, value in fields.items():
-            object.__setattr__(self, name, value)  # frozen dataclass: normalise once, here
-
-
-@dataclass(frozen=True)
-class TokenWeights:
-    """What a rule returns; every field defaults to "no effect"."""
-
-    loss_weight: Tensor | None = None  # [N, T] multiplies the per-token policy-gradient loss
-    ratio_weight: Tensor | None = None  # [N, T] multiplies the ratio inside min/clip
-    advantage_weight: Tensor | None = None  # [N, T] multiplies the advantage
-    kl_cov_coef: Tensor | None = None  # [N, T] coefficient of the KL-Cov penalty |log r| (0 elsewhere)
-    phases: tuple[Tensor, ...] | None = None  # ordered [N, T] masks, one update each
-
-    def effective(self, like: Tensor | None = None) -> Tensor:
-        """[N, T] product of the multiplicative weights (the recorded ``weight`` column).
-
-        When no multiplicative weight is set the result is ``ones_like(like)``, or a scalar 1 if
-        ``like`` is not given (broadcasts against any [N, T])."""
-        parts = [w for w in (self.loss_weight, self.ratio_weight, self.advantage_weight) if w is not None]
-        if not parts:
-            return torch.ones_like(like) if like is not None else torch.tensor(1.0)
-        out = parts[0]
-        for w in parts[1:]:
-            out = out * w  # [N, T]
-        return out
+WEIGHTINGS: Registry[WeightingRule] = Registry("weighting rule")
 
 
 def register_weighting(
-    name: str, *, pointwise: bool = False, ppo_clip: bool = True, check: Callable | None = None
+    name: str,
+    *,
+    pointwise: bool = False,
+    ppo_clip: bool = True,
+    returns: Returns = GRADIENT_SCALES,
+    check: Callable | None = None,
 ) -> Callable:
-    """Decorator: ``WEIGHTINGS[name] = fn`` (a taken name is refused).
+    """Decorator: ``WEIGHTINGS[name] = WeightingRule(name, fn, ...)`` (a taken name is refused); returns
+    ``fn`` unchanged. What the rule declares is the one description of it the trainer and the
+    integrations read (``tokengrad.objective.weighting_rule``):
 
-    ``pointwise`` marks rules whose effective weight is a function of the token probability alone, so
-    ``weight_curve`` can draw it (rules that are not pointwise take batch statistics, computed once per
-    optimizer update). ``ppo_clip=False`` drops the PPO clip from the loss for a rule whose source has
-    none. ``check(params, eps_low=, eps_high=) -> list[str]`` returns warnings about a parameter setting
-    in combination with the loss's clip range (``check_rule``)."""
-    return WEIGHTINGS.register(name, pointwise=pointwise, ppo_clip=ppo_clip, check=check)
+    ``pointwise``: the effective weight is a function of the token probability alone, so ``weight_curve``
+    can draw it (rules that are not pointwise take batch statistics, computed once per optimizer update).
+    ``ppo_clip=False`` drops the PPO clip from the loss for a rule whose source has none. ``returns``: the
+    ``TokenWeights`` fields it sets (default: the gradient scales ``loss_weight``, ``advantage_weight``),
+    or a function of its parameters giving them; ``"phases"`` there makes the trainer plan one update
+    per phase. ``check(params, eps_low=, eps_high=) -> list[str]`` returns warnings about a parameter
+    setting in combination with the loss's clip range (``check_rule``)."""
+
+    def deco(fn: Callable) -> Callable:
+        rule = WeightingRule(name, fn, pointwise=pointwise, ppo_clip=ppo_clip, returns=returns, check=check)
+        WEIGHTINGS.add(name, rule)
+        return fn
+
+    return deco
 
 
 def check_rule(name: str, params: dict, *, eps_low: float, eps_high: float) -> list[str]:
     """The warnings of rule ``name``'s ``check`` for these parameters (its defaults filled in)."""
     rule = get_weighting(name)
-    check = getattr(rule, "check", None)
-    return list(check({**rule_params(name), **params}, eps_low=eps_low, eps_high=eps_high)) if check else []
+    if rule.check is None:
+        return []
+    return list(rule.check({**rule.defaults, **params}, eps_low=eps_low, eps_high=eps_high))
 
 
-def get_weighting(name: str) -> Callable[..., TokenWeights]:
-    """The rule registered as ``name``; unknown names raise ValueError listing the known ones."""
+def get_weighting(name: str) -> WeightingRule:
+    """The rule registered as ``name`` (called like its function); unknown names raise ValueError listing
+    the known ones."""
     return WEIGHTINGS[name]
 
 
 def rule_params(name: str) -> dict:
     """Defaults of a rule's keyword parameters, read from its signature (for meta.json/config)."""
-    sig = inspect.signature(get_weighting(name))
-    return {k: p.default for k, p in list(sig.parameters.items())[1:]}
+    return dict(get_weighting(name).defaults)
 
 
 def validate_params(name: str, params: dict) -> None:
@@ -163,7 +110,7 @@ def weight_curve(name: str, params: dict | None = None, n: int = 101) -> dict | 
 
     The rule is evaluated on a synthetic batch with pi_theta = pi_old = p and advantage 1."""
     rule = get_weighting(name)
-    if not getattr(rule, "pointwise", False):
+    if not rule.pointwise:
         return None
     params = dict(params or {})
     validate_params(name, params)
@@ -192,7 +139,7 @@ def _token_covariance(batch: TokenBatch) -> Tensor:
 # ---------------------------------------------------------------------------------------------
 
 
-@register_weighting("grpo", pointwise=True)
+@register_weighting("grpo", pointwise=True, returns=())
 def grpo(batch: TokenBatch) -> TokenWeights:
     """No weighting: plain GRPO (DeepSeekMath, arXiv:2402.03300)."""
     return TokenWeights()
@@ -219,13 +166,22 @@ def _tr_check(params: dict, *, eps_low: float, eps_high: float) -> list[str]:
     ]
 
 
-def _tr_weights(w: Tensor, placement: str) -> TokenWeights:
+def _tr_field(placement: str) -> str:
+    """The TokenWeights field TR-GRPO's weight goes into for this placement."""
     if placement not in _TR_PLACEMENTS:
         raise ValueError(f"unknown placement {placement!r}; known placements: {sorted(_TR_PLACEMENTS)}")
-    return TokenWeights(**{_TR_PLACEMENTS[placement]: w})
+    return _TR_PLACEMENTS[placement]
 
 
-@register_weighting("tr_grpo", pointwise=True, check=_tr_check)
+def _tr_returns(params: dict) -> tuple[str, ...]:
+    return (_tr_field(params["placement"]),)  # "ratio": a weight inside min/clip, no gradient scale
+
+
+def _tr_weights(w: Tensor, placement: str) -> TokenWeights:
+    return TokenWeights(**{_tr_field(placement): w})
+
+
+@register_weighting("tr_grpo", pointwise=True, returns=_tr_returns, check=_tr_check)
 def tr_grpo(
     batch: TokenBatch,
     alpha: float = 2.0,
@@ -256,7 +212,7 @@ def tr_grpo(
     return _tr_weights(_tr_shape(batch.logprobs.exp(), alpha, k, mu, lower, upper), placement)
 
 
-@register_weighting("tr_grpo_reverse", pointwise=True, check=_tr_check)
+@register_weighting("tr_grpo_reverse", pointwise=True, returns=_tr_returns, check=_tr_check)
 def tr_grpo_reverse(
     batch: TokenBatch,
     alpha: float = 2.0,
@@ -285,7 +241,7 @@ def _lopti_phases(batch: TokenBatch, eta: float, low_first: bool) -> tuple[Tenso
     return (low, high) if low_first else (high, low)
 
 
-@register_weighting("ar", pointwise=True)
+@register_weighting("ar", pointwise=True, returns=("advantage_weight",))
 def ar(batch: TokenBatch, alpha: float = 0.3) -> TokenWeights:
     """Advantage Reweighting (AR-Lopti, arXiv:2505.12929): A <- (alpha * p_old + 1 - alpha) * A.
 
@@ -295,7 +251,7 @@ def ar(batch: TokenBatch, alpha: float = 0.3) -> TokenWeights:
     return TokenWeights(advantage_weight=_ar_weight(batch, alpha))
 
 
-@register_weighting("lopti", pointwise=True)
+@register_weighting("lopti", pointwise=True, returns=("phases",))
 def lopti(batch: TokenBatch, eta: float = 0.5, low_first: bool = True) -> TokenWeights:
     """Low-Probability Token Isolation (AR-Lopti, arXiv:2505.12929): two updates per step, first on
     tokens with p_old < eta (strict, as the authors' code), then on the rest. The KL term is masked
@@ -304,7 +260,7 @@ def lopti(batch: TokenBatch, eta: float = 0.5, low_first: bool = True) -> TokenW
     return TokenWeights(phases=_lopti_phases(batch, eta, low_first))
 
 
-@register_weighting("ar_lopti", pointwise=True)
+@register_weighting("ar_lopti", pointwise=True, returns=("advantage_weight", "phases"))
 def ar_lopti(batch: TokenBatch, alpha: float = 0.3, eta: float = 0.5, low_first: bool = True) -> TokenWeights:
     """AR and Lopti together (arXiv:2505.12929), the paper's best K&K setting (alpha 0.3, eta 0.5)."""
     return TokenWeights(
@@ -312,7 +268,7 @@ def ar_lopti(batch: TokenBatch, alpha: float = 0.3, eta: float = 0.5, low_first:
     )
 
 
-@register_weighting("cw_grpo")
+@register_weighting("cw_grpo", returns=("advantage_weight",))
 def cw_grpo(batch: TokenBatch) -> TokenWeights:
     """CW-GRPO Gaussian-kernel advantage reweighting (arXiv:2605.11538), hyperparameter-free.
 
@@ -333,7 +289,7 @@ def _generator(seed: int | None, generator: torch.Generator | None) -> torch.Gen
     return generator if generator is not None or seed is None else torch.Generator().manual_seed(seed)
 
 
-@register_weighting("clip_cov")
+@register_weighting("clip_cov", returns=("loss_weight",))
 def clip_cov(
     batch: TokenBatch,
     fraction: float = 2e-4,
@@ -365,7 +321,7 @@ def clip_cov(
     return TokenWeights(loss_weight=weight)
 
 
-@register_weighting("kl_cov", ppo_clip=False)
+@register_weighting("kl_cov", ppo_clip=False, returns=("kl_cov_coef",))
 def kl_cov(batch: TokenBatch, fraction: float = 2e-3, kl_cov_coef: float = 1.0) -> TokenWeights:
     """KL-Cov (arXiv:2505.22617): add kl_cov_coef * |log r| to the loss of the top-k tokens by Cov.
 
