@@ -22,7 +22,7 @@ GROUND = ["tokengrad.schema", "tokengrad.registry", "tokengrad.faults", "tokengr
 READ = ["tokengrad.read"]
 OBJECTIVE = ["tokengrad.objective"]
 RECORD = ["tokengrad.record"]
-LAYOUT = ["tokengrad.read.layout"]  # the file layout: written by record/, resolved by read/
+LAYOUT = ["tokengrad.read.layout", "tokengrad.read.claim_file"]  # files written by record/, read by read/
 TRAIN = ["tokengrad.train"]
 INTEGRATIONS = ["tokengrad.integrations"]
 FIGURES = ["tokengrad.figures"]
@@ -83,6 +83,7 @@ LOADED_FORBIDDEN = {
     "tokengrad.read.rollout_queries": DATA_LAYER_FORBIDDEN,
     "tokengrad.read.entropy_queries": DATA_LAYER_FORBIDDEN,
     "tokengrad.read.layout": DATA_LAYER_FORBIDDEN + ["pandas", "duckdb"],
+    "tokengrad.read.claim_file": DATA_LAYER_FORBIDDEN + ["pandas", "duckdb"],
     "tokengrad.doctor": DATA_LAYER_FORBIDDEN + ["pandas", "duckdb", "scipy"],
     "tokengrad.doctor.engine": DATA_LAYER_FORBIDDEN + ["tokengrad.integrations"],
     "tokengrad.record": [

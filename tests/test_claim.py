@@ -4,6 +4,7 @@ taken by the trainer before its model loads, released on exit, stale claims brok
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 from tests.test_reliability import record_step
 from tests.test_trainer import tiny
 from tokengrad import Recorder, load_run
+from tokengrad.read import claim_file
 from tokengrad.record import RunInfo, claim
 from tokengrad.train import trainer
 
@@ -102,3 +104,80 @@ def test_the_trainer_releases_its_claim_when_it_ends_or_fails(tmp_path, monkeypa
     with pytest.raises(OSError, match="no model"):
         trainer.Trainer(trainer.load_config(None, tiny(tmp_path, name="b"))).setup()
     assert not claim.lock_path(tmp_path / "b", 0).exists()
+
+
+def test_a_claim_names_its_process_by_start_time_and_boot(tmp_path):
+    rec = open_recorder(tmp_path / "r")
+    info = json.loads(claim.lock_path(tmp_path / "r", 0).read_text())
+    rec.close()
+    assert info["pid"] == os.getpid() and info["boot_id"] == claim_file.boot_id()
+    assert info["proc_start"] == claim_file.process_state(os.getpid())[1]
+
+
+@pytest.mark.parametrize(
+    "fields, why",
+    [
+        # a restarted container: this process got the pid of the one that took the claim
+        ({"pid": "SELF", "proc_start": 1}, "its pid now belongs to another process"),
+        ({"pid": "SELF", "proc_start": None, "started": 1.0}, "started after the claim was taken"),
+        ({"pid": "SELF", "proc_start": None}, "its pid is this process's own"),  # an older claim, just now
+        ({"pid": "OTHER", "proc_start": 1}, "its pid now belongs to another process"),
+        ({"pid": "OTHER", "boot_id": "an-earlier-boot"}, "before this machine restarted"),
+    ],
+)
+def test_a_claim_of_an_earlier_process_with_a_live_pid_is_stale(tmp_path, other_process, fields, why):
+    pid = {"SELF": os.getpid(), "OTHER": other_process}[fields["pid"]]
+    path = claim.lock_path(tmp_path / "r", 0)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({**claim_file.this_process(), **fields, "pid": pid}))
+    with pytest.warns(RuntimeWarning, match=f"broke the stale claim .* of pid {pid}: .*{why}"):
+        open_recorder(tmp_path / "r").close()
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"garbage \x00\xff not json", "is not JSON"),
+        (b"", "is empty"),
+        (b"[1, 2, 3]", "holds a JSON list, not an object"),
+        (b'{"pid": "123", "host": "h"}', 'pid "123" is not a process id'),
+        (b'{"pid": 99999999999, "host": "h"}', "is not a process id"),
+        (b'{"pid": 5}', "names no host"),
+        (b'{"pid": 5, "host": "h", "pad": "' + b"x" * 50_000_000 + b'"}', "is larger than 64 KiB"),
+        ("FIFO", "is not a regular file"),
+        ("LINK", "cannot be opened"),
+    ],
+)
+def test_a_lock_file_that_is_no_claim_is_refused_with_what_is_wrong(tmp_path, content, message):
+    path = claim.lock_path(tmp_path / "r", 0)
+    path.parent.mkdir(parents=True)
+    if content == "FIFO":
+        os.mkfifo(path)  # opening it for reading must not wait for a writer
+    elif content == "LINK":
+        path.symlink_to(tmp_path / "elsewhere")
+    else:
+        path.write_bytes(content)
+    start = time.monotonic()
+    with pytest.raises(claim.RunClaimedError, match="cannot be claimed") as err:
+        open_recorder(tmp_path / "r")
+    assert message in str(err.value) and f"delete {path} to break the claim" in str(err.value)
+    assert time.monotonic() - start < 5 and os.path.lexists(path)  # refused at once, left in place
+
+
+def test_a_forked_child_neither_holds_nor_releases_its_parents_claim(tmp_path):
+    c = claim.take(tmp_path / "r")
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's claim is not its own
+        try:
+            c.release()
+            code = 0 if claim.lock_path(tmp_path / "r", 0).exists() else 1
+            try:
+                claim.take(tmp_path / "r")
+                code = 2
+            except claim.RunClaimedError as err:
+                code = code or (0 if f"pid {os.getppid()}" in str(err) else 3)
+        finally:
+            os._exit(code)
+    assert os.waitpid(pid, 0)[1] == 0
+    c.release()
+    assert not claim.lock_path(tmp_path / "r", 0).exists()

@@ -37,8 +37,10 @@ from tokengrad.read.headline import (
 )
 
 STATUS_HELP = (
-    "finished: the recorder closed the run; running: files written in the last 15 min; crashed: the "
-    "training loop raised, or the run was never closed and nothing was written for 15 min."
+    "finished: the recorder closed the run; crashed: the training loop raised; stopped: never closed and "
+    "its recording process is gone (killed, out of memory): known at once on the machine that recorded it, "
+    "else after 15 min without a write; running: its recording process runs, or files were written in the "
+    "last 15 min."
 )
 
 
@@ -145,13 +147,17 @@ def _headline(runs: list[str]) -> None:
 
 
 def _waiting(runs: list[str]) -> list[str]:
-    """Runs without a steps table yet: 'waiting for the first step' when running, else how to record."""
+    """Runs without a steps table yet: 'waiting for the first step' when running, why when stopped, else how
+    to record."""
     out = []
     for r in runs:
         if data.table(r, "steps").empty:
             out.append(r)
-            if data.status(r).state == "running":
+            state = data.status(r)
+            if state.state == "running":
                 st.info(f"{common.run_name(r)}: waiting for the first step.", icon=":material/hourglass_top:")
+            elif state.state == "stopped":
+                st.warning(f"{common.run_name(r)} stopped: {state.why}.", icon=":material/stop_circle:")
             else:
                 common.empty(f"No steps table in {common.run_name(r)}.", hints.hint(data.meta(r), "steps"))
     return out

@@ -28,11 +28,18 @@ class MetaError(ValueError):
     """meta.json cannot be used; the message names the file and what is wrong."""
 
 
-def read_meta(run_dir: Path) -> dict:
-    """The parsed meta.json of `run_dir`; FileNotFoundError if missing, MetaError if damaged."""
+def read_meta(run_dir: Path, follow_links_out: bool = False) -> dict:
+    """The parsed meta.json of `run_dir`; FileNotFoundError if missing, MetaError if damaged or if it links
+    outside the run folder (as the run's data files, read only with `follow_links_out`)."""
     path = Path(run_dir) / schema.META_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir} is not a tokengrad run: {schema.META_FILE} is missing")
+    outside = None if follow_links_out else links_out(path, Path(run_dir))
+    if outside:
+        raise MetaError(
+            f"{path} {outside}; not read (load_run(path, follow_links_out=True) reads a run whose files "
+            "link out)"
+        )
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as err:
@@ -54,6 +61,15 @@ def read_meta(run_dir: Path) -> dict:
             want = " or ".join(_JSON_NAMES.get(t, "null") for t in types)
             raise MetaError(f"{path}: {key!r} must be {want}, got {json.dumps(value)[:60]}")
     return meta
+
+
+def links_out(path: Path, run_dir: Path) -> str | None:
+    """Why `path` may not be read as a file of `run_dir`: it leads outside the run folder; None if inside."""
+    try:
+        real, inside = path.resolve(strict=True), run_dir.resolve(strict=True)
+    except (OSError, RuntimeError) as err:  # RuntimeError: a symlink loop (Python < 3.13)
+        return f"cannot be resolved ({err})"
+    return None if real.is_relative_to(inside) else f"links outside the run folder, to {real}"
 
 
 def _is(value, types: tuple[type, ...]) -> bool:

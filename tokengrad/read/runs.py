@@ -73,7 +73,7 @@ class Run:
     def __init__(self, path: str | os.PathLike, follow_links_out: bool = False):
         self.path = Path(path)
         self._inside = None if follow_links_out else self.path.resolve()
-        self.meta: dict = read_meta(self.path)
+        self.meta: dict = read_meta(self.path, follow_links_out)
         version = self.meta.get("schema_version")
         if not isinstance(version, int) or version > schema.SCHEMA_VERSION:  # read_meta checked the type
             raise SchemaVersionError(
