@@ -92,7 +92,7 @@ def run_one(rule: str, seed: int, run_dir: Path, overrides: dict, organism: str 
         return run_dir
     shutil.rmtree(run_dir, ignore_errors=True)
     t0 = time.perf_counter()
-    tokengrad.train(
+    tokengrad.train.run(
         str(config_path(rule, organism)),
         seed=seed,
         run_dir=str(run_dir),

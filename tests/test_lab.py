@@ -143,7 +143,7 @@ def test_lab_add_sits_on_the_sloppy_teachers_plateau():
 
 
 def test_few_trainer_steps_on_lab_add(tmp_path):
-    run_dir = tokengrad.train(
+    run_dir = tokengrad.train.run(
         "configs/lab_add_grpo.toml",
         steps=2,
         eval_every=2,

@@ -126,7 +126,7 @@ def test_public_imports_stay():
     code = (
         "import tokengrad; from tokengrad import Recorder, load_run, token_stats, logprobs_with_stats, "
         "list_runs, SCHEMA_VERSION, __version__;"
-        "from tokengrad.record import StepRecorder; assert callable(tokengrad.train);"
+        "from tokengrad.record import StepRecorder; assert callable(tokengrad.train.run);"
         "from tokengrad.read import load_run as lr2; assert lr2 is load_run;"
         "import tokengrad.objective.loss, tokengrad.cli, tokengrad.integrations.trl; print('ok')"
     )

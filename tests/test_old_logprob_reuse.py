@@ -13,10 +13,10 @@ from letters_task import LettersTask  # noqa: F401  (registers the "letters" tas
 
 from tests.test_training_math import tiny as tiny_config
 from tokengrad import load_run
-from tokengrad.objective.weighting import get_weighting
 from tokengrad.train.config import describe_config, make_config
-from tokengrad.train.trainer import Trainer, _rule_kwargs, train
-from tokengrad.train.updates import reuses_old_logprobs
+from tokengrad.train.correction import correction_of
+from tokengrad.train.trainer import Trainer, schedule_of, train, weighting_of
+from tokengrad.train.updates import GRPOUpdate, reuses_old_logprobs
 
 TOKEN_COLUMNS = ["logprob", "old_logprob", "ref_logprob", "ratio", "coef", "weight"]
 STEP_COLUMNS = ["loss", "grad_norm", "kl", "rollout_mismatch", "rollout_mismatch_max", "rollout_kl_k3"]
@@ -30,8 +30,9 @@ def tiny(tmp_path, name: str, **overrides) -> dict:
 
 def reuses(**overrides) -> bool:
     cfg = make_config(overrides)
-    rule = get_weighting(cfg.weighting)
-    return reuses_old_logprobs(cfg, rule, _rule_kwargs(cfg))
+    return reuses_old_logprobs(
+        cfg.reuse_old_logprobs, schedule_of(cfg), weighting_of(cfg), correction_of(cfg)
+    )
 
 
 @pytest.fixture
@@ -98,9 +99,9 @@ def test_reuse_records_what_the_scoring_pass_records(tmp_path, scored, settings)
 
 def test_reuse_takes_the_scoring_pass_out_of_time_score(tmp_path, monkeypatch):
     calls = []
-    score_rows = Trainer.score_rows
+    score_rows = GRPOUpdate.score_rows
     monkeypatch.setattr(
-        Trainer, "score_rows", lambda self, *a, **k: calls.append(1) or score_rows(self, *a, **k)
+        GRPOUpdate, "score_rows", lambda self, *a, **k: calls.append(1) or score_rows(self, *a, **k)
     )
     times = {}
     for reuse in (True, False):

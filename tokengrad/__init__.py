@@ -5,7 +5,7 @@ Public API, loaded lazily (the dashboard and the read side never import torch):
     token_stats, TokenStats, Recorder       # recording (torch)
     logprobs_with_stats                     # log pi with its statistics in one pass (torch)
     load_run, list_runs, SCHEMA_VERSION     # reading (pandas / DuckDB)
-    train(config, **overrides)              # the built-in trainer (the tokengrad.train package is callable)
+    train.run(config, **overrides)          # the built-in trainer (tokengrad.train is its package)
 
 Layers, bottom up: the ground (schema, registry, faults, _version); read/ (pandas, DuckDB), objective/ and
 record/ (torch); train/ and integrations/ on those; figures/ on read/; cli/ and app/ on top. The import
@@ -36,7 +36,7 @@ __all__ = ["train", *_LAZY]
 def __getattr__(name):
     import importlib
 
-    if name == "train":  # the trainer package, callable as tokengrad.train(config, **overrides)
+    if name == "train":  # the trainer package: tokengrad.train.run(config, **overrides)
         return importlib.import_module(".train", __name__)
     if name in _LAZY:
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)

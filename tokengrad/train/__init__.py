@@ -1,33 +1,40 @@
-"""The built-in GRPO trainer: the loop (`trainer.py`), its pure math (`loss.py`, `weighting.py`,
-`advantages.py`), rollouts, models, config, checkpoints and tasks. Builds on `tokengrad.record`.
+"""The built-in GRPO trainer: the loop (`trainer.py`), its updates (`updates.py`), rollouts, models, config,
+checkpoints and tasks; the pure math is in `tokengrad.objective`. Builds on `tokengrad.record`.
 
-    import tokengrad
-    run_dir = tokengrad.train("configs/tiny_charset.toml", steps=20, weighting="tr_grpo")
+    import tokengrad.train
+    run_dir = tokengrad.train.run("configs/tiny_charset.toml", steps=20, weighting="tr_grpo")
 
-The package itself is callable: `tokengrad.train(...)` has been the public entry point since the first
-release, and keeping it while `tokengrad.train` is also this package needs a module whose class defines
-`__call__` (a module's `__class__` may be reassigned, Python >= 3.5). Submodules load on first use, so
-`import tokengrad.objective.weighting` does not pull in transformers.
+`tokengrad.train` is this package; `run` is its entry point (`tokengrad.train.trainer.train`). Calling the
+package itself, `tokengrad.train(...)`, was the entry point of the first releases: it still runs, with a
+FutureWarning naming `tokengrad.train.run`. Submodules load on first use, so `import
+tokengrad.objective.weighting` does not pull in transformers.
 """
 
 import importlib
 import sys
 import types
+import warnings
 
-__all__ = ["Trainer", "train"]
+__all__ = ["Trainer", "run"]
+_FROM_TRAINER = {"Trainer": "Trainer", "run": "train"}
 
 
-class _CallablePackage(types.ModuleType):
+class _OldEntryPoint(types.ModuleType):
+    # A module is not callable; its class may be swapped for one that is (Python >= 3.5). Kept only so that
+    # the first releases' `tokengrad.train(config, **overrides)` says what replaced it.
     def __call__(self, *args, **kwargs):
-        """Same as `tokengrad.train.trainer.train`: build, set up and run a Trainer; returns the run
-        directory."""
+        warnings.warn(
+            "tokengrad.train(...) is now tokengrad.train.run(...): tokengrad.train is the trainer package",
+            FutureWarning,
+            stacklevel=2,
+        )
         return importlib.import_module("tokengrad.train.trainer").train(*args, **kwargs)
 
 
 def __getattr__(name):
-    if name in __all__:
-        return getattr(importlib.import_module("tokengrad.train.trainer"), name)
+    if name in _FROM_TRAINER:
+        return getattr(importlib.import_module("tokengrad.train.trainer"), _FROM_TRAINER[name])
     raise AttributeError(f"module 'tokengrad.train' has no attribute {name!r}")
 
 
-sys.modules[__name__].__class__ = _CallablePackage
+sys.modules[__name__].__class__ = _OldEntryPoint

@@ -17,12 +17,12 @@ algorithm. Under several processes each rank takes them over its own share of th
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from tokengrad.objective.weighting import TokenBatch, TokenWeights
+from tokengrad.objective.rule_contract import TokenBatch, TokenWeights, WeightingRule
 
 
 class Batch(NamedTuple):
@@ -35,7 +35,7 @@ class Batch(NamedTuple):
     mask: Tensor  # [N, T] 1 = completion token (recorded)
     loss_mask: Tensor  # [N, T] 1 = generated token (tool output is 0)
     advantages: Tensor  # [N]
-    old_logprobs: Tensor  # [N, T] log pi_old (with Trainer.reuse_old: NaN until the loss pass)
+    old_logprobs: Tensor  # [N, T] log pi_old (NaN until the loss pass when GRPOUpdate.reuses_old)
     ref_logprobs: Tensor | None  # [N, T] log pi_ref, or None when beta = 0
     rollout_logprobs: Tensor  # [N, T] log-prob under the sampler's distribution (NaN where none)
     is_weights: Tensor | None  # [N, T] or [N, 1] rollout correction's weight (train.correction); None: off
@@ -110,7 +110,7 @@ def slice_weights(w: TokenWeights, idx: Tensor) -> TokenWeights:
 
 
 def update_weights(
-    rule: Callable[..., TokenWeights],
+    rule: WeightingRule,
     params: dict,
     b: Batch,
     rows: Tensor,
@@ -119,7 +119,7 @@ def update_weights(
     """The update's weights over its rows ([n, T] fields), from `current` = log pi at the start of the
     update ([N, T]); None for pointwise rules, which are evaluated on each micro-batch's live log pi (the
     same numbers: a pointwise weight needs no batch statistic)."""
-    if getattr(rule, "pointwise", False) or rows.numel() == 0:
+    if rule.pointwise or rows.numel() == 0:
         return None
     if current is None:
         raise ValueError("a rule with batch statistics needs the log-probs at the start of the update")

@@ -11,10 +11,10 @@ One step (GRPO, arXiv 2402.03300, with DAPO's options, arXiv 2503.14476):
                pi_ref of the frozen initial model, both through the loss's own log-prob function
                (tokengrad.train.policy: softmax(z / T)); when the step is one on-policy update, log pi_old
                is the loss pass's own, with no pass here (updates.reuses_old_logprobs) -> time_score
-  3. update    for each phase of the weighting rule (one phase, or Lopti's low-probability tokens then
+  3. update    for each phase the weighting rule declares (one, or Lopti's low-probability tokens then
                the rest, arXiv 2505.12929), each of num_iterations epochs and each of mini_batches row
                subsets: one AdamW update built from grad_accum micro-batches, after gradient clipping
-               (tokengrad.train.batch)                                                -> time_update
+               (tokengrad.train.updates.GRPOUpdate, built here from the config)       -> time_update
 Every pass goes through the tokengrad Recorder, which writes the run format (see tokengrad.schema).
 
 Under torchrun / accelerate launch (`torchrun --nproc_per_node 2 -m tokengrad.cli train CONFIG`) each process
@@ -63,10 +63,10 @@ from tokengrad.train.rollout import (
 )
 from tokengrad.train.sampling import Gathered, gather_rollout, rollout_stats, sample_rows, scored
 from tokengrad.train.tasks import get_task
-from tokengrad.train.updates import Updates, reuses_old_logprobs
+from tokengrad.train.updates import GRPOUpdate, LossSettings, Policy, Schedule, Weighting
 
 
-class Trainer(Updates):
+class Trainer:
     """GRPO with a pluggable token-weighting rule; `Trainer(cfg).setup().train()` returns the run dir."""
 
     def __init__(self, config: TrainConfig):
@@ -91,10 +91,8 @@ class Trainer(Updates):
     def _setup_run(self) -> "Trainer":
         cfg = self.cfg
         self.task = get_task(cfg.task, **cfg.task_params)  # bad task params fail before the model loads
-        self.rule, self.rule_params = get_weighting(cfg.weighting), _rule_kwargs(cfg)
+        self.weighting = weighting_of(cfg)
         self.correction = correction.correction_of(cfg)  # None: rollout_correction = "off"
-        # log pi_old from the loss pass itself, without a scoring forward, where that is exact
-        self.reuse_old = reuses_old_logprobs(cfg, self.rule, self.rule_params)
         for msg in check_rule(
             cfg.weighting, cfg.weighting_params, eps_low=cfg.eps_low, eps_high=cfg.eps_high
         ):
@@ -103,6 +101,16 @@ class Trainer(Updates):
         self.temperature = logprob_temperature(cfg.temperature)
         self._load_policy(resume_state(cfg, self.run_dir) if cfg.resume else None)
         self._draw_problems()
+        self.updates = GRPOUpdate(
+            Policy(self.model, self.policy, self.opt, self.temperature, self.autocast, self.device),
+            self.weighting,
+            loss_settings_of(cfg, self.max_len),
+            schedule_of(cfg),
+            correction=self.correction,
+            # log pi_old from the loss pass itself, without a scoring forward, where that is exact
+            reuse_old_logprobs=cfg.reuse_old_logprobs,
+            attribute_entropy=cfg.attribute_entropy,
+        )
         self.doctor = TrainerDoctor(cfg.doctor)
         self.rec = self._make_recorder()
         self.dead_steps = {"tied": 0, "other": 0}  # steps without a gradient, by cause
@@ -154,7 +162,7 @@ class Trainer(Updates):
             info=RunInfo(
                 name=cfg.run_name or self.run_dir.name,
                 model_name=cfg.model,
-                weighting=rule_meta(cfg.weighting, self.rule_params),
+                weighting=rule_meta(cfg.weighting, self.weighting.params),
                 temperature=self.temperature,
             ),
             buckets=cfg.bucket_every,
@@ -248,10 +256,10 @@ class Trainer(Updates):
             t1 = time.perf_counter()
             batch = self.score(g)
             t2 = time.perf_counter()
-            logged = self.update(st, batch, g)
+            logged = self.updates.run(st, batch, g.rollout).scalars()
             t3 = time.perf_counter()
-            # the gap's and the correction's metrics over all ranks, once log pi_old is known (with
-            # reuse_old, from the loss pass)
+            # the gap's and the correction's metrics over all ranks, once log pi_old is known (when the
+            # update reuses it, from the loss pass)
             rollout = correction.step_metrics(batch, self.correction)
             logged.update(
                 rollout_stats(g.scores),
@@ -292,11 +300,12 @@ class Trainer(Updates):
     @torch.no_grad()
     def score(self, g: Gathered) -> tb.Batch | None:
         """The update batch of this rank (None if it holds no kept group) with log pi_old, log pi_ref and the
-        rollout correction's weights. With reuse_old, log pi_old is NaN until the loss pass fills it."""
-        b = tb.select_rows(g, self.device)
+        rollout correction's weights. When the update reuses the loss pass's log-probs as log pi_old, they
+        are NaN until that pass fills them."""
+        b, u = tb.select_rows(g, self.device), self.updates
         if b is not None:  # the loss passes' own micro-batches, through the loss's own function
-            ref = self.score_rows(self.ref, b) if self.ref is not None else None
-            old = b.old_logprobs.fill_(math.nan) if self.reuse_old else self.score_rows(self.model, b)
+            ref = u.score_rows(self.ref, b) if self.ref is not None else None
+            old = b.old_logprobs.fill_(math.nan) if u.reuses_old else u.score_rows(self.model, b)
             b = b._replace(old_logprobs=old, ref_logprobs=ref)  # [N, T] each
         return correction.with_weights(b, self.correction)
 
@@ -350,10 +359,19 @@ class Trainer(Updates):
         return [pool[(first + j) % len(pool)] for j in range(B)][self.share]
 
 
-def _rule_kwargs(cfg: TrainConfig) -> dict:
-    """The rule's parameters from the config; a rule that takes the clip range gets the loss's own."""
+# ---- the config as the update's settings (components never see the config) ------------------------
+def weighting_of(cfg: TrainConfig) -> Weighting:
+    """The rule and its parameters; a rule that takes the clip range gets the loss's own."""
     shared = {k: getattr(cfg, k) for k in ("eps_low", "eps_high") if k in rule_params(cfg.weighting)}
-    return {**shared, **cfg.weighting_params}
+    return Weighting(get_weighting(cfg.weighting), {**shared, **cfg.weighting_params})
+
+
+def loss_settings_of(cfg: TrainConfig, max_len: int) -> LossSettings:
+    return LossSettings(cfg.eps_low, cfg.eps_high, cfg.beta, cfg.aggregation, cfg.clip_ratio_c, max_len)
+
+
+def schedule_of(cfg: TrainConfig) -> Schedule:
+    return Schedule(cfg.num_iterations, cfg.mini_batches, cfg.grad_accum, cfg.grad_clip)
 
 
 def _frozen(model, device) -> torch.nn.Module:

@@ -1,6 +1,13 @@
-"""The optimizer updates of one training step: the plan (Lopti's phases > epochs > mini-batches), the
-backward passes of each update (grad_accum micro-batches), and the loss pass of one micro-batch (forward,
-weighting rule, the GRPO loss of tokengrad.objective.loss, backward), each tracked by the recorder.
+"""The optimizer updates of one training step, as one object built from named settings.
+
+    updates = GRPOUpdate(policy, weighting, loss=LossSettings(...), schedule=Schedule(...))
+    stats = updates.run(st, batch, rollout)       # UpdateStats(loss, grad_norm, n_updates, kl)
+    st.log(**stats.scalars())
+
+The step's updates follow the plan (the rule's phases > epochs > mini-batches, tokengrad.train.batch); each
+update is built from grad_accum loss passes (forward, weighting rule, the GRPO loss of
+tokengrad.objective.loss, backward; one `PassResult` each), all tracked by the step's recorder. The settings
+are plain values the trainer takes from its config (`trainer.py`); nothing here reads the config.
 
 log pi_old comes from the trainer's no-grad scoring pass, or, when the step is one on-policy update
 (`reuses_old_logprobs`), from the loss pass itself: there pi_theta is pi_old, so its detached log-probs are
@@ -9,20 +16,87 @@ log pi_old and the scoring forward is skipped.
 
 from __future__ import annotations
 
+from typing import Callable, ContextManager, NamedTuple
+
 import torch
 from torch import Tensor
 
-from tokengrad.objective.gradient_scale import unsupported_fields
 from tokengrad.objective.loss import micro_batch_share, normaliser, phase_masks, policy_loss
+from tokengrad.objective.rule_contract import WeightingRule
 from tokengrad.objective.weighting import TokenBatch
 from tokengrad.train import batch as tb
-from tokengrad.train import correction
+from tokengrad.train import correction as rc
 from tokengrad.train import distributed as dist
 from tokengrad.train.policy import directional_logprobs, score_logprobs, token_logprobs
-from tokengrad.train.sampling import Gathered
 
 
-def reuses_old_logprobs(cfg, rule, rule_params: dict) -> bool:
+class Policy(NamedTuple):
+    """The model being trained, its optimizer, and how its log-probs are computed."""
+
+    model: torch.nn.Module  # scoring, attribution's recompute and the probability change
+    forward: Callable  # (logits, hidden) = forward(ids, attn, P): the loss's function (DDP under torchrun)
+    opt: torch.optim.Optimizer
+    temperature: float  # every log-prob is of softmax(z / T), the sampler's distribution
+    autocast: Callable[[], ContextManager]  # bf16 autocast, or a null context
+    device: torch.device
+
+
+class Weighting(NamedTuple):
+    """The token-weighting rule and its parameters (tokengrad.objective.weighting)."""
+
+    rule: WeightingRule
+    params: dict
+
+
+class LossSettings(NamedTuple):
+    """The GRPO loss of every pass: the keywords of tokengrad.objective.loss.policy_loss."""
+
+    eps_low: float  # the ratio's clip range is [1 - eps_low, 1 + eps_high]
+    eps_high: float
+    beta: float  # k3 KL coefficient to pi_ref (0: no reference)
+    aggregation: str  # a registered aggregation: "grpo", "dapo", "dr_grpo", ...
+    clip_ratio_c: float  # dual-clip bound for A < 0 (0: off; arXiv 1912.09729)
+    max_len: int  # Dr. GRPO's constant: the most generated tokens a completion can hold
+
+
+class Schedule(NamedTuple):
+    """How a step's rows become optimizer updates (tokengrad.train.batch)."""
+
+    num_iterations: int  # PPO epochs over the step's rows
+    mini_batches: int  # disjoint row subsets per epoch, one optimizer update each
+    grad_accum: int  # micro-batches (backward passes) per update
+    grad_clip: float  # clip each update's gradient norm to this (0: no clipping)
+
+
+class PassResult(NamedTuple):
+    """One loss pass (one micro-batch's backward)."""
+
+    loss: float  # its share of the update's loss, times this rank's share
+    kl: float  # mean k3 KL to pi_ref over its tokens
+
+
+class UpdateStats(NamedTuple):
+    """The step's updates, over all ranks; None where the step had no update."""
+
+    loss: float | None  # the update's loss, mean over the step's updates
+    grad_norm: float | None  # the largest norm before clipping of the step's updates
+    n_updates: int
+    kl: float | None  # mean k3 KL over the passes (None when beta = 0)
+
+    def scalars(self) -> dict:
+        """The steps-table scalars: those that are set."""
+        return {k: v for k, v in self._asdict().items() if v is not None}
+
+
+class _At(NamedTuple):
+    """Where a pass sits: the update it feeds and the versions of the weights."""
+
+    update_id: int  # the optimizer update within the step
+    sampled_version: int  # updates applied before the step: the version that sampled its rows
+    rank_scale: float  # this rank's `dist.rank_scale` of the update
+
+
+def reuses_old_logprobs(wanted: bool, schedule: Schedule, weighting: Weighting, correction) -> bool:
     """Whether the loss pass's own detached log-probs stand in for log pi_old, skipping the scoring pass.
 
     Exact when every row's first loss forward runs at the parameters that sampled the rollout and nothing
@@ -30,19 +104,20 @@ def reuses_old_logprobs(cfg, rule, rule_params: dict) -> bool:
     2402.03300), and TRL takes the same shortcut (with num_iterations == 1 and steps_per_generation ==
     gradient_accumulation_steps, old_per_token_logps = per_token_logps.detach()). Here that is:
       - one optimizer update per step: num_iterations = 1 and mini_batches = 1 (a second epoch, or a second
-        mini-batch, runs after an optimizer step) and a rule without phases (Lopti also splits the rows
+        mini-batch, runs after an optimizer step) and a rule that declares no phases (Lopti splits the rows
         on p_old before the first pass);
       - a pointwise rule: a rule with batch statistics needs log pi over the update's rows up front;
-      - rollout_correction off: its IS weights need log pi_old before the loss.
+      - no rollout correction (`correction` None): its IS weights need log pi_old before the loss.
     The recorded old_logprob, ratio (exactly 1), coef and loss are those of the scoring pass: the same rows
     in the same micro-batches through the same function (tokengrad.train.policy)."""
+    rule, params = weighting
     return bool(
-        cfg.reuse_old_logprobs
-        and cfg.num_iterations == 1
-        and cfg.mini_batches == 1
-        and cfg.rollout_correction == "off"
-        and getattr(rule, "pointwise", False)
-        and "phases" not in unsupported_fields(cfg.weighting, rule_params)  # rule on a probe batch
+        wanted
+        and schedule.num_iterations == 1
+        and schedule.mini_batches == 1
+        and correction is None
+        and rule.pointwise
+        and not rule.has_phases(params)
     )
 
 
@@ -55,59 +130,92 @@ def applied_updates(opt: torch.optim.Optimizer) -> int:
     return int(max(steps)) if steps else 0
 
 
-class Updates:
-    """The update half of `Trainer` (a mixin: it reads the trainer's cfg, model, policy, rule, optimizer and
-    reuse_old, the value of `reuses_old_logprobs`)."""
+class GRPOUpdate:
+    """A step's optimizer updates for one policy, rule, loss and schedule; `run` returns `UpdateStats`.
 
-    def update(self, st, b: tb.Batch | None, g: Gathered) -> dict:
-        """The step's optimizer updates (phase > epoch > mini-batch), each built from grad_accum backward
-        passes (micro-batches). Returns global scalars."""
-        cfg, plan = self.cfg, self.plan(b)
+    Args:
+        policy: the model, its loss function, optimizer, temperature and autocast.
+        weighting: the rule and its parameters; what the rule declares (phases, pointwise) shapes the plan.
+        loss: the GRPO loss's settings.
+        schedule: epochs, mini-batches, micro-batches and the gradient clip.
+        correction: the rollout correction (tokengrad.train.correction), None when off.
+        reuse_old_logprobs: take log pi_old from the loss pass where that is exact (`reuses_old_logprobs`);
+            `self.reuses_old` says whether it is, and the trainer then leaves log pi_old NaN.
+        attribute_entropy: attribution's recompute also returns the entropy.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        weighting: Weighting,
+        loss: LossSettings,
+        schedule: Schedule,
+        *,
+        correction=None,
+        reuse_old_logprobs: bool = False,
+        attribute_entropy: bool = False,
+    ):
+        self.policy, self.weighting, self.loss, self.schedule = policy, weighting, loss, schedule
+        self.correction, self.attribute_entropy = correction, attribute_entropy
+        self.reuses_old = reuses_old_logprobs(reuse_old_logprobs, schedule, weighting, correction)
+
+    def run(self, st, b: tb.Batch | None, rollout) -> UpdateStats:
+        """The step's optimizer updates (phase > epoch > mini-batch), each from grad_accum backward passes;
+        `b` is this rank's update batch (None: no kept group), `rollout` the step's generated rows."""
+        plan = self.plan(b)
         # Every rank must join every gradient all-reduce, also one whose groups dynamic sampling all dropped.
         n_updates, any_idle = (int(x) for x in dist.all_reduce([len(plan), b is None], "max"))
         if n_updates == 0:
-            return {"n_updates": 0}
-        st.is_bucket_step = st.is_bucket_step and not any_idle  # bucket all-reduces need every rank's buckets
-        self.sampled_version = applied_updates(self.opt)  # update k runs at version sampled_version + k
+            return UpdateStats(loss=None, grad_norm=None, n_updates=0, kl=None)
+        if any_idle:  # the bucket all-reduces need every rank's buckets
+            st.skip_bucket_analysis()
+        version = applied_updates(self.policy.opt)  # update k runs at version + k
         losses, kls, norms = [], [], []
         for update_id in range(n_updates):
-            parts = self.backward_passes(st, b, plan[update_id] if b is not None else None, update_id, g)
-            losses.append(sum(p[0] for p in parts))
-            kls += [p[1] for p in parts]
-            # records the norms before clipping, then clips with that same norm (gradients read once)
-            norms.append(
-                st.clip_grad_norm_(cfg.grad_clip, update_id)
-                if cfg.grad_clip > 0
-                else st.record_grad_norms(update_id)
-            )
-            self.opt.step()
-            self.opt.zero_grad(set_to_none=True)
+            u = plan[update_id] if b is not None else None
+            passes = self.backward_passes(st, b, u, update_id, version, rollout)
+            losses.append(sum(p.loss for p in passes))
+            kls += [p.kl for p in passes]
+            norms.append(self.clip_and_step(st, update_id))
         if st.is_bucket_step:  # how the step's updates moved the probabilities of its loss tokens
-            st.record_prob_change(self.score_rows(self.model, b), sample_ids=b.sample_ids)
-        loss, kl, n_kl = dist.all_reduce([sum(losses), sum(kls), len(kls)]).tolist()
-        out = {"loss": loss / dist.world_size() / n_updates, "grad_norm": max(norms), "n_updates": n_updates}
-        if cfg.beta > 0:
-            out["kl"] = kl / max(n_kl, 1)
-        return out
+            st.record_prob_change(self.score_rows(self.policy.model, b), sample_ids=b.sample_ids)
+        loss_sum, kl, n_kl = dist.all_reduce([sum(losses), sum(kls), len(kls)]).tolist()
+        return UpdateStats(
+            loss=loss_sum / dist.world_size() / n_updates,
+            grad_norm=max(norms),
+            n_updates=n_updates,
+            kl=kl / max(n_kl, 1) if self.loss.beta > 0 else None,
+        )
 
-    def backward_passes(self, st, b: tb.Batch | None, u: tb.Update | None, update_id: int, g: Gathered):
-        """The backward passes of one optimizer update on this rank; [(loss, kl)] per micro-batch."""
+    def clip_and_step(self, st, update_id: int) -> float:
+        """Records the update's norms before clipping, clips with that same norm (gradients read once),
+        steps the optimizer; returns the norm."""
+        clip = self.schedule.grad_clip
+        norm = st.clip_grad_norm_(clip, update_id) if clip > 0 else st.record_grad_norms(update_id)
+        self.policy.opt.step()
+        self.policy.opt.zero_grad(set_to_none=True)
+        return norm
+
+    def backward_passes(
+        self, st, b: tb.Batch | None, u: tb.Update | None, update_id: int, version: int, rollout
+    ) -> list[PassResult]:
+        """The backward passes of one optimizer update on this rank."""
         rows = u.rows if u is not None else torch.zeros(0, dtype=torch.long)
-        local = normaliser(self.cfg.aggregation, b.loss_mask[rows]) if rows.numel() else 0.0
-        rank_scale = dist.rank_scale(local)  # collective: every rank, every update
+        local = normaliser(self.loss.aggregation, b.loss_mask[rows]) if rows.numel() else 0.0
+        at = _At(update_id, version, dist.rank_scale(local))  # rank_scale: collective, every rank
         if not rows.numel():  # zeros into the all-reduce: one row's forward, times 0
-            r = g.rollout
-            ids, attn = r.input_ids[:1].to(self.device), r.attention_mask[:1].to(self.device)
-            return dist.idle_backward(self.policy, ids, attn, r.prompt_len)
+            ids, attn = (x[:1].to(self.policy.device) for x in (rollout.input_ids, rollout.attention_mask))
+            return dist.idle_backward(self.policy.forward, ids, attn, rollout.prompt_len)  # no PassResult
+        rule, params = self.weighting
         # log pi at the start of the update, for rules with batch statistics: pi_old itself (bitwise) before
         # the first optimizer step, else one no-grad pass in the loss's own micro-batches
         current = b.old_logprobs if update_id == 0 else None
-        if current is None and not getattr(self.rule, "pointwise", False):
-            current = self.score_rows(self.model, b, [rows[m] for m in u.micro])
-        weights = tb.update_weights(self.rule, self.rule_params, b, rows, current)
+        if current is None and not rule.pointwise:
+            current = self.score_rows(self.policy.model, b, [rows[m] for m in u.micro])
+        weights = tb.update_weights(rule, params, b, rows, current)
         # under DDP only the last micro-batch's backward all-reduces the gradients
         return [
-            self.loss_pass(st, b, u, m, weights, update_id, rank_scale, i == len(u.micro) - 1)
+            self.loss_pass(st, b, u, m, weights, at, sync=i == len(u.micro) - 1)
             for i, m in enumerate(u.micro)
         ]
 
@@ -115,50 +223,37 @@ class Updates:
         """The step's optimizer updates; none without rows."""
         if b is None:
             return []
-        if self.reuse_old:  # no phases (reuses_old_logprobs), and pi_old is not known yet
-            phases = [b.loss_mask]
-        else:  # Phases (Lopti) are fixed from pi_old for the whole step, so they are found once, up front.
-            first = self.rule(
-                TokenBatch(b.old_logprobs, b.old_logprobs, b.advantages, b.loss_mask), **self.rule_params
-            )
+        rule, params = self.weighting
+        phases = [b.loss_mask]
+        if rule.has_phases(params):  # Lopti's phases, fixed from pi_old for the whole step: found up front
+            first = rule(TokenBatch(b.old_logprobs, b.old_logprobs, b.advantages, b.loss_mask), **params)
             phases = phase_masks(first, b.loss_mask)  # each [N, T]
-        return tb.plan_updates(self.layout(len(b.sample_ids)), phases, self.cfg.num_iterations)
+        return tb.plan_updates(self.layout(len(b.sample_ids)), phases, self.schedule.num_iterations)
 
     def loss_pass(
-        self,
-        st,
-        b: tb.Batch,
-        u: tb.Update,
-        micro: Tensor,
-        weights,
-        update_id: int,
-        rank_scale: float = 1.0,
-        sync: bool = True,
-    ) -> tuple[float, float]:
+        self, st, b: tb.Batch, u: tb.Update, micro: Tensor, weights, at: _At, sync: bool
+    ) -> PassResult:
         """Forward, weighting rule, GRPO loss and backward of one micro-batch (positions `micro` within the
-        update's rows); returns (loss, kl). `weights`: the update's weights over its rows (None: the rule
-        is pointwise and runs here). `rank_scale`: this rank's `dist.rank_scale`; `sync`: the backward
-        all-reduces (DDP)."""
-        cfg, rows = self.cfg, u.rows[micro]
-        with dist.sync_grads(self.policy, sync):  # DDP decides in the forward
+        update's rows). `weights`: the update's weights over its rows (None: the rule is pointwise and runs
+        here); `sync`: this backward all-reduces the gradients (DDP)."""
+        p, rows = self.policy, u.rows[micro]
+        with dist.sync_grads(p.forward, sync):  # DDP decides in the forward
             # log pi and the recorder's softmax statistics from one pass over the vocabulary
             logprobs, stats, hidden = token_logprobs(
-                self.policy,
+                p.forward,
                 b.input_ids[rows],
                 b.attention_mask[rows],
                 b.prompt_len,
                 b.completion_ids[rows],
-                self.temperature,
-                self.autocast,
+                p.temperature,
+                p.autocast,
             )  # [n, T]
-        if self.reuse_old:  # the rows' one pass, before any optimizer step: log pi here is log pi_old
+        if self.reuses_old:  # the rows' one pass, before any optimizer step: log pi here is log pi_old
             b.old_logprobs[rows] = logprobs.detach()  # [n, T], read after the loss by the step's metrics
         old, adv, loss_mask = b.old_logprobs[rows], b.advantages[rows], b.loss_mask[rows]
-        ref = b.ref_logprobs[rows] if b.ref_logprobs is not None else None
+        rule, params = self.weighting
         if weights is None:
-            w = self.rule(TokenBatch(logprobs, old, adv, loss_mask), **self.rule_params)
-            if self.reuse_old and w.phases is not None:  # the probe in reuses_old_logprobs saw none
-                raise ValueError(f"rule {cfg.weighting!r} returned phases; set reuse_old_logprobs = false")
+            w = rule(TokenBatch(logprobs, old, adv, loss_mask), **params)
         else:
             w = tb.slice_weights(weights, micro)
         out = policy_loss(
@@ -167,64 +262,61 @@ class Updates:
             adv,
             u.phase[rows],
             w,
-            eps_low=cfg.eps_low,
-            eps_high=cfg.eps_high,
-            beta=cfg.beta,
-            ref_logprobs=ref,
-            aggregation=cfg.aggregation,
-            max_len=self.max_len,
+            ref_logprobs=b.ref_logprobs[rows] if b.ref_logprobs is not None else None,
             norm_mask=loss_mask,
-            ppo_clip=getattr(self.rule, "ppo_clip", True),
-            clip_ratio_c=cfg.clip_ratio_c,
+            ppo_clip=rule.ppo_clip,
             is_weight=None if b.is_weights is None else b.is_weights[rows].expand_as(logprobs),
+            **self.loss._asdict(),
         )
-        self.track_pass(st, b, u, rows, logprobs, stats, hidden, w, out.clipped, update_id)
-        share = micro_batch_share(cfg.aggregation, loss_mask, b.loss_mask[u.rows]) * rank_scale
+        self.track_pass(st, b, u, rows, (logprobs, stats, hidden), w, out.clipped, at)
+        share = micro_batch_share(self.loss.aggregation, loss_mask, b.loss_mask[u.rows]) * at.rank_scale
         st.backward(out.loss * share)
-        return out.loss.item() * share, out.metrics["kl_mean"]
+        return PassResult(loss=out.loss.item() * share, kl=out.metrics["kl_mean"])
 
-    def track_pass(self, st, b: tb.Batch, u: tb.Update, rows, logprobs, stats, hidden, w, clipped, update_id):
-        """The recorder's view of one loss pass: its log-probs and everything the token rows need."""
-        old, adv = b.old_logprobs[rows], b.advantages[rows]
-        ref = b.ref_logprobs[rows] if b.ref_logprobs is not None else None
-        version = getattr(self, "sampled_version", None)  # set by update()
+    def track_pass(self, st, b: tb.Batch, u: tb.Update, rows, scored: tuple, w, clipped, at: _At) -> None:
+        """The recorder's view of one loss pass: its log-probs (`scored`: log pi, softmax statistics and
+        the head's input) and everything the token rows need."""
+        logprobs, stats, hidden = scored
+        p = self.policy
         st.track(
             logprobs,
             token_ids=b.completion_ids[rows],
             mask=b.mask[rows],
             loss_mask=u.phase[rows],
-            old_logprobs=old,
-            ref_logprobs=ref,
-            advantages=adv,
+            old_logprobs=b.old_logprobs[rows],
+            ref_logprobs=b.ref_logprobs[rows] if b.ref_logprobs is not None else None,
+            advantages=b.advantages[rows],
             weights=w.effective(logprobs),
             sample_ids=b.sample_ids[rows],
             group_ids=b.group_ids[rows],
             stats=stats,
             hidden=hidden,
             clipped=clipped,
-            update_id=update_id,
-            policy_versions=version,
-            trainer_version=None if version is None else version + update_id,  # one opt.step() per update
+            update_id=at.update_id,
+            policy_versions=at.sampled_version,
+            trainer_version=at.sampled_version + at.update_id,  # one opt.step() per update
             rollout_logprobs=b.rollout_logprobs[rows],
-            **correction.token_columns(b, rows, u.phase[rows], self.correction),
+            **rc.token_columns(b, rows, u.phase[rows], self.correction),
             recompute=lambda: directional_logprobs(  # attribution's second look at the same rows
-                self.model,
+                p.model,
                 b.input_ids[rows],
                 b.attention_mask[rows],
                 b.prompt_len,
                 b.completion_ids[rows],
-                self.temperature,
-                self.autocast,
-                entropy=self.cfg.attribute_entropy,  # the pair (log pi, H) for entropy attribution
+                p.temperature,
+                p.autocast,
+                entropy=self.attribute_entropy,  # the pair (log pi, H) for entropy attribution
             ),
         )
 
     def layout(self, n_rows: int) -> list[list[Tensor]]:
-        return tb.row_layout(n_rows, self.cfg.mini_batches, self.cfg.grad_accum, self.device)
+        s = self.schedule
+        return tb.row_layout(n_rows, s.mini_batches, s.grad_accum, self.policy.device)
 
     def score_rows(self, model, b: tb.Batch, chunks: list[Tensor] | None = None) -> Tensor:
         """[N, T] log pi of the batch under `model` (rows in `chunks`, default all in the loss's chunks)."""
         chunks = chunks if chunks is not None else tb.score_chunks(self.layout(len(b.sample_ids)))
+        p = self.policy
         return score_logprobs(
             model,
             b.input_ids,
@@ -232,6 +324,6 @@ class Updates:
             b.prompt_len,
             b.completion_ids,
             chunks,
-            self.temperature,
-            self.autocast,
+            p.temperature,
+            p.autocast,
         )
