@@ -12,7 +12,8 @@ model `lab-kk` on Knights and Knaves with a plain-word trace; the configs and se
 `scripts/study.py --organism kk`, recorded under a token budget of 512 rows per step).
 `lab_grpo_rollout`: configs/lab_add_grpo_rollout.toml (a bf16, top-p 0.9 sampler against the fp32 trainer,
 TRL's sequence_mask removing sequences, num_iterations = 2). `lab_grpo_entropy`:
-configs/lab_add_grpo_entropy.toml (lab_grpo's config, 100 steps, entropy attribution every 5 steps).
+configs/lab_add_grpo_entropy.toml (lab_grpo's config with seed 1, 100 steps, entropy attribution and the
+bucket analysis every 5 steps).
 `smollm_<rule>`: configs/smollm_sample.toml
 (SmolLM2-135M-Instruct on 1-2 digit arithmetic, refilling dynamic sampling) with the rule set on the
 command line. Within each family every run uses the same seed, so the runs share the training prompts, the

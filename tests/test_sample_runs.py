@@ -19,9 +19,10 @@ RUNS = (
     | {f"lab_grpo_{extra}": ("grpo", "lab-add", 100, 0.8) for extra in ("rollout", "entropy")}
 )
 # the run whose step 0 a run shares (same seed and config up to the rule): the rollout run samples with
-# another engine (bf16, top-p), so it shares the prompts only
-SAME_STEP0 = {"lab_grpo_entropy": "lab_grpo", "lab_grpo_rollout": "lab_grpo"}
+# another engine (bf16, top-p), so it shares the prompts only; the entropy run has its own seed
+SAME_STEP0 = {"lab_grpo_rollout": "lab_grpo"}
 SAME_PROMPTS_ONLY = {"lab_grpo_rollout"}
+OWN_SEED = {"lab_grpo_entropy"}
 # the dashboard's pages (app/streamlit_app.py)
 PAGES = ("overview", "buckets", "wordclouds", "inspector", "entropy", "rollout", "evaluation")
 # difficulty levels each family evaluates: carries 0-4, people 2-4, one-digit sums
@@ -196,6 +197,8 @@ def test_same_seed_same_first_prompts(runs):
         name: run.samples[run.samples["step"] == 0].sort_values("sample_id") for name, run in runs.items()
     }
     for name, s in first.items():
+        if name in OWN_SEED:
+            continue
         family = name.removesuffix(RUNS[name][0]) + "grpo"  # lab_kk_tr_grpo -> lab_kk_grpo
         ref = first[SAME_STEP0.get(name, family)]
         assert s["prompt"].tolist() == ref["prompt"].tolist(), name
@@ -265,10 +268,13 @@ def test_the_entropy_run_checks_the_entropy_law(runs):
     run = runs["lab_grpo_entropy"]
     steps = entropy_steps(run)
     assert steps["step"].tolist() == list(range(0, 100, 5))
+    assert (run.steps["n_nonfinite"] == 0).all()  # every attributed update had a gradient (seed 1)
     fit = entropy_law_fit(entropy_law(run))
     pooled = fit.iloc[-1]
     # arXiv 2602.03392's per-token law against the measured change at lr 3e-5 (docs/study.md)
-    assert pooled["n"] > 4000 and pooled["pearson"] > 0.85 and 0.8 < pooled["slope"] < 1.05, pooled.to_dict()
+    assert pooled["n"] > 4000 and pooled["pearson"] > 0.85 and 0.7 < pooled["slope"] < 1.0, pooled.to_dict()
+    first = entropy_law_fit(entropy_law(run), pred="dentropy_pred").iloc[-1]  # first order is exact here
+    assert first["pearson"] > 0.99 and first["slope"] == pytest.approx(1.0, abs=0.05), first.to_dict()
 
 
 @pytest.mark.slow
