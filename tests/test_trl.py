@@ -20,6 +20,8 @@ from tokengrad.train.models import make_tiny_model, make_tiny_tokenizer  # noqa:
 
 pytestmark = pytest.mark.trl
 PROMPTS = ["abc", "hello", "x=1+", "what?"]
+# TRL >= 1.15 scores log-probs through its fused LM head (no logits); 1.13 and 1.14 through full logits
+FUSED_HEAD = hasattr(trl.trainer.utils, "add_fused_lm_head")
 
 
 def distinct_chars(completions, **kwargs):
@@ -306,9 +308,10 @@ def test_supported_weightings_are_exactly_the_scale_rules():
 
 
 def test_version_outside_tested_range_is_refused():
-    tg_trl.check_trl_version("1.16.3")
-    for bad in ("1.9.0", "1.17.0.dev0", "2.0.0"):
-        with pytest.raises(RuntimeError, match=r"tested with trl>=1\.16,<1\.17"):
+    for good in ("1.13.0", "1.14.2", "1.15.0", "1.16.3"):
+        tg_trl.check_trl_version(good)
+    for bad in ("1.9.0", "1.12.0", "1.17.0.dev0", "2.0.0"):
+        with pytest.raises(RuntimeError, match=r"tested with trl>=1\.13,<1\.17"):
             tg_trl.check_trl_version(bad)
     tg_trl.check_trl_version("1.17.0", allow_untested=True)
 
@@ -330,13 +333,16 @@ def test_liger_loss_path_and_double_attach_are_refused(tmp_path):
 
 def test_train_end_restores_the_trainer(tmp_path):
     trainer = make_trainer(tmp_path, max_steps=1)
-    forward = vars(trainer.model)["forward"]
+    forward = vars(trainer.model).get("forward")  # TRL's fused head (TRL >= 1.15), else the class's
     tg_trl.attach(trainer, tmp_path / "run")
-    assert "compute_loss" in vars(trainer) and vars(trainer.model)["forward"] is not forward
+    assert "compute_loss" in vars(trainer)
+    if FUSED_HEAD:  # attach re-adds the fused head to read sum_j p_j^2 as well
+        assert vars(trainer.model)["forward"] is not forward
     trainer.train()
     # only the wrapper that continues the run on a later train() stays (tests/test_doctor_conformance.py)
     assert "compute_loss" not in vars(trainer) and "clip_grad_norm_" not in vars(trainer.accelerator)
-    assert vars(trainer.model)["forward"] is forward
+    assert vars(trainer.model).get("forward") is forward
+    assert not trainer.model._forward_hooks  # the hooks reading the head's outputs are gone
     assert not any(type(cb).__module__.startswith("tokengrad.") for cb in trainer.callback_handler.callbacks)
     assert load_run(tmp_path / "run").meta["finished"] is True
 
@@ -390,7 +396,12 @@ def test_update_shares_inside_trl(tmp_path):
     assert tok["update_share"].notna().all()
     assert tok.groupby("update_id")["update_share"].sum().tolist() == pytest.approx([1.0], abs=1e-3)
     assert tok["dlogprob"].notna().all() and tok["dlogprob_pred"].notna().all()
-    with pytest.raises(RuntimeError, match="central_difference"):
-        trainer = make_trainer(tmp_path / "jvp", "dapo", max_steps=1, temperature=0.1)
-        tg_trl.attach(trainer, tmp_path / "jvp" / "run", attribution=Attribution(every=1, method="jvp"))
+    trainer = make_trainer(tmp_path / "jvp", "dapo", max_steps=1, temperature=0.1)
+    tg_trl.attach(trainer, tmp_path / "jvp" / "run", attribution=Attribution(every=1, method="jvp"))
+    if FUSED_HEAD:  # TRL's fused LM head is an autograd.Function without a forward-mode derivative
+        with pytest.raises(RuntimeError, match="central_difference"):
+            trainer.train()
+    else:  # a TRL that scores full logits differentiates forward: the same shares, by the exact JVP
         trainer.train()
+        jvp = load_run(tmp_path / "jvp" / "run").tokens()
+        assert jvp.groupby("update_id")["update_share"].sum().tolist() == pytest.approx([1.0], abs=1e-3)

@@ -1,7 +1,9 @@
-"""What TRL's fused LM head knows about each token: sum_j p_j^2 and the LM-head input.
+"""What TRL's LM head knows about each token: sum_j p_j^2 and the LM-head input, or the logits themselves.
 
-TRL never materialises logits during the loss forward; `tokengrad.integrations.trl` reads these per-token
-extras through forward hooks that live only while recording (removed in `remove()`).
+TRL >= 1.15 never materialises logits during the loss forward (its fused LM head, `add_fused_lm_head`);
+`tokengrad.integrations.trl` reads these per-token extras through forward hooks that live only while
+recording (removed in `remove()`). Earlier TRL (1.13, 1.14) scores the model's full logits: the same
+hook reads them, and every statistic comes from them exactly (`tokengrad.record.stats.token_stats`).
 
 Confident tokens: from the head's outputs alone |p - e_y| = sqrt(1 - 2p + sum_j p_j^2), which cancels in
 fp32 once p > 1/2 (exactly 0 below 1 - p = 3.5e-5). For those rows the statistics are taken again from the
@@ -14,7 +16,7 @@ from typing import NamedTuple
 
 import torch
 
-from tokengrad.record.stats import CHUNK_ROWS, TokenStats, _chunk_stats
+from tokengrad.record.stats import CHUNK_ROWS, TokenStats, _chunk_stats, token_stats
 
 _LOGIT_SCALES = (
     "final_logit_softcapping",
@@ -39,6 +41,7 @@ class FusedCapture:
         self.model = model.get_base_model() if hasattr(model, "get_base_model") else model
         self.on = False
         self.outputs: list = []
+        self.logits: list = []  # (logits, input_ids, attention_mask) per forward (a TRL without fused head)
         self.hidden: list = []
         self.handles: list = []
         self.old_forward = None
@@ -46,6 +49,8 @@ class FusedCapture:
     def install(self) -> None:
         if "forward" in vars(self.model) and self._readd_head():
             self.handles.append(self.model.register_forward_hook(self._grab_output, with_kwargs=True))
+        else:  # a TRL whose model returns full logits (no fused head to ask): read those
+            self.handles.append(self.model.register_forward_hook(self._grab_logits, with_kwargs=True))
         cfg = getattr(self.model, "config", None)
         if cfg is not None and all(getattr(cfg, a, None) is None for a in _LOGIT_SCALES):
             # logits = (W h + b) / temperature exactly, so |dL/dW_t| = |dL/dz_t| |h_t| / temperature, and the
@@ -79,12 +84,18 @@ class FusedCapture:
         if self.on and kwargs.get("fused_lm_head"):
             self.outputs.append(getattr(output, "log_sum_sq_probs", None))
 
+    def _grab_logits(self, module, args, kwargs, output) -> None:
+        logits, ids = getattr(output, "logits", None), kwargs.get("input_ids", args[0] if args else None)
+        if self.on and torch.is_tensor(logits) and logits.dim() == 3 and torch.is_tensor(ids):
+            # a reference only: TRL holds these logits until its log-prob call returns (stop() reads them)
+            self.logits.append((logits, ids, kwargs.get("attention_mask")))
+
     def _grab_hidden(self, module, args, output) -> None:
         if self.on:
             self.hidden.append(getattr(output, "last_hidden_state", None))
 
     def start(self, on: bool) -> None:
-        self.on, self.outputs, self.hidden = on, [], []
+        self.on, self.outputs, self.logits, self.hidden = on, [], [], []
 
     def stop(self, keep: int) -> "Captured":
         """What the head saw for the last `keep` scored positions (fields None where not available)."""
@@ -95,10 +106,24 @@ class FusedCapture:
         if self.hidden and all(h is not None for h in self.hidden):
             # position t of the completion is scored from the hidden state one step earlier
             hidden = torch.cat([x[:, -keep - 1 : -1] for x in self.hidden]).detach()  # [B, K, D]
-        self.outputs, self.hidden = [], []
+        stats = self._logit_stats(keep)
+        self.outputs, self.logits, self.hidden = [], [], []
         head = self.model.get_output_embeddings() if hidden is not None else None
         fp32 = bool(getattr(self.trainer.args, "cast_lm_head_to_fp32", False))
-        return Captured(sum_p2, hidden, head, float(self.trainer.temperature), fp32)
+        return Captured(sum_p2, hidden, head, float(self.trainer.temperature), fp32, stats)
+
+    def _logit_stats(self, keep: int) -> TokenStats | None:
+        """TokenStats [B, K] from the full logits TRL scored (TRL < 1.15), at its temperature; else None."""
+        if not self.logits:
+            return None
+        parts = []
+        for logits, ids, att in self.logits:
+            # position t of the completion is scored by the logits one step earlier, divided by TRL's
+            # temperature as its log-probs are (a model honouring logits_to_keep returns K + 1 rows)
+            z = logits.detach()[:, :-1][:, -keep:] / float(self.trainer.temperature)  # [b, K, V]
+            mask = None if att is None else att[:, -keep:]  # [b, K]
+            parts.append(token_stats(z, ids[:, -keep:], mask))
+        return TokenStats(*(torch.cat(f) for f in zip(*parts)))
 
 
 class Captured(NamedTuple):
@@ -107,6 +132,7 @@ class Captured(NamedTuple):
     head: torch.nn.Module | None  # the output projection
     temperature: float
     fp32_head: bool = False  # TRL runs the head in fp32 (cast_lm_head_to_fp32), else in its dtype
+    stats: TokenStats | None = None  # every statistic, from full logits (a TRL without the fused head)
 
     @property
     def head_input(self) -> torch.Tensor | None:
@@ -118,7 +144,10 @@ def fused_token_stats(
     logps: torch.Tensor, entropies, captured: Captured, token_ids: torch.Tensor, mask: torch.Tensor
 ) -> TokenStats | None:
     """TokenStats of TRL's loss pass: its log-probs and entropies, sum_j p_j^2 of the fused head, and the
-    gradient unit; rows with p > 1/2 get exact entropy, sum_p2 and unit from their logits taken again."""
+    gradient unit; rows with p > 1/2 get exact entropy, sum_p2 and unit from their logits taken again.
+    Where TRL scored full logits, the statistics of those logits."""
+    if captured.stats is not None:
+        return captured.stats
     sum_p2 = captured.sum_p2
     if entropies is None or sum_p2 is None:
         return None

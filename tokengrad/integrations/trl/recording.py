@@ -203,9 +203,10 @@ class TRLRecording:
             loss = orig(model, inputs, *a, **k)
         finally:
             self._inputs = None
-        if self._pending is not None:  # TRL's masks are known now; backward comes after compute_loss
-            self._track(inputs, *self._pending)
-            self._pending = None
+        if self._pending is None:  # a loss built elsewhere: recording nothing would pass for a run
+            self._refuse_untracked()
+        self._track(inputs, *self._pending)  # TRL's masks are known now; backward comes after compute_loss
+        self._pending = None
         return loss
 
     def _keep(self, name: str, mask):
@@ -222,6 +223,8 @@ class TRLRecording:
             captured = self._fused.stop(logits_to_keep)
         if active:
             logps, entropies = out[0], out[1]
+            if not torch.is_tensor(logps):  # a patched trainer computes its log-probs elsewhere (Unsloth)
+                self._refuse_untracked()
             ids, mask = self._inputs["completion_ids"], self._inputs["completion_mask"]
             stats = fused_token_stats(logps, entropies, captured, ids, mask)
             # attribution steps score the same micro-batch again with substituted parameters
@@ -229,6 +232,14 @@ class TRLRecording:
             self._pending = (logps, stats, captured.head_input, again)
             self._inputs = None  # one tracked pass per compute_loss call
         return out
+
+    def _refuse_untracked(self) -> None:
+        """Stop training where the loss's per-token log-probs never reached the hooks: the open step is
+        dropped (never written without its tokens) and the run stays unfinished."""
+        if self.step is not None:
+            self.recorder.discard_step()
+            self.step = None
+        raise RuntimeError(nothing_tracked(self.trainer))
 
     def _track(
         self, inp, logps: torch.Tensor, stats: TokenStats | None, hidden: torch.Tensor | None, recompute=None
@@ -330,6 +341,15 @@ def announce(recorder: Recorder, what: str) -> None:
             file=sys.stderr,
             flush=True,
         )
+
+
+def nothing_tracked(trainer) -> str:
+    """Why a training loss could not be recorded: its log-probs never reached the hooked method."""
+    return (
+        f"tokengrad: {type(trainer).__name__}.compute_loss built the training loss without per-token "
+        f"log-probs from _get_per_token_logps_and_entropies, so there is nothing to record coef from; "
+        f"stopping rather than writing steps without tokens. attach() records an unmodified trl.GRPOTrainer"
+    )
 
 
 def _text(x) -> str:
