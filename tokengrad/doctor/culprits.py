@@ -14,6 +14,7 @@ from tokengrad.doctor.finding import TokenEvidence
 from tokengrad.doctor.registry import pct
 from tokengrad.doctor.view import RunView
 from tokengrad.read.token_shares import token_shares
+from tokengrad.schema import TOK
 
 
 def culprits(view: RunView, step: int, k: int = 20) -> tuple[TokenEvidence, ...]:
@@ -23,14 +24,16 @@ def culprits(view: RunView, step: int, k: int = 20) -> tuple[TokenEvidence, ...]
     the tokens' gradients align)."""
     if not view.has_tokens:
         return ()
-    cols = view.token_columns()
     exact = False
-    if "update_share" in cols:
-        n = view.sql("SELECT count(update_share) AS n FROM tokens WHERE step = ? AND in_loss", [step])["n"]
+    if view.has_token_columns(TOK.update_share):
+        n = view.sql(
+            f"SELECT count({TOK.update_share}) AS n FROM tokens WHERE {TOK.step} = ? AND {TOK.in_loss}",
+            [step],
+        )["n"]
         exact = bool(n.iloc[0]) if len(n) else False
-    if not exact and "logit_grad_norm" not in cols:
+    if not exact and not view.has_token_columns(TOK.logit_grad_norm):
         return ()
-    value = "update_share" if exact else "logit_grad_norm"
+    value = TOK.update_share if exact else TOK.logit_grad_norm
     df = token_shares(view, int(step), value=value, k=int(k))
     return tuple(
         TokenEvidence(
@@ -40,7 +43,7 @@ def culprits(view: RunView, step: int, k: int = 20) -> tuple[TokenEvidence, ...]
             token_id=int(r.token_id),
             text=str(r.token) if r.token is not None else "",
             share=float(r.share) if r.share is not None and np.isfinite(r.share) else None,
-            share_of="update" if exact else "logit_grad_norm",
+            share_of="update" if exact else TOK.logit_grad_norm,
             exact=exact,
             prob=float(r.prob) if r.prob is not None and np.isfinite(r.prob) else None,
             rank=i,

@@ -1,6 +1,6 @@
 """Detectors of a run's health on the steps table and the rank status: reward-std death, non-finite values,
-gradient-norm drift, throughput decay, dead-step streaks, dropped rows. Defaults and sources: in
-tokengrad.doctor.detect_steps (one table of constants) and docs/doctor.md."""
+gradient-norm drift, throughput decay, dead-step streaks, dropped rows. Defaults: the constants below, with
+their sources (docs/doctor.md lists them all)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,25 @@ from dataclasses import replace
 
 import numpy as np
 
-from tokengrad.doctor import detect_steps as d
 from tokengrad.doctor.finding import Action, Finding
-from tokengrad.doctor.registry import detector, fmt, pct
+from tokengrad.doctor.registry import detector, fmt, pct, window_medians
 from tokengrad.doctor.stats import confidence_from_p, longest_run, trend
+from tokengrad.doctor.thresholds import TREND_ALPHA
 from tokengrad.doctor.view import RunView
 from tokengrad.schema import STEP
+
+# Reward std of the batch: no learning signal left (GRPO, arXiv 2402.03300 Eq. 3: A = (r - mean) / std).
+REWARD_STD_FLOOR = 0.01
+REWARD_STD_SUSTAIN = 5
+REWARD_STD_CRITICAL_SUSTAIN = 20
+# Dead steps (grad_norm exactly 0: every advantage 0): DAPO (arXiv 2503.14476 Sec. 3.2) filters such
+# groups with dynamic sampling.
+DEAD_STREAK_WARNING = 5
+DEAD_STREAK_CRITICAL = 20
+# Gradient-norm drift: the end-window median this many times the start-window median, rising.
+GRAD_DRIFT_RATIO = 10.0
+# Throughput decay: the end-window median step time this many times the start window's, rising.
+THROUGHPUT_RATIO = 1.5
 
 _DAPO_DS = Action(
     "use dynamic sampling (drop groups with one reward, refill the batch)", "DAPO, arXiv 2503.14476 Sec. 3.2"
@@ -31,22 +44,22 @@ def _streak(mask: np.ndarray, warn: int, crit: int) -> tuple[int, int, str] | No
 @detector("reward_std_death", tables=("steps",))
 def reward_std_death(view: RunView) -> list[Finding]:
     """The batch reward std stays below 0.01 for 5 steps (critical: 20): no learning signal."""
-    steps, x = view.need("reward_std", "batch reward std")
-    found = _streak(x < d.REWARD_STD_FLOOR, d.REWARD_STD_SUSTAIN, d.REWARD_STD_CRITICAL_SUSTAIN)
+    steps, x = view.need(STEP.reward_std, "batch reward std")
+    found = _streak(x < REWARD_STD_FLOOR, REWARD_STD_SUSTAIN, REWARD_STD_CRITICAL_SUSTAIN)
     if found is None:
         return []
     a, b, level = found
     msg = (
-        f"reward_std below {d.REWARD_STD_FLOOR} for {b - a} steps in a row (steps {int(steps[a])}-"
+        f"reward_std below {REWARD_STD_FLOOR} for {b - a} steps in a row (steps {int(steps[a])}-"
         f"{int(steps[b - 1])}, max {fmt(float(x[a:b].max()))}): the rewards carry no signal"
     )
     evidence = {
         "statistic": "longest run of steps with reward_std below the floor",
         "values": {"streak": b - a, "max_in_streak": float(x[a:b].max())},
         "thresholds": {
-            "floor": d.REWARD_STD_FLOOR,
-            "sustain": d.REWARD_STD_SUSTAIN,
-            "critical_sustain": d.REWARD_STD_CRITICAL_SUSTAIN,
+            "floor": REWARD_STD_FLOOR,
+            "sustain": REWARD_STD_SUSTAIN,
+            "critical_sustain": REWARD_STD_CRITICAL_SUSTAIN,
         },
     }
     actions = (
@@ -114,9 +127,9 @@ def nonfinite(view: RunView) -> list[Finding]:
 def _growth(name, steps, x, ratio, what, unit, actions, transform=None) -> list[Finding]:
     """A finding when the end-window median of x is `ratio` times the start window's and x rises
     (Mann-Kendall on transform(x), Theil-Sen slope); onset: the first step past ratio x the start."""
-    start, end, _ = d._ends(x)
+    start, end, _ = window_medians(x)
     tr = trend(x if transform is None else transform(x), steps)
-    if start <= 0 or end < ratio * start or not tr.rising(d.TREND_ALPHA):
+    if start <= 0 or end < ratio * start or not tr.rising(TREND_ALPHA):
         return []
     msg = (
         f"{what} rose from {fmt(start)}{unit} to {fmt(end)}{unit} ({fmt(end / start)}x, window medians); "
@@ -125,7 +138,7 @@ def _growth(name, steps, x, ratio, what, unit, actions, transform=None) -> list[
     evidence = {
         "statistic": f"end/start window medians of {what}; Mann-Kendall trend, Theil-Sen slope",
         "values": {"start": start, "end": end, **tr.as_dict()},
-        "thresholds": {"ratio": ratio, "alpha": d.TREND_ALPHA},
+        "thresholds": {"ratio": ratio, "alpha": TREND_ALPHA},
     }
     first = int(steps[np.argmax(x > ratio * start)])
     conf = confidence_from_p(tr.p_value)
@@ -135,7 +148,7 @@ def _growth(name, steps, x, ratio, what, unit, actions, transform=None) -> list[
 @detector("grad_norm_drift", tables=("steps",))
 def grad_norm_drift(view: RunView) -> list[Finding]:
     """The live steps' gradient norm grows tenfold over the run (Mann-Kendall on its log, rising)."""
-    col = view.need("grad_norm", "gradient norm")
+    col = view.need(STEP.grad_norm, "gradient norm")
     live = np.isfinite(col[1]) & (col[1] > 0)
     if live.sum() < 10:
         return []
@@ -146,7 +159,7 @@ def grad_norm_drift(view: RunView) -> list[Finding]:
         "grad_norm_drift",
         col[0][live],
         col[1][live],
-        d.GRAD_DRIFT_RATIO,
+        GRAD_DRIFT_RATIO,
         "live grad_norm",
         "",
         actions,
@@ -166,7 +179,7 @@ THROUGHPUT_WARNING_RATIO = 2 * THROUGHPUT_LOAD_RATIO
 def throughput_decay(view: RunView) -> list[Finding]:
     """Step wall time grows by half over the run (Mann-Kendall rising; the first step, warm-up, left out):
     info; a warning from 6.28x, twice the 3.14x that machine load alone gave a shipped run."""
-    col = view.column("time_step")
+    col = view.column(STEP.time_step)
     if col is None or col[1].size < 11:
         return []
     actions = (
@@ -174,7 +187,7 @@ def throughput_decay(view: RunView) -> list[Finding]:
         Action("compare with what else ran on the machine: step time follows its load", "docs/doctor.md"),
     )
     found = _growth(
-        "throughput_decay", col[0][1:], col[1][1:], d.THROUGHPUT_RATIO, "time_step", " s", actions
+        "throughput_decay", col[0][1:], col[1][1:], THROUGHPUT_RATIO, STEP.time_step, " s", actions
     )
     return [_load_severity(f) for f in found]
 
@@ -197,9 +210,9 @@ def _load_severity(f: Finding) -> Finding:
 @detector("dead_steps", tables=("steps",))
 def dead_steps(view: RunView) -> list[Finding]:
     """A streak of 5 steps (critical: 20) whose gradient is exactly 0 (every advantage 0)."""
-    steps, g = view.need("grad_norm", "gradient norm")
+    steps, g = view.need(STEP.grad_norm, "gradient norm")
     dead = g == 0
-    found = _streak(dead, d.DEAD_STREAK_WARNING, d.DEAD_STREAK_CRITICAL)
+    found = _streak(dead, DEAD_STREAK_WARNING, DEAD_STREAK_CRITICAL)
     if found is None:
         return []
     a, b, level = found
@@ -210,7 +223,7 @@ def dead_steps(view: RunView) -> list[Finding]:
     evidence = {
         "statistic": "longest run of steps with grad_norm == 0",
         "values": {"streak": b - a, "dead": int(dead.sum()), "steps": int(dead.size)},
-        "thresholds": {"warning": d.DEAD_STREAK_WARNING, "critical": d.DEAD_STREAK_CRITICAL},
+        "thresholds": {"warning": DEAD_STREAK_WARNING, "critical": DEAD_STREAK_CRITICAL},
     }
     conf = min(0.99, 0.5 + 0.025 * (b - a))
     return [

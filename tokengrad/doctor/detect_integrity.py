@@ -31,6 +31,7 @@ CONST_REWARD_GROUPS = 20
 ZEROED_CRITICAL = 0.5  # share of a step's sequences with IS weight 0 and no mask (tokengrad default)
 _SHOWN = 10  # evidence rows per finding
 _LOGPROBS = (TOK.logprob, TOK.old_logprob, TOK.rollout_logprob, TOK.ref_logprob)
+_SEQUENCE = f"{TOK.step}, {TOK.rank}, {TOK.update_id}, {TOK.sample_id}"  # one sequence's token rows
 _TOKEN_ACTION = Action(
     "check how the integration fills missing log-probs (never with 0.0, which reads as p = 1)",
     "verifiers PR #2078; miles PR #2476",
@@ -46,7 +47,7 @@ def _need_tokens(view: RunView, *cols: str) -> None:
     if not view.has_tokens:
         raise NotChecked("the run has no token rows")
     for col in cols:
-        if col not in view.token_columns():
+        if not view.has_token_columns(col):
             raise NotChecked(f"the tokens table has no {col}")
         if view.sql(f"SELECT count({col}) AS n FROM tokens")["n"].iloc[0] == 0:
             raise NotChecked(f"no token row records {col}")
@@ -74,11 +75,12 @@ def _rows(df: pd.DataFrame, share_of: str = "count") -> tuple[TokenEvidence, ...
 def _flat_sequences(view: RunView, col: str, other: str) -> pd.DataFrame:
     """Loss-token sequences whose `col` holds one value while `other` spans more than CONST_SPREAD."""
     return view.sql(
-        f"SELECT step, sample_id, min({col}) AS value, count(*) AS n, max({other}) - min({other}) AS spread "
-        f"FROM tokens WHERE in_loss AND {col} IS NOT NULL AND {other} IS NOT NULL "
-        "GROUP BY step, rank, update_id, sample_id "
+        f"SELECT {TOK.step}, {TOK.sample_id}, min({col}) AS value, count(*) AS n, "
+        f"max({other}) - min({other}) AS spread "
+        f"FROM tokens WHERE {TOK.in_loss} AND {col} IS NOT NULL AND {other} IS NOT NULL "
+        f"GROUP BY {_SEQUENCE} "
         f"HAVING count(*) >= {CONST_MIN_TOKENS} AND min({col}) = max({col}) "
-        f"AND max({other}) - min({other}) > {CONST_SPREAD} ORDER BY step, sample_id"
+        f"AND max({other}) - min({other}) > {CONST_SPREAD} ORDER BY {TOK.step}, {TOK.sample_id}"
     )
 
 
@@ -87,7 +89,7 @@ def logprob_constant(view: RunView) -> list[Finding]:
     """A log-prob column is one value (often 0.0) over a whole sequence while another column varies:
     zero-filled or constant log-probs, which corrupt the ratio and the IS weight."""
     _need_tokens(view, TOK.logprob)
-    cols = [c for c in _LOGPROBS if c in view.token_columns()]
+    cols = [c for c in _LOGPROBS if view.has_token_columns(c)]
     out = []
     for col in cols:
         other = TOK.old_logprob if col == TOK.logprob else TOK.logprob
@@ -97,8 +99,7 @@ def logprob_constant(view: RunView) -> list[Finding]:
         if flat.empty:
             continue
         total = view.sql(
-            f"SELECT count(DISTINCT (step, rank, update_id, sample_id)) AS n FROM tokens "
-            f"WHERE in_loss AND {col} IS NOT NULL"
+            f"SELECT count(DISTINCT ({_SEQUENCE})) AS n FROM tokens WHERE {TOK.in_loss} AND {col} IS NOT NULL"
         )["n"].iloc[0]
         share = len(flat) / max(int(total), 1)
         values = sorted({float(v) for v in flat["value"]})[:5]
@@ -127,24 +128,26 @@ def rollout_logprob_gap(view: RunView) -> list[Finding]:
     fake train/rollout gaps (tool or env tokens in the loss mask, engine log-probs padded with 0)."""
     _need_tokens(view, TOK.rollout_logprob)
     trainer = f"coalesce({TOK.old_logprob}, {TOK.logprob})"
-    gone = "rollout_logprob IS NULL OR NOT isfinite(rollout_logprob) OR rollout_logprob = 0"
+    roll = TOK.rollout_logprob
+    gone = f"{roll} IS NULL OR NOT isfinite({roll}) OR {roll} = 0"
     fake = f"({gone}) AND {trainer} < {GAP_TRAINER}"
     per = view.sql(
-        f"SELECT step, count(*) AS n, sum(CASE WHEN {fake} THEN 1 ELSE 0 END) AS fake "
-        "FROM tokens WHERE in_loss GROUP BY step ORDER BY step"
+        f"SELECT {TOK.step}, count(*) AS n, sum(CASE WHEN {fake} THEN 1 ELSE 0 END) AS fake "
+        f"FROM tokens WHERE {TOK.in_loss} GROUP BY {TOK.step} ORDER BY {TOK.step}"
     )
     per["share"] = per["fake"] / per["n"]
     bad = per[per["share"] >= GAP_WARNING]
     if bad.empty:
         return []
     worst = bad.loc[bad["share"].idxmax()]
+    where = f"{TOK.step}, {TOK.sample_id}, {TOK.position}"
     toks = view.sql(
-        f"SELECT step, sample_id, position, token_id, token, rollout_logprob, {trainer} AS trainer "
-        f"FROM tokens WHERE in_loss AND {fake} AND step BETWEEN ? AND ? ORDER BY step, sample_id, position "
-        f"LIMIT {_SHOWN}",
+        f"SELECT {where}, {TOK.token_id}, {TOK.token}, {roll}, {trainer} AS trainer "
+        f"FROM tokens WHERE {TOK.in_loss} AND {fake} AND {TOK.step} BETWEEN ? AND ? "
+        f"ORDER BY {where} LIMIT {_SHOWN}",
         [int(bad[STEP.step].min()), int(bad[STEP.step].max())],
     )
-    missing = int(toks["rollout_logprob"].isna().sum())
+    missing = int(toks[roll].isna().sum())
     msg = (
         f"{int(bad['fake'].sum())} loss tokens over {len(bad)} step(s) have a rollout log-prob that is "
         f"missing or exactly 0 while the trainer's is below {fmt(GAP_TRAINER)} nat (worst: step "
@@ -174,9 +177,10 @@ def rollout_logprob_gap(view: RunView) -> list[Finding]:
 def _zeroed_sequences(view: RunView) -> pd.DataFrame:
     """Sequences whose every loss token has IS weight 0 and none was masked on purpose (tokens.masked)."""
     return view.sql(
-        "SELECT step, sample_id, count(*) AS n, bool_or(coalesce(masked, false)) AS masked "
-        "FROM tokens WHERE in_loss AND is_weight IS NOT NULL GROUP BY step, rank, update_id, sample_id "
-        "HAVING max(abs(is_weight)) = 0 ORDER BY step, sample_id"
+        f"SELECT {TOK.step}, {TOK.sample_id}, count(*) AS n, "
+        f"bool_or(coalesce({TOK.masked}, false)) AS {TOK.masked} "
+        f"FROM tokens WHERE {TOK.in_loss} AND {TOK.is_weight} IS NOT NULL GROUP BY {_SEQUENCE} "
+        f"HAVING max(abs({TOK.is_weight})) = 0 ORDER BY {TOK.step}, {TOK.sample_id}"
     )
 
 
@@ -186,9 +190,9 @@ def is_weight_zeroed(view: RunView) -> list[Finding]:
     int, truncation gone wrong): their gradient is silently gone."""
     _need_tokens(view, TOK.is_weight)
     zero = _zeroed_sequences(view)
-    records_masks = view.sql("SELECT count(masked) AS n FROM tokens")["n"].iloc[0] > 0
+    records_masks = view.sql(f"SELECT count({TOK.masked}) AS n FROM tokens")["n"].iloc[0] > 0
     if records_masks:
-        zero = zero[~zero["masked"]]
+        zero = zero[~zero[TOK.masked]]
     per = zero.groupby(STEP.step).size()
     if not records_masks and STEP.is_masked_sequences in view.steps.columns:  # the host's own count
         told = view.steps.set_index(STEP.step)[STEP.is_masked_sequences].reindex(per.index).fillna(0)
@@ -198,9 +202,9 @@ def is_weight_zeroed(view: RunView) -> list[Finding]:
         return []
     zero = zero[zero[STEP.step].isin(per.index)]
     seqs = view.sql(
-        "SELECT step, count(DISTINCT (rank, update_id, sample_id)) AS n FROM tokens "
-        "WHERE in_loss AND is_weight IS NOT NULL GROUP BY step"
-    ).set_index(STEP.step)["n"]
+        f"SELECT {TOK.step}, count(DISTINCT ({TOK.rank}, {TOK.update_id}, {TOK.sample_id})) AS n "
+        f"FROM tokens WHERE {TOK.in_loss} AND {TOK.is_weight} IS NOT NULL GROUP BY {TOK.step}"
+    ).set_index(TOK.step)["n"]
     share = (per / seqs.reindex(per.index)).fillna(0)
     msg = (
         f"{int(per.sum())} sequence(s) over {len(per)} step(s) have IS weight 0 on every loss token and no "
@@ -232,10 +236,11 @@ def reward_nonfinite(view: RunView) -> list[Finding]:
     """A NaN, inf or missing reward among the recorded ones (critical): the advantages of its group are
     NaN or silently computed without it."""
     _need_rewards(view)
+    reward = SAMPLE.reward
     bad = view.sql(
-        f"SELECT step, sample_id, group_id, reward IS NULL AS missing FROM samples "
-        f"WHERE (reward IS NULL OR NOT isfinite(reward)){_cut(view, 'AND')} "
-        "ORDER BY step, sample_id"
+        f"SELECT {SAMPLE.step}, {SAMPLE.sample_id}, {SAMPLE.group_id}, {reward} IS NULL AS missing "
+        f"FROM samples WHERE ({reward} IS NULL OR NOT isfinite({reward})){_cut(view, 'AND')} "
+        f"ORDER BY {SAMPLE.step}, {SAMPLE.sample_id}"
     )
     if bad.empty:
         return []
@@ -304,15 +309,17 @@ def token_count_mismatch(view: RunView) -> list[Finding]:
     _need_tokens(view)
     if view.column(STEP.n_tokens) is None:
         raise NotChecked("the steps table has no n_tokens")
+    key = f"{STEP.step}, {STEP.rank}"  # a step's rows on one rank (tokens and steps alike)
+    n, rows = f"s.{STEP.n_tokens}", f"s.{STEP.n_token_rows}"
     df = view.sql(
         # a token trained in several updates (mu > 1) has a row per update; n_tokens counts it once
-        "WITH t AS (SELECT step, rank, count(*) AS rows, "
-        "count(DISTINCT CASE WHEN in_loss THEN (sample_id, position) END) AS in_mask, "
-        "count(selected_by) AS budgeted FROM tokens GROUP BY step, rank) "
-        "SELECT s.step, s.rank, s.n_tokens, s.n_token_rows, t.rows, t.in_mask FROM steps s JOIN t "
-        "USING (step, rank) WHERE t.budgeted = 0 AND s.n_tokens IS NOT NULL"  # t is cut at view.upto
-        " AND (s.n_token_rows IS NULL OR s.n_token_rows = t.rows) AND s.n_tokens <> t.in_mask "
-        "ORDER BY s.step, s.rank"
+        f"WITH t AS (SELECT {key}, count(*) AS rows, "
+        f"count(DISTINCT CASE WHEN {TOK.in_loss} THEN ({TOK.sample_id}, {TOK.position}) END) AS in_mask, "
+        f"count({TOK.selected_by}) AS budgeted FROM tokens GROUP BY {key}) "
+        f"SELECT s.{STEP.step}, s.{STEP.rank}, {n}, {rows}, t.rows, t.in_mask FROM steps s JOIN t "
+        f"USING ({key}) WHERE t.budgeted = 0 AND {n} IS NOT NULL"  # t is cut at view.upto
+        f" AND ({rows} IS NULL OR {rows} = t.rows) AND {n} <> t.in_mask "
+        f"ORDER BY s.{STEP.step}, s.{STEP.rank}"
     )
     if df.empty:
         return []

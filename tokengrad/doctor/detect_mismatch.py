@@ -8,12 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tokengrad.doctor.detect_steps import TREND_ALPHA, _ends
 from tokengrad.doctor.finding import Action, Finding, TokenEvidence
-from tokengrad.doctor.registry import detector, fmt, pct
+from tokengrad.doctor.registry import detector, fmt, pct, window_medians
 from tokengrad.doctor.stats import confidence_from_p, sustained, sustained_confidence, trend
+from tokengrad.doctor.thresholds import TREND_ALPHA
 from tokengrad.doctor.view import RunView
 from tokengrad.read import rollout_queries as rq
+from tokengrad.schema import SAMPLE, STEP, TOK
 
 # mean |log pi_old - log pi_rollout| per loss token, nats. ~1e-7 when the sampler is the trained fp32
 # distribution (schema doc); bf16 inference engines show ~1e-3 to 1e-2 and off-policy trouble past that
@@ -29,17 +30,17 @@ _SOURCE = "Yao et al. 2025, off-policy RL training from inference/training misma
 
 
 def _worst_tokens(view: RunView, step: int, k: int = 5) -> tuple[TokenEvidence, ...]:
-    if not {"rollout_logprob", "old_logprob"} <= view.token_columns():
+    if not view.has_token_columns(TOK.rollout_logprob, TOK.old_logprob):
         return ()
+    gap = f"abs({TOK.old_logprob} - {TOK.rollout_logprob})"
     df = view.sql(
-        "SELECT sample_id, position, token_id, token, prob, abs(old_logprob - rollout_logprob) AS gap "
-        "FROM tokens WHERE step = ? AND in_loss AND rollout_logprob IS NOT NULL "
-        f"ORDER BY gap DESC, sample_id, position LIMIT {int(k)}",
+        f"SELECT {TOK.sample_id}, {TOK.position}, {TOK.token_id}, {TOK.token}, {TOK.prob}, {gap} AS gap "
+        f"FROM tokens WHERE {TOK.step} = ? AND {TOK.in_loss} AND {TOK.rollout_logprob} IS NOT NULL "
+        f"ORDER BY gap DESC, {TOK.sample_id}, {TOK.position} LIMIT {int(k)}",
         [int(step)],
     )
     total = view.sql(
-        "SELECT sum(abs(old_logprob - rollout_logprob)) AS s FROM tokens WHERE step = ? AND in_loss",
-        [int(step)],
+        f"SELECT sum({gap}) AS s FROM tokens WHERE {TOK.step} = ? AND {TOK.in_loss}", [int(step)]
     )["s"].iloc[0]
     return tuple(
         _counted(step, r, float(r.gap / total) if total else None, i, r.prob)
@@ -66,11 +67,11 @@ def _counted(step: int, r, share: float | None, rank: int, prob=None) -> TokenEv
 @detector("rollout_mismatch", tables=("steps", "tokens"), page="inspector")
 def rollout_mismatch(view: RunView) -> list[Finding]:
     """rollout_mismatch above 0.01 nats (critical: 0.1) at the end, or growing tenfold (Mann-Kendall)."""
-    col = view.column("rollout_mismatch")
+    col = view.column(STEP.rollout_mismatch)
     if col is None or col[1].size < 5:
         return []
     steps, x = col
-    start, end, w = _ends(x)
+    start, end, w = window_medians(x)
     tr = trend(x, steps)
     growing = tr.rising(TREND_ALPHA) and end > MISMATCH_FLOOR and end >= MISMATCH_GROWTH * max(start, 1e-12)
     if end < MISMATCH_WARNING and not growing:
@@ -110,7 +111,7 @@ def rollout_mismatch(view: RunView) -> list[Finding]:
 def _staleness_apart(view: RunView) -> tuple[str, dict]:
     """The message tail and evidence values that keep the engine mismatch apart from staleness
     (tokengrad.read.rollout_queries MISMATCH / STALENESS) where the run recorded policy versions."""
-    if not {"policy_version", "trainer_version", "rollout_logprob"} <= view.token_columns():
+    if not view.has_token_columns(TOK.policy_version, TOK.trainer_version, TOK.rollout_logprob):
         return "", {}
     s = rq.gap_summary(view)
     values = {
@@ -137,7 +138,7 @@ CONFIDENT_MIN_TOKENS, CONFIDENT_WARNING, CONFIDENT_CRITICAL = 3, 0.001, 0.01
 @detector("confident_disagreement", tables=("tokens",), page="inspector")
 def confident_disagreement(view: RunView) -> list[Finding]:
     """Loss tokens where the trainer's pi_old gives p > 0.9 and the engine p < 0.1, or the reverse."""
-    if not {"rollout_logprob", "old_logprob"} <= view.token_columns():
+    if not view.has_token_columns(TOK.rollout_logprob, TOK.old_logprob):
         return []
     hits = rq.confident_disagreements(view, hi=CONFIDENT_HI, lo=CONFIDENT_LO)
     n_scored = rq.gap_summary(view)["n_scored"]
@@ -145,21 +146,20 @@ def confident_disagreement(view: RunView) -> list[Finding]:
         return []
     share = len(hits) / n_scored
     level = "critical" if share >= CONFIDENT_CRITICAL else "warning"
-    steps = hits["step"].to_numpy()
+    steps = hits[TOK.step].to_numpy()
     top = hits.head(5)
+    ints = (TOK.step, TOK.sample_id, TOK.position, TOK.token_id)
     rows = [
-        {k: (int(v) if k in ("step", "sample_id", "position", "token_id") else v) for k, v in r.items()}
-        for r in top[["step", "sample_id", "position", "token_id", "token", "trainer_prob", "engine_prob"]]
-        .astype(object)
-        .to_dict("records")
+        {k: (int(v) if k in ints else v) for k, v in r.items()}
+        for r in top[[*ints, TOK.token, "trainer_prob", "engine_prob"]].astype(object).to_dict("records")
     ]
     worst = rows[0]
     msg = (
         f"{len(hits)} of {int(n_scored)} scored loss tokens ({pct(share)}) have the trainer and the engine "
         f"confident and opposed (p > {CONFIDENT_HI:g} on one side, < {CONFIDENT_LO:g} on the other), steps "
-        f"{int(steps.min())}-{int(steps.max())}; worst at step {worst['step']} sample {worst['sample_id']} "
-        f"position {worst['position']}: trainer p {worst['trainer_prob']:.3g}, engine p "
-        f"{worst['engine_prob']:.3g}"
+        f"{int(steps.min())}-{int(steps.max())}; worst at step {worst[TOK.step]} sample "
+        f"{worst[TOK.sample_id]} position {worst[TOK.position]}: trainer p {worst['trainer_prob']:.3g}, "
+        f"engine p {worst['engine_prob']:.3g}"
     )
     evidence = {
         "statistic": "count of loss tokens with exp(old_logprob) and exp(rollout_logprob) on opposite sides",
@@ -186,18 +186,23 @@ def masked_per_sequence(view: RunView) -> pd.DataFrame:
     record of its IS sequence/token masks, off-policy mask and entropy mask; schema.MASK_REASONS), with the
     reasons met on it and its first loss token. Empty for a run without mask records. A budgeted step's
     rows kept only as top tokens are left out: a part of a sequence is not the sequence."""
-    cols = view.token_columns()
-    if not {"masked", "masked_by"} <= cols:
+    if not view.has_token_columns(TOK.masked, TOK.masked_by):
         return pd.DataFrame()
-    n = view.sql("SELECT count(masked) AS n FROM tokens")["n"]
+    n = view.sql(f"SELECT count({TOK.masked}) AS n FROM tokens")["n"]
     if not len(n) or not n.iloc[0]:  # mask information never recorded
         return pd.DataFrame()
-    whole = "coalesce(selected_by, 'all') IN ('all', 'sequence')" if "selected_by" in cols else "true"
-    return view.sql(
-        "SELECT step, sample_id, bool_and(coalesce(masked, false)) AS masked, "
-        "string_agg(DISTINCT masked_by, '+') AS reasons, arg_min(token_id, position) AS token_id, "
-        "arg_min(token, position) AS token, min(position) AS position "
-        f"FROM tokens WHERE in_loss AND {whole} GROUP BY step, sample_id ORDER BY step, sample_id"
+    whole = (  # the selected_by values of rows that keep whole sequences (schema TOKENS)
+        f"coalesce({TOK.selected_by}, 'all') IN ('all', 'sequence')"
+        if view.has_token_columns(TOK.selected_by)
+        else "true"
+    )
+    step, sample = TOK.step, TOK.sample_id
+    return view.sql(  # one row per sequence, named as its tokens' columns
+        f"SELECT {step}, {sample}, bool_and(coalesce({TOK.masked}, false)) AS {TOK.masked}, "
+        f"string_agg(DISTINCT {TOK.masked_by}, '+') AS reasons, "
+        f"arg_min({TOK.token_id}, {TOK.position}) AS {TOK.token_id}, "
+        f"arg_min({TOK.token}, {TOK.position}) AS {TOK.token}, min({TOK.position}) AS {TOK.position} "
+        f"FROM tokens WHERE {TOK.in_loss} AND {whole} GROUP BY {step}, {sample} ORDER BY {step}, {sample}"
     )
 
 
@@ -205,21 +210,23 @@ def _masked_share(view: RunView) -> tuple[pd.DataFrame, pd.DataFrame, str]:
     """([step, n, masked] per step, the per-sequence rows (may be empty), the source column)."""
     seq = masked_per_sequence(view)
     if not seq.empty:
-        per = seq.groupby("step", as_index=False).agg(n=("sample_id", "size"), masked=("masked", "sum"))
-        return per, seq, "tokens.masked"
-    col, samples = view.column("is_masked_sequences"), view.samples
+        per = seq.groupby(TOK.step, as_index=False).agg(
+            n=(TOK.sample_id, "size"), **{TOK.masked: (TOK.masked, "sum")}
+        )
+        return per, seq, f"tokens.{TOK.masked}"
+    col, samples = view.column(STEP.is_masked_sequences), view.samples
     if col is None or samples.empty:  # TRL's IS-mask count alone, over the step's completions
         return pd.DataFrame(), seq, ""
-    n = samples.groupby("step").size()
-    per = pd.DataFrame({"step": col[0], "masked": col[1]}).assign(n=lambda d: d["step"].map(n))
-    return per.dropna(subset=["n"]), seq, "steps.is_masked_sequences"
+    n = samples.groupby(SAMPLE.step).size()
+    per = pd.DataFrame({TOK.step: col[0], TOK.masked: col[1]}).assign(n=lambda d: d[TOK.step].map(n))
+    return per.dropna(subset=["n"]), seq, f"steps.{STEP.is_masked_sequences}"
 
 
 def _masked_evidence(seq: pd.DataFrame, step: int, n: int) -> tuple[TokenEvidence, ...]:
     """The masked sequences of `step` (at most 5), each by its first loss token; share: 1 / sequences."""
     if seq.empty:
         return ()
-    hit = seq[(seq["step"] == step) & seq["masked"]].head(5)
+    hit = seq[(seq[TOK.step] == step) & seq[TOK.masked]].head(5)
     return tuple(_counted(step, r, 1.0 / n, i) for i, r in enumerate(hit.itertuples()))
 
 
@@ -230,13 +237,13 @@ def masked_sequences(view: RunView) -> list[Finding]:
     per, seq, source = _masked_share(view)
     if per.empty:
         return []
-    steps, x = per["step"].to_numpy(), (per["masked"] / per["n"]).to_numpy(dtype=float)
+    steps, x = per[TOK.step].to_numpy(), (per[TOK.masked] / per["n"]).to_numpy(dtype=float)
     run = sustained(x > MASKED_WARNING, MASKED_SUSTAIN)
     if run is None:
         return []
     a, b = run
     first, peak = int(steps[a]), float(x[a:b].max())
-    window = seq[seq["step"].between(first, int(steps[b - 1])) & seq["masked"]] if not seq.empty else seq
+    window = seq[seq[TOK.step].between(first, int(steps[b - 1])) & seq[TOK.masked]] if not seq.empty else seq
     reasons = (
         window["reasons"].dropna().str.split("+").explode().value_counts().to_dict() if not seq.empty else {}
     )

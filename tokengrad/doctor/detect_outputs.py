@@ -1,36 +1,54 @@
 """Detectors on what the policy writes: length reward hacking, truncation at max_new_tokens, repetition,
-format gaming. Defaults and their sources: tokengrad.doctor.detect_samples."""
+format gaming. Defaults: the constants below, with their sources."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from tokengrad.doctor import detect_samples as d
-from tokengrad.doctor.detect_steps import TREND_ALPHA
 from tokengrad.doctor.finding import Action, Finding, NotChecked, TokenEvidence
-from tokengrad.doctor.registry import detector, fmt, pct, window
+from tokengrad.doctor.registry import detector, fmt, pct, window_medians
 from tokengrad.doctor.stats import confidence_from_p, spearman, sustained, trend
+from tokengrad.doctor.thresholds import TREND_ALPHA
 from tokengrad.doctor.view import RunView
+from tokengrad.schema import SAMPLE, SAMPLE_EXTRA, TOK
 
+# Length hacking (Singhal et al., arXiv 2310.03716: RLHF gains largely from length): mean length rises
+# LENGTH_GROWTH of its start, rank correlation of length and reward above LENGTH_RHO, correctness flat.
+LENGTH_GROWTH = 0.5
+LENGTH_RHO = 0.2
+# Truncation: completions that reach max_new_tokens without an end token (DAPO arXiv 2503.14476 Sec. 3.4:
+# truncated samples add reward noise; overlong shaping).
+TRUNC_WARNING = 0.1
+TRUNC_CRITICAL = 0.5
+TRUNC_SUSTAIN = 5
 END_TOKEN_SHARE = 0.05  # a token id ending >= 5 % of the early-stopped completions counts as an end token
+# Repetition: seq-rep-n = 1 - distinct n-grams / n-grams of a completion (Welleck et al., arXiv 1908.04319).
+REP_N = 3
+REP_MIN_WORDS = 8
+REP_RATIO = 0.5
+REP_SHARE = 0.2
+REP_SUSTAIN = 5
+# ... and loops: one span of <= REP_MAX_PERIOD words written >= REP_LOOP times back to back, the degenerate
+# repetition of Holtzman et al. (arXiv 1904.09751 Sec. 2). Templated reasoning (a checked K&K trace, a tool
+# call format) reuses most of its 3-grams without ever repeating a span back to back: lab-kk's correct
+# 3-person traces have seq-rep-3 > 0.5 in 61 % of puzzles and no loop.
+REP_LOOP = 3
+REP_MAX_PERIOD = 32
+# Format gaming: reward rises (Mann-Kendall) while correctness does not; the gap grows by FORMAT_GAP.
+FORMAT_GAP = 0.2
+_CORRECT = SAMPLE_EXTRA.correct  # the built-in trainer's 0/1 check, apart from the reward
 
 
 def _per_step(s: pd.DataFrame, column: str) -> tuple[np.ndarray, np.ndarray]:
-    per = s.groupby("step")[column].mean()
+    per = s.groupby(SAMPLE.step)[column].mean()
     return per.index.to_numpy().astype(int), per.to_numpy(dtype=float)
 
 
-def _ends(x: np.ndarray) -> tuple[float, float, int]:
-    """Medians of the start and end windows (tokengrad.doctor.registry.window) and the window size."""
-    w = window(x.size)
-    return float(np.median(x[:w])), float(np.median(x[-w:])), w
-
-
 def _correct_rising(s: pd.DataFrame) -> bool:
-    if "correct" not in s.columns or s["correct"].isna().all():
+    if _CORRECT not in s.columns or s[_CORRECT].isna().all():
         return False
-    steps, c = _per_step(s, "correct")
+    steps, c = _per_step(s, _CORRECT)
     return trend(c, steps).rising(TREND_ALPHA)
 
 
@@ -38,24 +56,26 @@ def _correct_rising(s: pd.DataFrame) -> bool:
 def length_hacking(view: RunView) -> list[Finding]:
     """Completions grow by half while length predicts reward (Spearman > 0.2) and correctness stays flat."""
     s = view.samples
-    if s.empty or s["length"].isna().all() or s["reward"].isna().all():
+    if s.empty or s[SAMPLE.length].isna().all() or s[SAMPLE.reward].isna().all():
         return []
-    steps, length = _per_step(s, "length")
+    steps, length = _per_step(s, SAMPLE.length)
     if steps.size < 10:
         return []
     tr = trend(length, steps)
-    start, end, w = _ends(length)
-    if not (tr.rising(TREND_ALPHA) and start > 0 and end >= (1 + d.LENGTH_GROWTH) * start):
+    start, end, w = window_medians(length)
+    if not (tr.rising(TREND_ALPHA) and start > 0 and end >= (1 + LENGTH_GROWTH) * start):
         return []
-    per_step = [spearman(g["length"], g["reward"]) for _, g in s.groupby("step")]  # only for growing length
+    per_step = [  # only for growing length
+        spearman(g[SAMPLE.length], g[SAMPLE.reward]) for _, g in s.groupby(SAMPLE.step)
+    ]
     rho = float(np.nanmedian(per_step)) if np.isfinite(per_step).any() else float("nan")
-    if not rho > d.LENGTH_RHO or _correct_rising(s):
+    if not rho > LENGTH_RHO or _correct_rising(s):
         return []
     # onset: the first of 5 steps in a row above the start window by 3 robust sigmas (1.4826 MAD)
     head = length[:w]
     sigma = max(1.4826 * float(np.median(np.abs(head - start))), 0.01 * start)
     run = sustained(length > start + 3 * sigma, 5)
-    onset = int(steps[run[0]]) if run else int(steps[np.argmax(length > (1 + d.LENGTH_GROWTH) * start)])
+    onset = int(steps[run[0]]) if run else int(steps[np.argmax(length > (1 + LENGTH_GROWTH) * start)])
     msg = (
         f"mean completion length rose from {fmt(start)} to {fmt(end)} tokens from step {onset} while "
         f"length predicts reward (Spearman {rho:.2f}) and correctness did not rise"
@@ -63,9 +83,9 @@ def length_hacking(view: RunView) -> list[Finding]:
     evidence = {
         "statistic": "Mann-Kendall on per-step mean length; median over steps of Spearman(length, reward)",
         "values": {"start": start, "end": end, "spearman": rho, **tr.as_dict()},
-        "thresholds": {"growth": d.LENGTH_GROWTH, "rho": d.LENGTH_RHO, "alpha": TREND_ALPHA},
+        "thresholds": {"growth": LENGTH_GROWTH, "rho": LENGTH_RHO, "alpha": TREND_ALPHA},
     }
-    longest = s[s["step"] >= onset].nlargest(3, ["length", "reward"])
+    longest = s[s[SAMPLE.step] >= onset].nlargest(3, [SAMPLE.length, SAMPLE.reward])
     tokens = tuple(
         TokenEvidence(
             step=int(r.step), sample_id=int(r.sample_id), text=str(r.completion)[-80:], share_of="count"
@@ -94,18 +114,19 @@ def length_hacking(view: RunView) -> list[Finding]:
 def truncated_completions(view: RunView, limit: int) -> tuple[pd.DataFrame, bool]:
     """[step, sample_id, truncated] per completion and whether end tokens were read from the tokens table
     (exact) or only the length is known (estimate: a completion at the limit may have ended there)."""
-    s = view.samples[["step", "sample_id", "length", "completion"]].dropna(subset=["length"])
+    key = [SAMPLE.step, SAMPLE.sample_id]  # a completion: its tokens' step and sample_id too
+    s = view.samples[[*key, SAMPLE.length, SAMPLE.completion]].dropna(subset=[SAMPLE.length])
     if view.has_tokens:
         last = view.sql(
-            "SELECT step, sample_id, arg_max(token_id, position) AS last_id, max(position) + 1 AS n "
-            "FROM tokens GROUP BY step, sample_id"
+            f"SELECT {TOK.step}, {TOK.sample_id}, arg_max({TOK.token_id}, {TOK.position}) AS last_id, "
+            f"max({TOK.position}) + 1 AS n FROM tokens GROUP BY {TOK.step}, {TOK.sample_id}"
         )
         short = last[last["n"] < limit]["last_id"].value_counts(normalize=True)
         ends = set(short[short >= END_TOKEN_SHARE].index)
         if ends:
             last["truncated"] = (last["n"] >= limit) & ~last["last_id"].isin(ends)
-            return s.merge(last[["step", "sample_id", "truncated"]], on=["step", "sample_id"]), True
-    return s.assign(truncated=s["length"] >= limit), False
+            return s.merge(last[[*key, "truncated"]], on=key), True
+    return s.assign(truncated=s[SAMPLE.length] >= limit), False
 
 
 def _truncated_share(view: RunView) -> tuple[np.ndarray, np.ndarray, pd.DataFrame | None, bool, str]:
@@ -130,8 +151,8 @@ def _truncated_share(view: RunView) -> tuple[np.ndarray, np.ndarray, pd.DataFram
 def truncation(view: RunView) -> list[Finding]:
     """Over 10 % of the completions (critical: 50 %) stop at max_new_tokens without an end token, 5 steps."""
     steps, share, flags, exact, limit = _truncated_share(view)
-    for level, threshold in (("critical", d.TRUNC_CRITICAL), ("warning", d.TRUNC_WARNING)):
-        run = sustained(share > threshold, d.TRUNC_SUSTAIN)
+    for level, threshold in (("critical", TRUNC_CRITICAL), ("warning", TRUNC_WARNING)):
+        run = sustained(share > threshold, TRUNC_SUSTAIN)
         if run is None:
             continue
         a, b = run
@@ -140,16 +161,16 @@ def truncation(view: RunView) -> list[Finding]:
             f"token over steps {steps[a]}-{steps[b - 1]}" + ("" if exact else " (estimate: by length only)")
         )
         evidence = {
-            "statistic": f"share of truncated completions per step, {d.TRUNC_SUSTAIN} steps in a row",
+            "statistic": f"share of truncated completions per step, {TRUNC_SUSTAIN} steps in a row",
             "values": {
                 "mean_share": float(share[a:b].mean()),
                 "max_new_tokens": view.settings.max_new_tokens,
                 "exact": exact,
             },
             "thresholds": {
-                "warning": d.TRUNC_WARNING,
-                "critical": d.TRUNC_CRITICAL,
-                "sustain": d.TRUNC_SUSTAIN,
+                "warning": TRUNC_WARNING,
+                "critical": TRUNC_CRITICAL,
+                "sustain": TRUNC_SUSTAIN,
             },
         }
         actions = (
@@ -164,7 +185,7 @@ def truncation(view: RunView) -> list[Finding]:
 def _truncated_examples(flags: pd.DataFrame | None, first: int, last: int, exact: bool) -> tuple:
     if flags is None:
         return ()
-    hits = flags[flags["truncated"] & flags["step"].between(first, last)].head(3)
+    hits = flags[flags["truncated"] & flags[SAMPLE.step].between(first, last)].head(3)
     return tuple(
         TokenEvidence(
             step=int(r.step),
@@ -177,17 +198,17 @@ def _truncated_examples(flags: pd.DataFrame | None, first: int, last: int, exact
     )
 
 
-def seq_rep(text: str, n: int = d.REP_N) -> float:
+def seq_rep(text: str, n: int = REP_N) -> float:
     """1 - distinct n-grams / n-grams of the whitespace words (Welleck et al., arXiv 1908.04319); NaN below
     REP_MIN_WORDS words."""
     words = str(text).split()
-    if len(words) < max(d.REP_MIN_WORDS, n):
+    if len(words) < max(REP_MIN_WORDS, n):
         return float("nan")
     grams = list(zip(*(words[i:] for i in range(n))))  # the n-grams, as tuples of words
     return 1.0 - len(set(grams)) / len(grams)
 
 
-def loop(text: str, max_period: int = d.REP_MAX_PERIOD) -> tuple[int, int]:
+def loop(text: str, max_period: int = REP_MAX_PERIOD) -> tuple[int, int]:
     """(copies, first word) of the longest back-to-back repetition of one span of 1..max_period
     whitespace words; (1, 0) without one."""
     words = str(text).split()
@@ -212,14 +233,14 @@ def loop(text: str, max_period: int = d.REP_MAX_PERIOD) -> tuple[int, int]:
 
 def _repetitive(s: pd.DataFrame) -> pd.DataFrame:
     """The samples with seq-rep and loop columns; repetitive = seq-rep-3 above the ratio and a loop."""
-    rep = s["completion"].map(seq_rep)
+    rep = s[SAMPLE.completion].map(seq_rep)
     s = s.assign(rep=rep)[rep.notna()]
-    loops = s.loc[s["rep"] > d.REP_RATIO, "completion"].map(loop)  # only where seq-rep is high: cheaper
+    loops = s.loc[s["rep"] > REP_RATIO, SAMPLE.completion].map(loop)  # only where seq-rep is high: cheaper
     found = pd.DataFrame(loops.tolist(), index=loops.index, columns=["copies", "loop_at"], dtype="int64")
     found = found.reindex(s.index).fillna({"copies": 1, "loop_at": 0}).astype("int64")
     s = s.assign(copies=found["copies"], loop_at=found["loop_at"])
     copies = s["copies"]
-    return s.assign(repetitive=(s["rep"] > d.REP_RATIO) & (copies >= d.REP_LOOP))
+    return s.assign(repetitive=(s["rep"] > REP_RATIO) & (copies >= REP_LOOP))
 
 
 @detector("repetition", tables=("samples",), page="inspector")
@@ -227,32 +248,32 @@ def repetition(view: RunView) -> list[Finding]:
     """Over 20 % of a step's completions loop (a span written 3 times back to back, over half of their
     3-grams repeated), 5 steps in a row."""
     s = view.samples
-    if s.empty or s["completion"].isna().all():
+    if s.empty or s[SAMPLE.completion].isna().all():
         return []
     s = _repetitive(s)
     if s.empty:
         return []
     steps, share = _per_step(s, "repetitive")
-    run = sustained(share > d.REP_SHARE, d.REP_SUSTAIN)
+    run = sustained(share > REP_SHARE, REP_SUSTAIN)
     if run is None:
         return []
     a, b = run
     msg = (
-        f"{pct(float(share[a:b].mean()))} of the completions loop (a span written {d.REP_LOOP}+ times back "
-        f"to back, seq-rep-{d.REP_N} > {d.REP_RATIO}) over steps {steps[a]}-{steps[b - 1]}"
+        f"{pct(float(share[a:b].mean()))} of the completions loop (a span written {REP_LOOP}+ times back "
+        f"to back, seq-rep-{REP_N} > {REP_RATIO}) over steps {steps[a]}-{steps[b - 1]}"
     )
     evidence = {
-        "statistic": f"seq-rep-{d.REP_N} and back-to-back copies per completion; share looping, sustained",
+        "statistic": f"seq-rep-{REP_N} and back-to-back copies per completion; share looping, sustained",
         "values": {"mean_share": float(share[a:b].mean())},
         "thresholds": {
-            "ratio": d.REP_RATIO,
-            "loop": d.REP_LOOP,
-            "share": d.REP_SHARE,
-            "sustain": d.REP_SUSTAIN,
-            "n": d.REP_N,
+            "ratio": REP_RATIO,
+            "loop": REP_LOOP,
+            "share": REP_SHARE,
+            "sustain": REP_SUSTAIN,
+            "n": REP_N,
         },
     }
-    hit = s[s["step"].between(steps[a], steps[b - 1]) & s["repetitive"]]
+    hit = s[s[SAMPLE.step].between(steps[a], steps[b - 1]) & s["repetitive"]]
     tokens = tuple(
         TokenEvidence(
             step=int(r.step),
@@ -283,17 +304,17 @@ def repetition(view: RunView) -> list[Finding]:
 def format_gaming(view: RunView) -> list[Finding]:
     """Reward rises while correctness does not: the reward - correct gap grows by 0.2 (Mann-Kendall)."""
     s = view.samples
-    if s.empty or "correct" not in s.columns or s["correct"].isna().all() or s["reward"].isna().all():
+    if s.empty or _CORRECT not in s.columns or s[_CORRECT].isna().all() or s[SAMPLE.reward].isna().all():
         return []
-    s = s.assign(gap=s["reward"] - s["correct"].astype(float))
+    s = s.assign(gap=s[SAMPLE.reward] - s[_CORRECT].astype(float))
     steps, gap = _per_step(s, "gap")
     if steps.size < 10:
         return []
     tr = trend(gap, steps)
-    start, end, _ = _ends(gap)
-    if not tr.rising(TREND_ALPHA) or end - start < d.FORMAT_GAP or _correct_rising(s):
+    start, end, _ = window_medians(gap)
+    if not tr.rising(TREND_ALPHA) or end - start < FORMAT_GAP or _correct_rising(s):
         return []
-    onset = int(steps[np.argmax(gap > start + d.FORMAT_GAP)])
+    onset = int(steps[np.argmax(gap > start + FORMAT_GAP)])
     msg = (
         f"reward rose {fmt(end - start)} above correctness (gap {fmt(start)} -> {fmt(end)}) from step "
         f"{onset} while correctness did not rise: the reward pays for something else (format?)"
@@ -301,9 +322,9 @@ def format_gaming(view: RunView) -> list[Finding]:
     evidence = {
         "statistic": "Mann-Kendall on per-step mean(reward - correct); correctness trend",
         "values": {"start": start, "end": end, **tr.as_dict()},
-        "thresholds": {"gap": d.FORMAT_GAP, "alpha": TREND_ALPHA},
+        "thresholds": {"gap": FORMAT_GAP, "alpha": TREND_ALPHA},
     }
-    gamed = s[(s["step"] >= onset) & (s["correct"] == 0)].nlargest(3, "reward")
+    gamed = s[(s[SAMPLE.step] >= onset) & (s[_CORRECT] == 0)].nlargest(3, SAMPLE.reward)
     tokens = tuple(
         TokenEvidence(
             step=int(r.step), sample_id=int(r.sample_id), text=str(r.completion)[:80], share_of="count"

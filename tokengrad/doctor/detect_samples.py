@@ -1,5 +1,5 @@
-"""Detectors on the samples table: advantage collapse (all-correct vs all-wrong groups), degenerate groups,
-length reward hacking, truncation at max_new_tokens, repetition and format gaming."""
+"""Detectors on the samples table: advantage collapse (all-correct vs all-wrong groups) and degenerate
+groups (what the completions say, length hacking to format gaming: tokengrad.doctor.detect_outputs)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from tokengrad.doctor.finding import Action, Finding, NotChecked, TokenEvidence
 from tokengrad.doctor.registry import detector, pct
 from tokengrad.doctor.stats import sustained
 from tokengrad.doctor.view import RunView
+from tokengrad.schema import SAMPLE, SAMPLE_EXTRA
 
 # Advantage collapse: share of a step's groups whose rewards are all equal (zero advantage, GRPO arXiv
 # 2402.03300 Eq. 3); DAPO (arXiv 2503.14476 Sec. 3.2) reports the all-correct share growing during training.
@@ -19,33 +20,10 @@ COLLAPSE_SUSTAIN = 5
 # Degenerate groups: every completion of the group is the same text (no exploration left).
 DEGENERATE_WARNING = 0.5  # tokengrad default
 DEGENERATE_SUSTAIN = 5
-# Length hacking (Singhal et al., arXiv 2310.03716: RLHF gains largely from length): mean length rises
-# LENGTH_GROWTH of its start, rank correlation of length and reward above LENGTH_RHO, correctness flat.
-LENGTH_GROWTH = 0.5
-LENGTH_RHO = 0.2
-# Truncation: completions that reach max_new_tokens without an end token (DAPO arXiv 2503.14476 Sec. 3.4:
-# truncated samples add reward noise; overlong shaping).
-TRUNC_WARNING = 0.1
-TRUNC_CRITICAL = 0.5
-TRUNC_SUSTAIN = 5
-# Repetition: seq-rep-n = 1 - distinct n-grams / n-grams of a completion (Welleck et al., arXiv 1908.04319).
-REP_N = 3
-REP_MIN_WORDS = 8
-REP_RATIO = 0.5
-REP_SHARE = 0.2
-REP_SUSTAIN = 5
-# ... and loops: one span of <= REP_MAX_PERIOD words written >= REP_LOOP times back to back, the degenerate
-# repetition of Holtzman et al. (arXiv 1904.09751 Sec. 2). Templated reasoning (a checked K&K trace, a tool
-# call format) reuses most of its 3-grams without ever repeating a span back to back: lab-kk's correct
-# 3-person traces have seq-rep-3 > 0.5 in 61 % of puzzles and no loop.
-REP_LOOP = 3
-REP_MAX_PERIOD = 32
-# Format gaming: reward rises (Mann-Kendall) while correctness does not; the gap grows by FORMAT_GAP.
-FORMAT_GAP = 0.2
 
 
 def _per_step_share(flags: pd.DataFrame, column: str) -> tuple[np.ndarray, np.ndarray]:
-    per = flags.groupby("step")[column].mean()
+    per = flags.groupby(SAMPLE.step)[column].mean()
     return per.index.to_numpy().astype(int), per.to_numpy(dtype=float)
 
 
@@ -53,12 +31,16 @@ def _groups(view: RunView) -> pd.DataFrame:
     s = view.samples
     if s.empty:
         raise NotChecked("the run records no samples (rewards per completion)")
-    if s["reward"].isna().all():
+    if s[SAMPLE.reward].isna().all():
         raise NotChecked("no completion has a reward (every recorded reward is NaN)")
-    s = s.assign(correct_=s["correct"] if "correct" in s.columns else np.nan)
-    top, bottom = float(s["reward"].max()), float(s["reward"].min())
-    g = s.groupby(["step", "group_id"]).agg(
-        n=("reward", "size"), lo=("reward", "min"), hi=("reward", "max"), c=("correct_", "mean")
+    correct = SAMPLE_EXTRA.correct
+    s = s.assign(correct_=s[correct] if correct in s.columns else np.nan)
+    top, bottom = float(s[SAMPLE.reward].max()), float(s[SAMPLE.reward].min())
+    g = s.groupby([SAMPLE.step, SAMPLE.group_id]).agg(
+        n=(SAMPLE.reward, "size"),
+        lo=(SAMPLE.reward, "min"),
+        hi=(SAMPLE.reward, "max"),
+        c=("correct_", "mean"),
     )
     g = g[g["n"] >= 2].reset_index()
     g["zero"] = g["lo"] == g["hi"]
@@ -80,7 +62,7 @@ def advantage_collapse(view: RunView) -> list[Finding]:
         if run is None:
             continue
         a, b = run
-        span = g[g["step"].between(steps[a], steps[b - 1])]
+        span = g[g[SAMPLE.step].between(steps[a], steps[b - 1])]
         n_zero = int(span["zero"].sum())
         ac, aw = int(span["all_correct"].sum()), int(span["all_wrong"].sum())
         msg = (
@@ -118,7 +100,7 @@ def _group_samples(view: RunView, groups: pd.DataFrame, k: int = 3) -> tuple[Tok
     s = view.samples
     out = []
     for row in groups.head(k).itertuples():
-        hit = s[(s["step"] == row.step) & (s["group_id"] == row.group_id)].head(1)
+        hit = s[(s[SAMPLE.step] == row.step) & (s[SAMPLE.group_id] == row.group_id)].head(1)
         for r in hit.itertuples():
             out.append(
                 TokenEvidence(
@@ -136,9 +118,11 @@ def _group_samples(view: RunView, groups: pd.DataFrame, k: int = 3) -> tuple[Tok
 def degenerate_groups(view: RunView) -> list[Finding]:
     """Over half of a step's groups answer with one identical completion, 5 steps in a row."""
     s = view.samples
-    if s.empty or s["completion"].isna().all():
+    if s.empty or s[SAMPLE.completion].isna().all():
         return []
-    g = s.groupby(["step", "group_id"]).agg(n=("completion", "size"), u=("completion", "nunique"))
+    g = s.groupby([SAMPLE.step, SAMPLE.group_id]).agg(
+        n=(SAMPLE.completion, "size"), u=(SAMPLE.completion, "nunique")
+    )
     g = g[g["n"] >= 2].reset_index()
     g["same"] = g["u"] == 1
     steps, share = _per_step_share(g, "same")
@@ -153,7 +137,7 @@ def degenerate_groups(view: RunView) -> list[Finding]:
         "values": {"mean_share": float(share[a:b].mean())},
         "thresholds": {"warning": DEGENERATE_WARNING, "sustain": DEGENERATE_SUSTAIN},
     }
-    span = g[g["step"].between(steps[a], steps[b - 1]) & g["same"]]
+    span = g[g[SAMPLE.step].between(steps[a], steps[b - 1]) & g["same"]]
     actions = (Action("raise the sampling temperature or the group size", "arXiv 2402.03300 Sec. 4"),)
     return [
         Finding(

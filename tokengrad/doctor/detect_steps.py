@@ -1,5 +1,5 @@
-"""Detectors on the steps table: entropy collapse, KL blow-up, clip saturation, reward-std death,
-non-finite values, gradient-norm drift, throughput decay, dead-step streaks and dropped rows.
+"""Detectors on the steps table: entropy collapse, KL blow-up and clip saturation (the run's health on the
+same table: tokengrad.doctor.detect_health).
 
 Every default is a module constant with its source; "tokengrad default" marks a value chosen here where no
 published number exists (docs/doctor.md lists them all).
@@ -10,11 +10,12 @@ from __future__ import annotations
 import numpy as np
 
 from tokengrad.doctor.finding import Action, Finding, NotChecked
-from tokengrad.doctor.registry import detector, fmt, pct, window
+from tokengrad.doctor.registry import detector, fmt, pct, window_medians
 from tokengrad.doctor.stats import confidence_from_p, sustained, sustained_confidence, trend
+from tokengrad.doctor.thresholds import TREND_ALPHA
 from tokengrad.doctor.view import RunView
+from tokengrad.schema import STEP
 
-TREND_ALPHA = 0.01  # Mann-Kendall two-sided p-value below which a trend counts (tokengrad default)
 # Entropy collapse (Cui et al., arXiv 2505.22617: entropy falls sharply early in RL and performance then
 # saturates, R = -a exp(H) + b): end-window median below ENTROPY_DROP x the start-window median, falling.
 ENTROPY_DROP = 0.5  # tokengrad default: half of the starting entropy
@@ -29,34 +30,17 @@ KL_SUSTAIN = 3  # consecutive steps (tokengrad default)
 CLIP_WARNING = 0.2
 CLIP_CRITICAL = 0.5
 CLIP_SUSTAIN = 5
-# Reward std of the batch: no learning signal left (GRPO, arXiv 2402.03300 Eq. 3: A = (r - mean) / std).
-REWARD_STD_FLOOR = 0.01
-REWARD_STD_SUSTAIN = 5
-REWARD_STD_CRITICAL_SUSTAIN = 20
-# Dead steps (grad_norm exactly 0: every advantage 0): DAPO (arXiv 2503.14476 Sec. 3.2) filters such
-# groups with dynamic sampling.
-DEAD_STREAK_WARNING = 5
-DEAD_STREAK_CRITICAL = 20
-# Gradient-norm drift: the end-window median this many times the start-window median, rising.
-GRAD_DRIFT_RATIO = 10.0
-# Throughput decay: the end-window median step time this many times the start window's, rising.
-THROUGHPUT_RATIO = 1.5
 
 _SPINNING_UP = "OpenAI Spinning Up, PPO (target_kl); Huang et al. 2022, The 37 implementation details of PPO"
-
-
-def _ends(values: np.ndarray) -> tuple[float, float, int]:
-    w = window(values.size)
-    return float(np.median(values[:w])), float(np.median(values[-w:])), w
 
 
 @detector("entropy_collapse", tables=("steps",))
 def entropy_collapse(view: RunView) -> list[Finding]:
     """Mean token entropy falls to a fraction of its start (Mann-Kendall falling, end/start medians)."""
-    steps, h = view.need("entropy_mean", "token entropy")
+    steps, h = view.need(STEP.entropy_mean, "token entropy")
     if h.size < 10:
         raise NotChecked(f"{h.size} steps record the entropy, the trend needs 10")
-    start, end, w = _ends(h)
+    start, end, w = window_medians(h)
     tr = trend(h, steps)
     if start <= 0 or not tr.falling(TREND_ALPHA) or end >= ENTROPY_DROP * start:
         return []
@@ -123,14 +107,14 @@ def _sustained_finding(view, name, column, warn, crit, k, unit, actions, source)
 @detector("kl_blowup", tables=("steps",))
 def kl_blowup(view: RunView) -> list[Finding]:
     """KL to the reference stays above 0.1 nats (critical: 1 nat) for 3 steps."""
-    if view.settings.beta == 0 and view.column("kl") is None:
+    if view.settings.beta == 0 and view.column(STEP.kl) is None:
         raise NotChecked("beta = 0: the run has no KL to a reference model")
     actions = (
         Action("raise beta or lower the learning rate", _SPINNING_UP),
         Action("check the reference model and the KL estimator (k3)", "Schulman 2020, Approximating KL"),
     )
     return _sustained_finding(
-        view, "kl_blowup", "kl", KL_WARNING, KL_CRITICAL, KL_SUSTAIN, " nats", actions, _SPINNING_UP
+        view, "kl_blowup", STEP.kl, KL_WARNING, KL_CRITICAL, KL_SUSTAIN, " nats", actions, _SPINNING_UP
     )
 
 
@@ -145,7 +129,7 @@ def clip_saturation(view: RunView) -> list[Finding]:
     return _sustained_finding(
         view,
         "clip_saturation",
-        "clip_frac",
+        STEP.clip_frac,
         CLIP_WARNING,
         CLIP_CRITICAL,
         CLIP_SUSTAIN,

@@ -7,14 +7,14 @@ import numpy as np
 import pandas as pd
 
 from tokengrad.doctor.culprits import culprits, lead_first, summarize
-from tokengrad.doctor.detect_steps import TREND_ALPHA
 from tokengrad.doctor.finding import Action, Finding, share_note
 from tokengrad.doctor.registry import detector, fmt, pct
 from tokengrad.doctor.spike_rule import SPIKE_MIN_STEPS, SPIKE_Z, robust_z
 from tokengrad.doctor.stats import confidence_from_excess, sign_test_greater, trend
+from tokengrad.doctor.thresholds import TREND_ALPHA
 from tokengrad.doctor.view import RunView
 from tokengrad.read.headline import DEFINITION, UPDATE_SHARE_NAME, low_prob_label, low_prob_shares
-from tokengrad.schema import REPLAY_K, TOTAL_LAYER
+from tokengrad.schema import BUCKET, LAYER, REPLAY_K, RESIDUAL_BUCKET, STEP, TOK, TOTAL_LAYER
 
 # Spike: modified z-score above 3.5 (Iglewicz & Hoaglin 1993; doctor/spike_rule.py, shared with the
 # recorder's on-spike attribution); critical when also 10x the median live norm and z above 10 (tokengrad
@@ -44,27 +44,29 @@ _LOPTI = "AR-Lopti, arXiv 2505.12929"
 
 
 def grad_norm_series(view: RunView) -> pd.DataFrame:
-    """[step, grad_norm]: the layers table's whole-model norm (max over updates), else the steps table's."""
+    """[step, grad_norm]: the layers table's whole-model norm (max over updates), else the steps table's
+    (the two tables name the columns alike)."""
     lay = view.layers
-    if not lay.empty and (lay["layer"] == TOTAL_LAYER).any():
-        tot = lay[lay["layer"] == TOTAL_LAYER].groupby("step", as_index=False)["grad_norm"].max()
-        if tot["grad_norm"].notna().any():
+    if not lay.empty and (lay[LAYER.layer] == TOTAL_LAYER).any():
+        total = lay[lay[LAYER.layer] == TOTAL_LAYER]
+        tot = total.groupby(LAYER.step, as_index=False)[LAYER.grad_norm].max()
+        if tot[LAYER.grad_norm].notna().any():
             return tot
     st = view.steps
-    if st.empty or "grad_norm" not in st.columns:
-        return pd.DataFrame(columns=["step", "grad_norm"])
-    return st[["step", "grad_norm"]].dropna()
+    if st.empty or STEP.grad_norm not in st.columns:
+        return pd.DataFrame(columns=[STEP.step, STEP.grad_norm])
+    return st[[STEP.step, STEP.grad_norm]].dropna()
 
 
 def spikes(gn: pd.DataFrame) -> pd.DataFrame:
     """[step, grad_norm, z, ratio] of the live steps whose robust z exceeds SPIKE_Z, largest first."""
-    g = gn["grad_norm"].to_numpy(dtype=float)
+    g = gn[STEP.grad_norm].to_numpy(dtype=float)
     live = np.isfinite(g) & (g > 0)
     if live.sum() < SPIKE_MIN_STEPS:
-        return pd.DataFrame(columns=["step", "grad_norm", "z", "ratio"])
+        return pd.DataFrame(columns=[STEP.step, STEP.grad_norm, "z", "ratio"])
     z = robust_z(g[live])
     out = gn[live].assign(z=z, ratio=g[live] / np.median(g[live]))
-    return out[out["z"] > SPIKE_Z].sort_values(["z", "step"], ascending=[False, True])
+    return out[out["z"] > SPIKE_Z].sort_values(["z", STEP.step], ascending=[False, True])
 
 
 @detector("gradient_spike", tables=("steps", "layers", "tokens"), page="inspector", per_event=True)
@@ -92,7 +94,7 @@ def gradient_spike(view: RunView) -> list[Finding]:
                 "grad_norm": float(row.grad_norm),
                 "z": float(row.z),
                 "ratio_to_median": float(row.ratio),
-                **{f"grad_norm_without_top{k}": v for k, v in replay.items()},
+                **{_replay_column(k): v for k, v in replay.items()},
             },
             "thresholds": {
                 "z": SPIKE_Z,
@@ -114,12 +116,17 @@ def replayed_norms(view: RunView, step: int) -> dict[int, float]:
     """{k: the step's pre-clip gradient norm without its top-k culprit tokens} where the recorder replayed it
     (steps.grad_norm_without_top{k}, Attribution(on_spike=True): exact, by backward passes)."""
     st = view.steps
-    cols = {k: f"grad_norm_without_top{k}" for k in REPLAY_K if f"grad_norm_without_top{k}" in st.columns}
-    at = st[st["step"] == step] if cols else st.iloc[:0]
+    cols = {k: _replay_column(k) for k in REPLAY_K if _replay_column(k) in st.columns}
+    at = st[st[STEP.step] == step] if cols else st.iloc[:0]
     if at.empty:
         return {}
     values = {k: pd.to_numeric(at[c], errors="coerce").iloc[0] for k, c in cols.items()}  # null in older runs
     return {k: float(v) for k, v in values.items() if np.isfinite(v)}
+
+
+def _replay_column(k: int) -> str:
+    """steps.grad_norm_without_top{k}, through the schema (AttributeError for a k it does not record)."""
+    return getattr(STEP, f"grad_norm_without_top{k}")
 
 
 def _replay_clause(replay: dict[int, float], row) -> str:
@@ -137,7 +144,7 @@ def _bucket_rows(view: RunView) -> pd.DataFrame:
     b = view.buckets
     if b.empty:
         return b
-    return b[(b["bucket"] != "residual") & b["lo"].notna() & (b["n_tokens"] > 0)]
+    return b[(b[BUCKET.bucket] != RESIDUAL_BUCKET) & b[BUCKET.lo].notna() & (b[BUCKET.n_tokens] > 0)]
 
 
 @detector("low_prob_dominance", tables=("buckets",), page="buckets")
@@ -146,20 +153,20 @@ def low_prob_dominance(view: RunView) -> list[Finding]:
     definition the dashboard, export and docs quote (tokengrad.read.headline: pooled over the analysed
     updates, each counted by its squared size; exact), with the trend of the lowest bucket's share."""
     b = _bucket_rows(view)
-    if b.empty or b["update_share"].isna().all():
+    if b.empty or b[BUCKET.update_share].isna().all():
         return []
-    low = b[b["lo"] == b["lo"].min()].dropna(subset=["update_share", "token_share"])
-    low = low[low["token_share"] > 0]
+    low = b[b[BUCKET.lo] == b[BUCKET.lo].min()].dropna(subset=[BUCKET.update_share, BUCKET.token_share])
+    low = low[low[BUCKET.token_share] > 0]
     if len(low) < 2:
         return []
-    h = low_prob_shares(view.run, None if view.upto is None else (int(b["step"].min()), view.upto))
+    h = low_prob_shares(view.run, None if view.upto is None else (int(b[BUCKET.step].min()), view.upto))
     share, tok = h.update_share, h.token_share
     if not (np.isfinite(share) and tok > 0):
         return []
     ratio = share / tok
     if share < LOW_SHARE or ratio < LOW_RATIO:
         return []
-    tr = trend(low["update_share"].to_numpy(), low["step"].to_numpy())
+    tr = trend(low[BUCKET.update_share].to_numpy(), low[BUCKET.step].to_numpy())
     direction = "rising" if tr.rising(TREND_ALPHA) else "falling" if tr.falling(TREND_ALPHA) else "flat"
     msg = (
         f"tokens with {low_prob_label(h.below)} are {pct(tok)} of the loss tokens but make {pct(share)} of "
@@ -178,9 +185,9 @@ def low_prob_dominance(view: RunView) -> list[Finding]:
         "thresholds": {"share": LOW_SHARE, "ratio": LOW_RATIO},
         "exact": True,
     }
-    last = int(low["step"].max())
+    last = int(low[BUCKET.step].max())
     tokens = tuple(
-        t for t in culprits(view, last, CULPRITS_K) if t.prob is not None and t.prob < low["hi"].iloc[0]
+        t for t in culprits(view, last, CULPRITS_K) if t.prob is not None and t.prob < low[BUCKET.hi].iloc[0]
     )
     actions = (
         Action("separate the low-probability tokens' update (Lopti) or reweight them", _LOPTI),
@@ -191,7 +198,7 @@ def low_prob_dominance(view: RunView) -> list[Finding]:
             "low_prob_dominance",
             "warning",
             confidence_from_excess(ratio, LOW_RATIO),
-            int(low["step"].min()),
+            int(low[BUCKET.step].min()),
             last,
             msg,
             evidence,
@@ -207,8 +214,8 @@ def high_prob_drag(view: RunView) -> list[Finding]:
     b = _bucket_rows(view)
     if b.empty:
         return []
-    high = b[b["lo"] >= HIGH_LO - 1e-6].dropna(subset=["correct_ratio"])
-    per = high.groupby("step")["correct_ratio"].mean()  # several high buckets (deciles): their mean
+    high = b[b[BUCKET.lo] >= HIGH_LO - 1e-6].dropna(subset=[BUCKET.correct_ratio])
+    per = high.groupby(BUCKET.step)[BUCKET.correct_ratio].mean()  # several high buckets (deciles): their mean
     if len(per) < HIGH_MIN_STEPS:
         return []
     median = float(per.median())
@@ -246,19 +253,19 @@ def zeroed_gradients(view: RunView) -> list[Finding]:
     weighting rule silently removes their gradient. Tokens a host's mask removed (tokens.masked: an IS or
     rollout-correction mask, with its reason in masked_by) are the masked_sequences detector's, not this
     one's."""
-    cols = view.token_columns()
-    if not {"coef", "weight", "advantage", "clipped"} <= cols:
+    if not view.has_token_columns(TOK.coef, TOK.weight, TOK.advantage, TOK.clipped):
         return []
-    unmasked = " AND NOT coalesce(masked, false)" if "masked" in cols else ""
+    unmasked = f" AND NOT coalesce({TOK.masked}, false)" if view.has_token_columns(TOK.masked) else ""
+    zeroed = f"{TOK.coef} = 0 OR {TOK.weight} = 0"
     # any zeroed token at all? (two columns read; a healthy run, with none, ends here)
-    if not view.sql("SELECT count(*) AS n FROM tokens WHERE coef = 0 OR weight = 0")["n"].iloc[0]:
+    if not view.sql(f"SELECT count(*) AS n FROM tokens WHERE {zeroed}")["n"].iloc[0]:
         return []
     per = view.sql(
-        "SELECT step, count(*) AS n, count(*) FILTER (WHERE coef = 0 OR weight = 0) AS zero, "
-        "max(prob) FILTER (WHERE coef = 0 OR weight = 0) AS p_max, "
-        "min(prob) FILTER (WHERE coef = 0 OR weight = 0) AS p_min FROM tokens "
-        f"WHERE in_loss AND advantage != 0 AND NOT coalesce(clipped, false){unmasked} "
-        "GROUP BY step ORDER BY step"
+        f"SELECT {TOK.step}, count(*) AS n, count(*) FILTER (WHERE {zeroed}) AS zero, "
+        f"max({TOK.prob}) FILTER (WHERE {zeroed}) AS p_max, "
+        f"min({TOK.prob}) FILTER (WHERE {zeroed}) AS p_min FROM tokens "
+        f"WHERE {TOK.in_loss} AND {TOK.advantage} != 0 AND NOT coalesce({TOK.clipped}, false){unmasked} "
+        f"GROUP BY {TOK.step} ORDER BY {TOK.step}"
     )
     if per.empty or per["zero"].sum() == 0:
         return []
@@ -266,7 +273,7 @@ def zeroed_gradients(view: RunView) -> list[Finding]:
     if share < ZERO_WARNING:
         return []
     hit = per[per["zero"] > 0]
-    first, last = int(hit["step"].min()), int(hit["step"].max())
+    first, last = int(hit[TOK.step].min()), int(hit[TOK.step].max())
     p_lo, p_hi = float(hit["p_min"].min()), float(hit["p_max"].max())
     rule = (view.meta.get("weighting") or {}).get("name", "?")
     msg = (

@@ -13,6 +13,8 @@ Detectors are deterministic: the same run gives the same findings.
 
 from __future__ import annotations
 
+import numpy as np
+
 from tokengrad.registry import Registry
 
 DETECTORS: Registry = Registry("detector")
@@ -38,6 +40,13 @@ def window(n: int, share: float = 0.1, least: int = 5) -> int:
     """Size of the start and end windows of an n-step series: a tenth of it, at least `least` steps, at
     most half of it."""
     return max(1, min(n // 2, max(least, int(round(n * share)))))
+
+
+def window_medians(values) -> tuple[float, float, int]:
+    """Medians of the start and end windows of a series (`window`) and the window size."""
+    x = np.asarray(values, dtype=float)
+    w = window(x.size)
+    return float(np.median(x[:w])), float(np.median(x[-w:])), w
 
 
 def fmt(x: float) -> str:

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from tokengrad.registry import Registry
+from tokengrad.schema import SAMPLE, STEP_EXTRA
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ def _trl(cfg: dict, meta: dict) -> RunSettings:
         num_iterations=_int(args.get("num_iterations")),
         eps_low=eps,
         eps_high=_num(args.get("epsilon_high")) if args.get("epsilon_high") is not None else eps,
-        metrics={"truncated_share": "trl_completions_clipped_ratio"},
+        metrics={"truncated_share": STEP_EXTRA.trl_completions_clipped_ratio},
     )
 
 
@@ -117,7 +118,7 @@ def _trainer(cfg: dict, meta: dict) -> RunSettings:
         max_new_tokens=_int(cfg.get("max_new_tokens")),
         loss_type=_str(cfg.get("aggregation")),
         group_size=_int(cfg.get("group_size")),
-        reward_columns=("reward",),
+        reward_columns=(SAMPLE.reward,),
         temperature=_temperature(cfg, meta),
         beta=_num(cfg.get("beta")),
         num_iterations=_int(cfg.get("num_iterations")),

@@ -6,6 +6,10 @@
     view.sql("SELECT ... FROM tokens WHERE step = ?", [142])
     view.settings.max_new_tokens                # the run's settings, whatever recorded it (settings.py)
     view.need("kl")                             # a column, or NotChecked("the run records no kl")
+    view.has_token_columns("masked", "masked_by")   # the tokens table has these columns
+
+Detectors name every column through tokengrad.schema (`view.need(STEP.kl)`, f"SELECT {TOK.prob} ..."), so
+a renamed column fails tests/test_doctor_columns.py instead of silently turning a detector off.
 
 Every table is cut at `upto` (the last committed step the live doctor has seen), so a detector looking at a
 running run sees exactly the steps written so far.
@@ -22,11 +26,11 @@ import pandas as pd
 from tokengrad.doctor.finding import NotChecked
 from tokengrad.doctor.settings import RunSettings, settings_of
 from tokengrad.read.runs import Run, load_run
-from tokengrad.schema import STEP
+from tokengrad.schema import STEP, TOK
 
 # ranks of one step merge by: a sum for counts and times, a max for the gradient norm, else the mean
-_SUMMED = {"n_tokens", "n_nonfinite", "n_token_rows", "groups_generated", "groups_kept"}
-_MAXED = {"grad_norm", "ds_grad_norm", "time_step", "time_record", "weight_max"}
+_SUMMED = {STEP.n_tokens, STEP.n_nonfinite, STEP.n_token_rows, STEP.groups_generated, STEP.groups_kept}
+_MAXED = {STEP.grad_norm, STEP.ds_grad_norm, STEP.time_step, STEP.time_record, STEP.weight_max}
 
 
 class RunView:
@@ -57,19 +61,19 @@ class RunView:
         return settings_of(self.meta)
 
     def _cut(self, df: pd.DataFrame) -> pd.DataFrame:
-        if self.upto is None or df.empty or "step" not in df.columns:
+        if self.upto is None or df.empty or STEP.step not in df.columns:  # every table's key: step, rank
             return df
-        return df[df["step"] <= self.upto].reset_index(drop=True)
+        return df[df[STEP.step] <= self.upto].reset_index(drop=True)
 
     @cached_property
     def steps(self) -> pd.DataFrame:
         """One row per step: the ranks' rows merged (sums of counts, max of norms and times, else means)."""
         df = self._cut(self.run.steps)
         if df.empty or self.meta.get("world_size", 1) in (None, 1):
-            return df.drop_duplicates("step", keep="last").reset_index(drop=True) if not df.empty else df
-        numeric = [c for c in df.select_dtypes("number").columns if c not in ("step", "rank")]
+            return df.drop_duplicates(STEP.step, keep="last").reset_index(drop=True) if not df.empty else df
+        numeric = [c for c in df.select_dtypes("number").columns if c not in (STEP.step, STEP.rank)]
         how = {c: "sum" if c in _SUMMED else "max" if c in _MAXED else "mean" for c in numeric}
-        return df.groupby("step", as_index=False).agg(how)
+        return df.groupby(STEP.step, as_index=False).agg(how)
 
     @cached_property
     def samples(self) -> pd.DataFrame:
@@ -109,13 +113,17 @@ class RunView:
         """A DuckDB query over the run's tables; `tokens` is cut at `upto` like the other tables."""
         if self.upto is not None:
             query = query.replace(
-                "FROM tokens", f"FROM (SELECT * FROM tokens WHERE step <= {int(self.upto)})"
+                "FROM tokens", f"FROM (SELECT * FROM tokens WHERE {TOK.step} <= {int(self.upto)})"
             )
         return self.run.sql(query, params)
 
     def token_columns(self) -> frozenset[str]:
         """Columns of the tokens view (asked of DuckDB once per view, like has_tokens)."""
         return self._token_columns
+
+    def has_token_columns(self, *names: str) -> bool:
+        """Whether the tokens view has every one of `names` (False for a run without token rows)."""
+        return set(names) <= self._token_columns
 
     @cached_property
     def _token_columns(self) -> frozenset[str]:

@@ -148,3 +148,14 @@ VOCAB_COL = _names("vocab")
 
 # Columns of the binned/aggregated frames that tokengrad.read.queries returns (not stored in the run format).
 BIN = SimpleNamespace(lo="lo", hi="hi", count="count")
+
+# Extra columns of the extensible tables (EXTENSIBLE) that a producer writes by name and a reader (the doctor)
+# looks for: not fixed columns, so a run may lack them; named here so the reader asks for the name written.
+SAMPLE_EXTRA = SimpleNamespace(
+    correct="correct",  # built-in trainer (train/sampling.py): the task's verifiable check passed, 0/1
+)
+STEP_EXTRA = SimpleNamespace(
+    # TRL's completions/clipped_ratio (the share of completions cut at max_completion_length), as the TRL
+    # attach names a logged metric: trl_ + its name (integrations/trl/logs.py)
+    trl_completions_clipped_ratio="trl_completions_clipped_ratio",
+)
