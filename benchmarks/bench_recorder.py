@@ -11,9 +11,12 @@ thread blocked <= 5 ms per step, writer >= 1 M token rows/s), plus the bucket an
 token_stats lean vs naive; benchmarks/README.md says how each is measured.
 
 A plain step is forward, fp32 log-softmax gather, a PPO-clip (GRPO) loss, backward, clip_grad_norm_ and an
-AdamW step; the instrumented step adds Recorder track(logits=...), backward, record_grad_norms, log and
-end_step. Plain and instrumented steps alternate (A B A B ...) after a warm-up pair and medians are
-reported: that cancels slow drift of a shared machine, not short bursts, so nothing here is asserted.
+AdamW step; the instrumented step adds Recorder track(logits=...), backward, log and end_step, and calls
+st.clip_grad_norm_ (norms recorded and gradients clipped from one read) in place of clip_grad_norm_.
+The training thread's blocked time is the recorder calls minus token_stats minus the plain step's own
+clip_grad_norm_, which the instrumented step does inside st.clip_grad_norm_. Plain and instrumented
+steps alternate (A B A B ...) after a warm-up pair and medians are reported: that cancels slow drift
+of a shared machine, not short bursts, so nothing here is asserted.
 The writer is flushed between steps outside the timed region, so its background work never lands in the
 next step's timing; the flush wait is reported on its own.
 """
@@ -116,7 +119,10 @@ def plain_step(model, opt, b: Batch, sp: Splits | None = None) -> float:
     loss.backward()
     if sp is not None:
         sp.add("backward", time.perf_counter() - t)
+    t = time.perf_counter()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    if sp is not None:
+        sp.add("clip", time.perf_counter() - t)
     opt.step()
     opt.zero_grad(set_to_none=True)
     return loss.item()
@@ -138,9 +144,8 @@ def instrumented_step(model, opt, b: Batch, rec: Recorder, step: int, sp: Splits
         )
     del logits
     st.backward(loss)
-    with sp("grad_norms"):
-        st.record_grad_norms()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    with sp("grad_norms"):  # norms before clipping, then torch's clip from the same read
+        st.clip_grad_norm_(1.0)
     opt.step()
     opt.zero_grad(set_to_none=True)
     value = loss.item()
@@ -227,8 +232,9 @@ def bench_steps(su: Setup, pairs: int, tmp: Path) -> dict:
     sp, stats_time = Splits(), Splits()
     with Recorder(tmp / f"steps-{su.name}", model=su.model) as rec, timed_token_stats(stats_time):
         for i in range(pairs + 1):
+            plain_sp = Splits()
             t = time.perf_counter()
-            plain_step(su.model, su.opt, su.batch)
+            plain_step(su.model, su.opt, su.batch, plain_sp)
             plain = time.perf_counter() - t
             inner = Splits()
             t = time.perf_counter()
@@ -256,7 +262,9 @@ def bench_steps(su: Setup, pairs: int, tmp: Path) -> dict:
                 ratio_wo_stats=(instr - ts) / plain,
                 token_stats=ts,
                 record_calls=calls,
-                blocked=calls - ts,
+                plain_clip=plain_sp.samples["clip"][-1],
+                # the clip itself is the plain step's work too: only tokengrad's part blocks beyond it
+                blocked=calls - ts - plain_sp.samples["clip"][-1],
                 **{k: sum(v) for k, v in inner.samples.items()},
             ).items():
                 sp.add(k, v)

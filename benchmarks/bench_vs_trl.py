@@ -8,11 +8,18 @@ Step time of the built-in trainer against TRL's GRPOTrainer, plain and with the 
 All three trainers get the same model, task (1-2 digit +/- arithmetic and its reward), prompts (rendered
 with the same chat template and response prefix), batch (B prompts x G completions), completion length,
 sampling temperature, learning rate, clip range, loss aggregation (token-mean) and precision (fp32), with
-no KL term, no evaluation and no bucket analysis:
+no KL term, no evaluation and (but for the last) no bucket analysis:
 
     ours          tokengrad's Trainer, step by step       one step = Trainer.step(step)
     trl           trl.GRPOTrainer(...).train()           one step = on_step_begin -> on_step_end
     trl+recorder  the same with tokengrad.integrations.trl.attach(trainer, run_dir)
+    trl+buckets   the same with attach(..., buckets=2): the bucket analysis on every other step
+
+The trl+buckets run gives the cost of an analysed step: the median step with bucket rows over the
+median step without, in the same run (target <= 1.5 in CPU time). Its reward adds the share of distinct
+characters to the arithmetic reward, so that every group has a spread of rewards and every token a
+non-zero coef: with the arithmetic reward alone most groups of an untrained model score 0, their coef is
+0 and their bucket passes are skipped, which would make the analysis look free.
 
 Each step is timed twice: wall seconds and CPU seconds of this process (time.process_time). With one
 torch thread (the default) CPU time does not grow when other jobs share the cores, so on a busy machine
@@ -44,6 +51,8 @@ from measure import SMOKE_HELP  # noqa: E402
 from tokengrad import load_run  # noqa: E402
 
 TARGET_OURS_TRL = 0.75  # issue 25: built-in trainer step / TRL step, same settings
+TARGET_BUCKET_STEP = 1.5  # issue 38: TRL step with bucket analysis / recorded step without
+BUCKET_EVERY = 2
 from tokengrad.train.config import make_config  # noqa: E402
 from tokengrad.train.models import load_model  # noqa: E402
 from tokengrad.train.rollout import render_prompt  # noqa: E402
@@ -114,26 +123,30 @@ def run_ours(a: argparse.Namespace, out: Path) -> tuple[StepTimer, dict]:
     return timer, {p: float(steps[p].median()) for p in PHASES if p in steps}
 
 
-def trl_trainer(a: argparse.Namespace, out: Path, name: str):
-    """TRL's GRPOTrainer on the same prompts, reward and settings as the built-in trainer."""
+def trl_trainer(a: argparse.Namespace, out: Path, name: str, spread: bool = False, steps: int = 0):
+    """TRL's GRPOTrainer on the same prompts, reward and settings as the built-in trainer (`spread`: plus
+    the share of distinct characters in the completion, which varies within every group)."""
     import trl
     from datasets import Dataset
     from transformers import TrainerCallback
 
     s = shared_settings(a)
     task = get_task(TASK, **TASK_PARAMS)
-    problems = task.train_problems(s["prompts_per_step"] * a.steps, s["seed"])
+    problems = task.train_problems(s["prompts_per_step"] * (steps or a.steps), s["seed"])
     model, tok = load_model(a.model, seed=s["seed"])
     data = Dataset.from_dict(
         {"prompt": [render_prompt(tok, p) for p in problems], "index": list(range(len(problems)))}
     )
 
     def arithmetic_reward(completions, index, **kwargs) -> list[float]:
-        return [task.reward(problems[i], c) for c, i in zip(completions, index)]
+        return [
+            task.reward(problems[i], c) + (len(set(c)) / max(len(c), 1) if spread else 0.0)
+            for c, i in zip(completions, index)
+        ]
 
     args = trl.GRPOConfig(
         output_dir=str(out / name / "trl_output"),
-        max_steps=a.steps,
+        max_steps=steps or a.steps,
         learning_rate=s["lr"],
         per_device_train_batch_size=s["prompts_per_step"] * s["group_size"],
         num_generations=s["group_size"],
@@ -190,6 +203,35 @@ def run_trl(a: argparse.Namespace, out: Path, attached: bool) -> StepTimer:
     return timer
 
 
+def run_trl_buckets(a: argparse.Namespace, out: Path) -> tuple[StepTimer, set[int]]:
+    """TRL with the recorder and buckets=2, at least 3 steps so that the timed steps (after the warm-up
+    step 0) hold an analysed one (2) and one without (1); returns the timer and the analysed steps."""
+    from tokengrad.integrations.trl import attach
+
+    trainer, timer = trl_trainer(a, out, "trl_buckets", spread=True, steps=max(a.steps, 3))
+    attach(trainer, out / "trl_buckets" / "run", buckets=BUCKET_EVERY)
+    trainer.train()
+    return timer, {int(s) for s in load_run(out / "trl_buckets" / "run").buckets.step}
+
+
+def report_bucket_step(timer: StepTimer, analysed: set[int]) -> None:
+    """Median analysed step / median step without analysis, both after the warm-up step, CPU and wall."""
+    kinds = {True: ([], []), False: ([], [])}
+    for i, (wall, cpu) in enumerate(zip(timer.wall, timer.cpu)):
+        if i > 0:  # step 0 is the warm-up
+            kinds[i in analysed][0].append(wall)
+            kinds[i in analysed][1].append(cpu)
+    (bw, bc), (nw, nc) = kinds[True], kinds[False]
+    print(
+        f"  trl+buckets   bucket steps {sorted(s for s in analysed if s > 0)}: cpu per analysed step "
+        f"{', '.join(f'{x:.2f}' for x in bc)}, per step without {', '.join(f'{x:.2f}' for x in nc)}"
+    )
+    print(
+        f"  ratio trl bucket step / recorded step:  cpu {median(bc) / median(nc):.2f}   "
+        f"wall {median(bw) / median(nw):.2f}   (target cpu <= {TARGET_BUCKET_STEP})"
+    )
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
@@ -217,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         timers["ours"], phases = run_ours(a, out)
         timers["trl"] = run_trl(a, out, attached=False)
         timers["trl+recorder"] = run_trl(a, out, attached=True)
+        bucket_timer, analysed = run_trl_buckets(a, out)
     print(
         f"model {a.model}, task {TASK} {TASK_PARAMS}, B={a.prompts} G={a.group} "
         f"max_new_tokens={a.max_new_tokens}, {a.steps - 1} timed steps each, torch threads {a.threads}"
@@ -235,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
             f"  ratio {num} / {den}:  cpu {med[num][1] / med[den][1]:.2f}   "
             f"wall {med[num][0] / med[den][0]:.2f}{target}"
         )
+    report_bucket_step(bucket_timer, analysed)
     print(
         "  ours, median wall seconds per phase: " + ", ".join(f"{k[5:]} {v:.2f}" for k, v in phases.items())
     )

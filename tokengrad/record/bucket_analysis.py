@@ -47,11 +47,15 @@ def bucket_gradients(
     Args:
         logprobs: [N, T] with its autograd graph retained.  coef: [N, T] dL/dlog pi.
         in_loss: [N, T] bool.  bucket: [N, T] bucket index.  params: trainable parameters.
-    Returns: per bucket a list of per-parameter gradients (None for an empty bucket).
+    Returns: per bucket a list of per-parameter gradients (None for a bucket without a token of non-zero
+    coef).
     """
     grads: list[list[torch.Tensor] | None] = [None] * n_buckets
     coef = torch.nan_to_num(coef.detach())  # [N, T]
-    todo = [b for b in range(n_buckets) if bool(((bucket == b) & in_loss).any())]
+    # a bucket whose tokens all have coef 0 (e.g. groups with equal rewards: advantage 0) has g_B = 0
+    # exactly; its pass is skipped and the bucket kept empty (norm 0, share 0, as a zero gradient gives)
+    moving = in_loss & (coef != 0)  # [N, T]
+    todo = [b for b in range(n_buckets) if bool(((bucket == b) & moving).any())]
     for i, b in enumerate(todo):
         go = coef * ((bucket == b) & in_loss).to(coef.dtype)  # [N, T] grad_output selecting B
         g = torch.autograd.grad(

@@ -46,15 +46,46 @@ def grad_norms(
     named_params: list[tuple[str, torch.nn.Parameter]], names: NamesFilter = None
 ) -> tuple[float, dict[str, float]]:
     """(total norm over all parameters, {block: norm}) of the current `.grad`s; missing grads count 0."""
+    total, blocks, _ = grad_norms_for_clip(named_params, names)
+    return total, blocks
+
+
+@torch.no_grad()
+def grad_norms_for_clip(
+    named_params: list[tuple[str, torch.nn.Parameter]], names: NamesFilter = None
+) -> tuple[float, dict[str, float], torch.Tensor | None]:
+    """`grad_norms` plus the total norm exactly as `torch.nn.utils.clip_grad_norm_` computes it from the
+    same per-parameter norms (one read of the gradients serves both), or None where torch's total would
+    differ: gradients not all float32 on one device (torch groups them by device and dtype and takes the
+    norms of other dtypes in that dtype)."""
     with_grad = [(n, p.grad) for n, p in named_params if p.grad is not None]
     if not with_grad:
-        return 0.0, {}
-    norms = torch._foreach_norm([g.float() if g.dtype != torch.float32 else g for _, g in with_grad])
-    sq = torch.stack(norms).double().pow(2).tolist()  # [P] one sync, then plain floats
+        return 0.0, {}, None
+    grads = [g for _, g in with_grad]
+    norms = torch._foreach_norm([g.float() if g.dtype != torch.float32 else g for g in grads])  # P x []
+    stacked = torch.stack(norms)  # [P]
+    sq = stacked.double().pow(2).tolist()  # [P] one sync, then plain floats
     keep = _accepts(names)
     blocks: dict[str, float] = {}
     for (n, _), s in zip(with_grad, sq):
         b = block_name(n)
         if keep(b):
             blocks[b] = blocks.get(b, 0.0) + s
-    return math.sqrt(sum(sq)), {b: math.sqrt(v) for b, v in blocks.items()}
+    same = all(g.dtype == torch.float32 and g.device == grads[0].device for g in grads)
+    # torch: vector_norm(stack(_foreach_norm(grads))), for one device-and-dtype group in parameter order
+    clip_total = torch.linalg.vector_norm(stacked, 2.0) if same else None
+    return math.sqrt(sum(sq)), {b: math.sqrt(v) for b, v in blocks.items()}, clip_total
+
+
+@torch.no_grad()
+def clip_with_norm_(grads: list[torch.Tensor], max_norm: float, total: torch.Tensor) -> None:
+    """Scale `grads` in place as `torch.nn.utils.clip_grad_norm_` does given its total norm `total` (a
+    0-d tensor): by clamp(max_norm / (total + 1e-6), max=1), in float32, the same operations in the same
+    order, so the result is bitwise torch's. A factor of exactly 1 leaves the gradients as they are
+    (multiplying by 1.0 changes no value), which saves the write torch does."""
+    if not grads:
+        return
+    coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)  # []
+    if float(coef) == 1.0:
+        return
+    torch._foreach_mul_(grads, coef.to(grads[0].device))

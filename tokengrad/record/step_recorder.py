@@ -22,7 +22,7 @@ from tokengrad.record.budget import BudgetedStep, capture_pass
 from tokengrad.record.budget_aggregates import vocab_table
 from tokengrad.record.checks import RESERVED, as_ids, check_scalars, safe_texts
 from tokengrad.record.distributed import global_grad_norms, grads_are_sharded
-from tokengrad.record.gradnorms import grad_norms, trainable_params
+from tokengrad.record.gradnorms import clip_with_norm_, grad_norms_for_clip, trainable_params
 from tokengrad.record.rows import sample_rows, scalar_table, steps_row, tokens_table
 from tokengrad.record.spike_replay import replay_spike
 from tokengrad.record.stats import TokenStats
@@ -42,6 +42,12 @@ _NOT_PASS_INPUTS = ("self", "logprobs", "stats", "update_id", "recompute")  # tr
 
 
 class StepRecorder:
+    """One step of a `Recorder` (`rec.step(i)`): each backward pass (`track`), each update's gradient norms
+    (`record_grad_norms`, `clip_grad_norm_`), the scheduled bucket analysis and attribution, the step's
+    scalars (`log`) and samples (`samples`). Its end (the `with` block, `rec.end_step()`) hands the rows
+    to the writer; Ctrl-C drops them. `bucket_step`, `attribute_step`: this step's schedule (both need the
+    recorder's model)."""
+
     def __init__(self, recorder, step: int, bucket_step: bool, attribute_step: bool = False):
         self.rec = recorder
         self.step = step
@@ -54,6 +60,9 @@ class StepRecorder:
         self._layer_rows: list[dict] = []
         self.buckets = StepBuckets(recorder.bucket_edges, step, recorder.rank)
         self._update_norms: dict[int, float] = {}
+        self._clip_total: dict[
+            int, torch.Tensor | None
+        ] = {}  # update -> torch's total norm, from the same read
         self._t0 = time.perf_counter()
         self._t_record = 0.0
 
@@ -165,6 +174,11 @@ class StepRecorder:
         self.buckets.analyze(self._passes, trainable_params(self.rec.model))
         self._t_record += time.perf_counter() - t
 
+    def skip_bucket_analysis(self) -> None:
+        """No bucket analysis this step after all, though it was scheduled: under several processes the
+        buckets are all-reduced, so a step in which some rank trains on no rows records none."""
+        self.is_bucket_step = False
+
     def take_open_buckets(self, update_id: int) -> BucketState | None:
         """Hand over the bucket gradients of an update that has no optimizer step yet, for an update that
         spans steps (TRL accumulating over generation batches); `continue_buckets` on the next step."""
@@ -185,8 +199,9 @@ class StepRecorder:
         named = trainable_params(self.rec.model)
         if grads_are_sharded(self.rec.model):  # FSDP: each rank holds a shard; sum squared norms over ranks
             total, blocks = global_grad_norms(self.rec.model, self.rec.layers)
+            self._clip_total[update_id] = None
         else:  # one process or DDP (already all-reduced): read locally
-            total, blocks = grad_norms(named, self.rec.layers)
+            total, blocks, self._clip_total[update_id] = grad_norms_for_clip(named, self.rec.layers)
         spiked = self._watch_spike(total)
         if self.attribution is not None:  # shares along g, read before clipping changes .grad
             self.attribution.on_gradient(self._passes, update_id, total * total)
@@ -231,15 +246,30 @@ class StepRecorder:
         self._layer_rows += [dict(r, step=self.step, rank=self.rec.rank, update_id=update_id) for r in rows]
 
     def clip_grad_norm_(self, max_norm: float, update_id: int = 0) -> float:
-        """record_grad_norms() then clip with the same total norm, reading the gradients once (the same
-        scaling as torch.nn.utils.clip_grad_norm_: factor min(1, max_norm / (total + 1e-6))). Returns the
-        total norm before clipping."""
+        """record_grad_norms() then clip with the same norm, reading the gradients once: the gradients end
+        bitwise as `torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)` leaves them (its total
+        norm is taken from the per-parameter norms the recorder reads). Returns the total norm before
+        clipping."""
         total = self.record_grad_norms(update_id)
-        grads = [p.grad for _, p in trainable_params(self.rec.model) if p.grad is not None]
-        factor = float(max_norm) / (total + 1e-6)
-        if grads and factor < 1.0:
-            torch._foreach_mul_(grads, factor)
+        self.clip_recorded_(max_norm, update_id)
         return total
+
+    def clip_recorded_(self, max_norm: float, update_id: int = 0) -> torch.Tensor:
+        """Clip the gradients of the update whose norms `record_grad_norms` just read, as
+        `torch.nn.utils.clip_grad_norm_` would, without reading them again where torch's total norm came
+        from that read (float32 gradients on one device, not sharded); returns torch's total norm."""
+        grads = [p.grad for _, p in trainable_params(self.rec.model) if p.grad is not None]
+        clip_total = self._clip_total.get(update_id)
+        if clip_total is not None:
+            clip_with_norm_(grads, max_norm, clip_total)
+            return clip_total
+        if grads_are_sharded(self.rec.model):  # each rank clips its shard with the global norm
+            clip_total = torch.tensor(
+                self._update_norms[update_id], device=grads[0].device if grads else "cpu"
+            )
+            clip_with_norm_(grads, max_norm, clip_total)
+            return clip_total
+        return torch.nn.utils.clip_grad_norm_([p for _, p in trainable_params(self.rec.model)], max_norm)
 
     def record_prob_change(self, new_logprobs: torch.Tensor, sample_ids: torch.Tensor | None = None) -> None:
         """After the step's updates: mean change of probability and correct ratio per pi_old bucket (AR-Lopti,
