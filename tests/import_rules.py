@@ -22,11 +22,13 @@ GROUND = ["tokengrad.schema", "tokengrad.registry", "tokengrad.faults", "tokengr
 READ = ["tokengrad.read"]
 OBJECTIVE = ["tokengrad.objective"]
 RECORD = ["tokengrad.record"]
-LAYOUT = ["tokengrad.read.layout", "tokengrad.read.claim_file"]  # files written by record/, read by read/
+# read/ modules record/ shares: the files it writes and reads back, the GPT-2 byte table of token texts
+LAYOUT = ["tokengrad.read.layout", "tokengrad.read.claim_file", "tokengrad.read.byte_table"]
 TRAIN = ["tokengrad.train"]
 INTEGRATIONS = ["tokengrad.integrations"]
 FIGURES = ["tokengrad.figures"]
 DOCTOR = ["tokengrad.doctor"]
+IMPORTERS = ["tokengrad.importers"]
 FACE = "tokengrad"  # the package face: lazy names only, imported by nothing inside the package
 
 # module prefix -> tokengrad modules it may import (by prefix). The longest matching prefix wins.
@@ -43,7 +45,9 @@ ALLOWED = {
     "tokengrad.integrations": GROUND + OBJECTIVE + RECORD + INTEGRATIONS + READ,
     "tokengrad.figures": GROUND + READ + FIGURES,
     "tokengrad.doctor": GROUND + READ + DOCTOR,
-    "tokengrad.cli": GROUND + READ + FIGURES + TRAIN + INTEGRATIONS + DOCTOR + ["tokengrad.cli"],
+    # importers: other frameworks' dumps written through record/'s writer (never the trainer or the app)
+    "tokengrad.importers": GROUND + OBJECTIVE + RECORD + READ + IMPORTERS,
+    "tokengrad.cli": GROUND + READ + FIGURES + TRAIN + INTEGRATIONS + DOCTOR + IMPORTERS + ["tokengrad.cli"],
     "app": GROUND + READ + FIGURES + DOCTOR + ["app"],
 }
 
@@ -57,6 +61,7 @@ THIRD_PARTY_FORBIDDEN = {
     "tokengrad.train": ["plotly", "streamlit", "trl"],
     "tokengrad.figures": ["torch", "streamlit", "transformers", "trl"],
     "tokengrad.doctor": ["torch", "plotly", "streamlit", "transformers", "trl"],
+    "tokengrad.importers": ["plotly", "streamlit", "transformers", "trl"],
     "app": ["torch", "transformers", "trl"],
 }
 
@@ -117,6 +122,7 @@ LOADED_FORBIDDEN = {
     "tokengrad.train.trainer": ["tokengrad.figures", "plotly", "streamlit", "app", "trl"],
     "tokengrad.integrations.trl": ["tokengrad.train", "tokengrad.figures", "plotly", "streamlit", "app"],
     "tokengrad.cli": ["torch", "plotly", "streamlit", "tokengrad.record", "tokengrad.train"],
+    "tokengrad.importers": ["tokengrad.train", "tokengrad.figures", "plotly", "streamlit", "app", "trl"],
 }
 
 

@@ -243,3 +243,46 @@ def test_tokens_tracked_in_two_updates_count_once(tmp_path, tiny_model, batch):
     run = load_run(tmp_path / "mu")
     assert len(run.tokens()) == 2 * 29 and run.steps["n_tokens"].iloc[0] == 29
     assert run.steps["n_updates"].iloc[0] == 2
+
+
+def test_a_skipped_bucket_analysis_leaves_the_gradient_and_writes_no_bucket_gradients(
+    tmp_path, tiny_model, batch
+):
+    """StepRecorder.skip_bucket_analysis (the trainer's step in which some rank has no rows): a scheduled
+    bucket step records no bucket gradients, and its gradient is the plain backward's."""
+    ids, mask, adv = batch
+    norms = {}
+    for skip in (False, True):
+        tiny_model.zero_grad()
+        with Recorder(tmp_path / str(skip), model=tiny_model, buckets=1) as rec, rec.step(0) as st:
+            assert st.is_bucket_step
+            if skip:
+                st.skip_bucket_analysis()
+            assert st.is_bucket_step is not skip
+            logits, lp, _, tgt = forward_logprobs(tiny_model, ids)
+            st.track(lp, token_ids=tgt, mask=mask, advantages=adv, logits=logits)
+            st.backward(-(lp * adv[:, None] * mask).sum() / mask.sum())
+            norms[skip] = st.record_grad_norms()
+        buckets = load_run(tmp_path / str(skip)).buckets
+        assert len(buckets) == 0 if skip else buckets["grad_norm"].notna().all() and len(buckets) > 1
+    assert norms[True] == pytest.approx(norms[False], rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "flat, grouped",
+    [
+        (dict(bucket_every=10), "buckets=Buckets(every=10)"),
+        (dict(attribute_method="jvp"), "attribution=Attribution(method='jvp')"),
+        (dict(token_budget=512), "budget=512"),
+        (dict(run_name="a"), "info=RunInfo(name='a')"),
+        (dict(on_error="raise"), "output=Output(on_error='raise')"),
+    ],
+)
+def test_flat_keywords_of_earlier_releases_are_refused_with_their_grouped_form(tmp_path, flat, grouped):
+    (key,) = flat
+    with pytest.raises(TypeError) as err:
+        Recorder(tmp_path / "r", **flat)
+    assert str(err.value) == f"Recorder({key}=...) was removed: write Recorder({grouped})"
+    with pytest.raises(TypeError, match=r"unexpected keyword\(s\) \['bucket_evry'\]"):
+        Recorder(tmp_path / "r", bucket_evry=10)
+    assert not (tmp_path / "r").exists()

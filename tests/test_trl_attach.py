@@ -119,5 +119,7 @@ def test_string_interval_is_refused_at_attach(tmp_path):
         tg_trl.attach(trainer, tmp_path / "run", buckets="10")
     with pytest.raises(ValueError, match=r"attribution.every must be an integer"):
         tg_trl.attach(trainer, tmp_path / "run", attribution="5")
-    with pytest.warns(FutureWarning), pytest.raises(ValueError, match="buckets.every must be an integer"):
-        tg_trl.attach(trainer, tmp_path / "run", bucket_every="10")  # the old flat keyword
+    with pytest.raises(
+        TypeError, match=r"^attach\(bucket_every=\.\.\.\) was removed: write attach\(buckets="
+    ):
+        tg_trl.attach(trainer, tmp_path / "run", bucket_every="10")  # an earlier release's flat keyword

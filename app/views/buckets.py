@@ -27,6 +27,7 @@ from tokengrad.figures.probability import (
     scope_note,
     with_update_shares,
 )
+from tokengrad.read import meta_file
 from tokengrad.read.headline import DEFINITION, low_prob_label
 from tokengrad.read.queries import ABS_COEF
 from tokengrad.read.share_queries import PARTITIONS
@@ -90,15 +91,14 @@ def _phase_options(run: str, buckets) -> dict:
     ids = sorted(int(u) for u in buckets[BUCKET.update_id].dropna().unique())
     if len(ids) <= 1:
         return {None: "all updates"}
-    weighting = data.meta(run).get("weighting") or {}
-    lopti = "lopti" in str(weighting.get("name", "")).lower()
-    low_first = (weighting.get("params") or {}).get("low_first", True)
+    low_first = meta_file.lopti_low_first(data.meta(run))
     names = {0: "low-probability tokens", 1: "high-probability tokens"}
-    if not low_first:
+    if low_first is False:
         names = {0: names[1], 1: names[0]}
     out = {None: "all updates (the step's combined update)"}
     for u in ids:
-        out[u] = f"update {u}" + (f" (Lopti phase {u + 1}: {names[u]})" if lopti and u in names else "")
+        lopti = low_first is not None and u in names
+        out[u] = f"update {u}" + (f" (Lopti phase {u + 1}: {names[u]})" if lopti else "")
     return out
 
 

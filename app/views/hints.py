@@ -4,17 +4,14 @@ Recorder options.
 
     hint(meta, "buckets")   # -> "Record it with `attach(trainer, dir, buckets=N)` ..."
 
-ORIGINS maps meta.json's config to the way the run was recorded; HINTS holds one sentence per (origin,
-what is missing). A new integration is one ORIGINS entry and its row of HINTS.
+tokengrad.read.meta_file.origin says how the run was recorded (from meta.json's config); HINTS holds one
+sentence per (origin, what is missing). A new integration is one meta_file.INTEGRATIONS entry and its row
+of HINTS.
 """
 
 from __future__ import annotations
 
-ORIGINS = {  # config["integration"] -> origin; a config with the trainer's keys is "trainer"; else "loop"
-    "trl": "trl",
-    "verl": "verl",
-}
-_TRAINER_KEYS = frozenset({"task", "prompts_per_step", "group_size", "bucket_every"})
+from tokengrad.read.meta_file import origin
 
 _LOOP = {
     "buckets": "Record it with `Recorder(..., buckets=N)` (one extra backward per bucket on every N-th "
@@ -60,16 +57,6 @@ HINTS = {
         "evals": "Train with the config key `eval_every = K` (and `eval_at_start = true` for step −1).",
     },
 }
-
-
-def origin(meta: dict | None) -> str:
-    """How the run was recorded: "trl", "verl", "trainer" (tokengrad train) or "loop" (a Recorder)."""
-    cfg = (meta or {}).get("config") or {}
-    if not isinstance(cfg, dict):
-        return "loop"
-    if cfg.get("integration") in ORIGINS:
-        return ORIGINS[cfg["integration"]]
-    return "trainer" if _TRAINER_KEYS <= set(cfg) else "loop"
 
 
 def hint(meta: dict | None, missing: str) -> str:

@@ -18,6 +18,7 @@ import streamlit as st
 from app import data
 from app.views import urlstate
 from tokengrad.figures.style import run_colors
+from tokengrad.read import meta_file
 from tokengrad.read.runs import with_meta_name
 from tokengrad.read.served_root import ALLOW_ANY_FLAG, open_folder, resolve_root
 
@@ -122,10 +123,10 @@ def run_title(run_dir: str) -> str:
     """run_label, with the name meta.json gives the run beside it where that differs (a copied folder):
     'copy (run_name lab_grpo)'. Cards and tables show it; links and URL state carry run_label."""
     try:
-        meta_name = data.meta(run_dir).get("run_name")
+        meta_name = meta_file.run_name(data.meta(run_dir))
     except data.RunLoadError:
         meta_name = None
-    return with_meta_name(run_label(run_dir), meta_name if isinstance(meta_name, str) else None)
+    return with_meta_name(run_label(run_dir), meta_name)
 
 
 def folder_run_names() -> list[str]:
@@ -133,24 +134,13 @@ def folder_run_names() -> list[str]:
     return list(st.session_state.get(_KNOWN_KEY) or [])
 
 
-def family(meta: dict) -> tuple[str, str]:
-    """(task, length) of a run: runs of one family can be compared on one chart. The built-in trainer's
-    task, task parameters and steps; TRL's max_steps; other runs have an empty task."""
-    cfg = (meta or {}).get("config") or {}
-    args = cfg.get("args") if isinstance(cfg.get("args"), dict) else {}
-    task = cfg.get("task") or cfg.get("integration") or ""
-    params = cfg.get("task_params") or {}
-    steps = cfg.get("steps") or args.get("max_steps") or ""
-    return (f"{task} {sorted(params.items()) if isinstance(params, dict) else params}", str(steps))
-
-
 def first_pick(by_name: dict[str, str]) -> list[str]:
-    """The runs a first visit shows: the largest family of runs (same task and length; ties: the family
-    of the first run by name), at most DEFAULT_PICK of them."""
+    """The runs a first visit shows: the largest family of runs (same task and length, meta_file.family;
+    ties: the family of the first run by name), at most DEFAULT_PICK of them."""
     families: dict[tuple, list[str]] = {}
     for name, run_dir in by_name.items():
         try:
-            key = family(data.meta(run_dir))
+            key = meta_file.family(data.meta(run_dir))
         except data.RunLoadError:
             key = ("unreadable", name)
         families.setdefault(key, []).append(name)

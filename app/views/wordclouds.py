@@ -9,6 +9,7 @@ import streamlit as st
 from app import data
 from app.views import common
 from tokengrad.figures.wordclouds import make_high_low_wordcloud_figure, prepare_frequencies
+from tokengrad.read import meta_file
 
 ADV_SIGNS = {"all tokens": None, "positive advantage": 1, "negative advantage": -1}
 SIZES = {"count": "token count", "grad_sum": "summed gradient (Σ logit_grad_norm)"}
@@ -46,10 +47,10 @@ def _clouds(run: str, f: dict) -> None:
     name = common.run_name(run)
     if f["low"] > f["high"]:
         st.warning("The low-probability threshold is above the high one; the two clouds overlap.")
-    budget = data.meta(run).get("token_budget")
+    budget = meta_file.token_budget(data.meta(run))
     if budget:  # the kept rows over-represent the tokens with the largest update shares
         st.info(
-            f"{name} kept at most {int(budget):,} token rows per step (whole completions and the tokens with "
+            f"{name} kept at most {budget:,} token rows per step (whole completions and the tokens with "
             "the largest update shares): the clouds count the kept rows, not every token of the run."
         )
     sel = dict(step_range=f["step_range"], adv_sign=f["adv_sign"])

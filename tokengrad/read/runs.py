@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from tokengrad import schema
 from tokengrad.read import duck, layout
-from tokengrad.read.meta_file import read_meta
+from tokengrad.read.meta_file import count_rows, is_run_dir, read_meta, rows_dropped, run_name
 
 READ_ATTEMPTS = 5  # listings tried while compaction keeps replacing files under a reader
 
@@ -41,7 +41,7 @@ def list_runs(root: str | os.PathLike, follow_links_out: bool = False) -> list[s
     """Run directories (those holding meta.json) at or directly below `root`, sorted by name. A symlink
     whose target lies outside `root` is skipped unless `follow_links_out`."""
     root = Path(root)
-    if (root / schema.META_FILE).exists():
+    if is_run_dir(root):
         return [str(root)]
     if not root.is_dir():
         return []
@@ -49,7 +49,7 @@ def list_runs(root: str | os.PathLike, follow_links_out: bool = False) -> list[s
     return sorted(
         str(p)
         for p in root.iterdir()
-        if (p / schema.META_FILE).exists() and (follow_links_out or p.resolve().is_relative_to(real))
+        if is_run_dir(p) and (follow_links_out or p.resolve().is_relative_to(real))
     )
 
 
@@ -70,6 +70,20 @@ def load_run(path: str | os.PathLike, follow_links_out: bool = False) -> "Run":
 
 
 class Run:
+    """One run directory, open for reading: its meta.json (`meta`, read once by
+    tokengrad.read.meta_file), its small tables as pandas (`steps`, `layers`, `buckets`, `samples`,
+    `evals`, `table(name)`) and every table through DuckDB (`sql`, `tokens`), over the files
+    tokengrad.read.layout resolves. A file it cannot use is skipped and named in `warnings`.
+
+    Args:
+        path: the run folder (holding meta.json).
+        follow_links_out: read data files and meta.json that are symlinks leading outside the folder
+            (skipped with a warning, or refused for meta.json, by default).
+
+    Raises FileNotFoundError without meta.json, MetaError when it is damaged, SchemaVersionError for a
+    run written by a newer tokengrad.
+    """
+
     def __init__(self, path: str | os.PathLike, follow_links_out: bool = False):
         self.path = Path(path)
         self._inside = None if follow_links_out else self.path.resolve()
@@ -80,6 +94,7 @@ class Run:
                 f"{self.path} uses run-format schema version {version!r}; this tokengrad reads versions "
                 f"<= {schema.SCHEMA_VERSION}. Upgrade tokengrad to read it."
             )
+        self.schema_version: int = version
         self.warnings: list[str] = []
         self._checked: dict[str, bool] = {}  # "path:size:mtime" -> usable
         self._types: dict[str, dict[str, str]] = {}  # table -> extra column -> type class of the run
@@ -94,7 +109,7 @@ class Run:
     @property
     def meta_name(self) -> str | None:
         """The name meta.json gives the run (run_name), None when it has none."""
-        return self.meta.get("run_name") or None
+        return run_name(self.meta)
 
     @property
     def label(self) -> str:
@@ -121,8 +136,8 @@ class Run:
     def rows_dropped(self) -> int:
         status = self.rank_status
         if status:
-            return sum(_count(s.get("rows_dropped")) for s in status)
-        return _count(self.meta.get("rows_dropped"))
+            return sum(count_rows(s.get("rows_dropped")) for s in status)
+        return rows_dropped(self.meta)
 
     # ---- files ----------------------------------------------------------------------------------
     def parts(self, table: str) -> list[layout.Part]:
@@ -287,7 +302,7 @@ class Run:
             parts = self.parts(table)
             if parts:
                 con.execute(f"CREATE TEMP VIEW {table} AS {duck.union(parts)}")
-                if self.meta.get("schema_version", schema.SCHEMA_VERSION) < schema.SCHEMA_VERSION:
+                if self.schema_version < schema.SCHEMA_VERSION:
                     duck.add_missing_columns(con, table, duck.union(parts))
             else:
                 cols = ", ".join(
@@ -340,7 +355,7 @@ class Run:
         return self.sql(q, params)
 
     def __repr__(self) -> str:
-        return f"Run({str(self.path)!r}, schema_version={self.meta.get('schema_version')})"
+        return f"Run({str(self.path)!r}, schema_version={self.schema_version})"
 
 
 def _tables_in(query: str) -> list[str]:
@@ -358,13 +373,6 @@ def _kind(t: pa.DataType) -> str:
     if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_dictionary(t):
         return "text"
     return "booleans" if pa.types.is_boolean(t) else str(t)
-
-
-def _count(counts) -> int:
-    """The total of a rows_dropped mapping ({table: n}); anything else counts 0."""
-    if not isinstance(counts, dict):
-        return 0
-    return sum(v for v in counts.values() if isinstance(v, int) and not isinstance(v, bool))
 
 
 def _has_keys(columns: list[str]) -> bool:

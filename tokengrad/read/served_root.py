@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tokengrad.schema import META_FILE
+from tokengrad.read.meta_file import is_run_dir
 
 ENV_ROOT = "TOKENGRAD_RUNS_ROOT"  # read by the app when it is started without --root
 ALLOW_ANY_FLAG = "--allow-any-folder"
@@ -78,7 +78,7 @@ def runs_below(root: str | os.PathLike, depth: int = RUN_DEPTH) -> list[str]:
         below = []
         for folder in level:
             for p in sorted(folder.iterdir()) if folder.is_dir() else ():
-                if p.is_dir() and not p.name.startswith(".") and not (p / META_FILE).exists():
+                if p.is_dir() and not p.name.startswith(".") and not is_run_dir(p):
                     if p.resolve().is_relative_to(real):
                         below.append(p)
         for p in below:

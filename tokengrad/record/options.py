@@ -3,16 +3,15 @@
 is `tokengrad.record.budget.Budget`. Each group also takes a plain number where that says enough:
 `Recorder(dir, buckets=10, attribution=5, budget=65536)`.
 
-The flat keywords of earlier releases (`bucket_every=`, `attribute_every=`, `token_budget=`, ...) still work
-for now and warn with the grouped form that replaces them (`grouped_options`).
+The flat keywords of earlier releases (`bucket_every=`, `attribute_every=`, `token_budget=`, ...) are
+refused with the grouped form that replaced them (`refuse_flat_keywords`).
 """
 
 from __future__ import annotations
 
 import operator
-import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from tokengrad import schema
 from tokengrad.record.attribution import ATTRIBUTION_METHODS
@@ -178,8 +177,9 @@ def as_budget(value) -> Budget | None:
     return Budget(value)
 
 
-# old flat keyword -> (group keyword, field of that group)
-LEGACY = {
+# The flat keywords of the first releases -> (group keyword, field of that group); refused, with the form
+# that replaced them.
+FLAT_KEYWORDS = {
     "run_name": ("info", "name"),
     "model_name": ("info", "model_name"),
     "weighting": ("info", "weighting"),
@@ -198,30 +198,11 @@ LEGACY = {
 GROUPS = {"info": RunInfo, "buckets": Buckets, "attribution": Attribution, "output": Output}
 
 
-def grouped_options(legacy: dict, groups: dict, caller: str = "Recorder") -> dict:
-    """The group keywords (`groups`: info, buckets, attribution, budget, output as given) with the flat
-    keywords of earlier releases folded in; each flat keyword warns with its grouped form. An unknown
-    keyword is a TypeError listing the known ones."""
-    unknown = sorted(set(legacy) - set(LEGACY))
-    if unknown:
-        known = ", ".join(
-            ["run_dir", "model", "tokenizer", "config", *GROUPS, "budget", "doctor", "layers", "resume_step"]
-        )
-        raise TypeError(
-            f"{caller}() got unexpected keyword(s) {unknown}; the Recorder's options are: {known}"
-        )
-    out = dict(groups)
-    for key, value in legacy.items():
-        group, attr = LEGACY[key]
-        new = f"{group}={value!r}" if attr is None else f"{group}={GROUPS[group].__name__}({attr}=...)"
-        warnings.warn(f"{caller}({key}=...) is now {caller}({new})", FutureWarning, stacklevel=4)
-        if attr is None:
-            out[group] = value
-            continue
-        current = out.get(group)
-        if group == "buckets":
-            current = as_buckets(current)
-        elif group == "attribution":
-            current = as_attribution(current)
-        out[group] = replace(current or GROUPS[group](), **{attr: value})
-    return out
+def refuse_flat_keywords(kwargs: dict, caller: str = "Recorder") -> None:
+    """A one-line TypeError for the first flat keyword of an earlier release in `kwargs`, naming the
+    grouped form that replaced it; nothing when there is none."""
+    for key, value in kwargs.items():
+        if key in FLAT_KEYWORDS:
+            group, attr = FLAT_KEYWORDS[key]
+            new = f"{value!r}" if attr is None else f"{GROUPS[group].__name__}({attr}={value!r})"
+            raise TypeError(f"{caller}({key}=...) was removed: write {caller}({group}={new})")

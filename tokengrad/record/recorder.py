@@ -30,6 +30,7 @@ import torch
 from tokengrad import schema
 from tokengrad.read import layout
 from tokengrad.record import claim, run_meta
+from tokengrad.record import distributed as dist
 from tokengrad.record.budget import Budget
 from tokengrad.record.gradnorms import NamesFilter
 from tokengrad.record.options import (
@@ -43,7 +44,7 @@ from tokengrad.record.options import (
     as_buckets,
     as_budget,
     as_doctor,
-    grouped_options,
+    refuse_flat_keywords,
 )
 from tokengrad.record.rows import TokenDecoder, scalar_table
 from tokengrad.record.spike_replay import SpikeWatch
@@ -51,12 +52,6 @@ from tokengrad.record.step_recorder import StepRecorder
 from tokengrad.record.writer import Rows, RunWriter
 
 MAX_STEP = 2**31 - 1  # the step column is int32
-
-
-def _dist_rank_world() -> tuple[int, int]:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
 class Recorder:
@@ -101,19 +96,18 @@ class Recorder:
         doctor: Doctor | bool | None = None,
         layers: NamesFilter = None,
         resume_step: int | None = None,
-        **legacy,
+        **unknown,
     ):
-        if legacy:
-            groups = dict(info=info, buckets=buckets, attribution=attribution, budget=budget, output=output)
-            groups = grouped_options(legacy, groups)
-            info, buckets, attribution, budget, output = (groups[k] for k in groups)
+        if unknown:
+            refuse_flat_keywords(unknown)  # an earlier release's flat keyword: its grouped form
+            raise TypeError(f"Recorder() got unexpected keyword(s) {sorted(unknown)} (see docs/api.md)")
         info, output = info or RunInfo(), output or Output()
         self.buckets, self.attribution = as_buckets(buckets), as_attribution(attribution)
         self.budget = as_budget(budget)
         self.run_dir = Path(run_dir)
         self.model = model
         self.layers = layers
-        self.rank, self.world_size = _dist_rank_world()
+        self.rank, self.world_size = dist.rank(), dist.world_size()
         self.decode = TokenDecoder(tokenizer)
         self._meta = self._make_meta(config, info, model, tokenizer)
         self._writer: RunWriter | None = None

@@ -38,6 +38,7 @@ from tokengrad.integrations.trl.deepspeed import check_deepspeed, deepspeed_setu
 from tokengrad.integrations.trl.logs import column
 from tokengrad.integrations.trl.loss import check_loss_type
 from tokengrad.integrations.trl.recording import SAMPLE_KEY, TRLRecording, announce
+from tokengrad.integrations.trl.unsloth import check_not_unsloth
 from tokengrad.integrations.trl.weighting import trainer_params, warn_if_kl_scaled
 from tokengrad.objective.gradient_scale import (
     NOT_A_GRADIENT_SCALE,
@@ -46,7 +47,7 @@ from tokengrad.objective.gradient_scale import (
     unsupported_fields,
     weighting_meta,
 )
-from tokengrad.record.options import LEGACY, Attribution, Buckets, RunInfo, as_buckets, grouped_options
+from tokengrad.record.options import Attribution, Buckets, RunInfo, as_buckets, refuse_flat_keywords
 from tokengrad.record.recorder import Recorder
 
 __all__ = [
@@ -62,7 +63,7 @@ __all__ = [
     "TESTED_TRL",
 ]
 
-TESTED_TRL = ("1.16", "1.17")  # [lowest, first untested) minor versions; keep in step with the `trl` extra
+TESTED_TRL = ("1.13", "1.17")  # [lowest, first untested) minor versions; keep in step with the `trl` extra
 _HOOKED = (
     "compute_loss",
     "_get_per_token_logps_and_entropies",
@@ -128,13 +129,9 @@ def attach(
 
 
 def _options(buckets, attribution, recorder_kwargs: dict) -> tuple[Buckets, Attribution]:
-    """attach's Buckets and Attribution from numbers or option objects (old flat keywords in
-    `recorder_kwargs` are regrouped there, with their warning); refuses what TRL cannot record."""
-    legacy = {k: recorder_kwargs.pop(k) for k in list(recorder_kwargs) if k in LEGACY}
-    if legacy:
-        groups = grouped_options(legacy, dict(buckets=buckets, attribution=attribution), caller="attach")
-        buckets, attribution = groups.pop("buckets"), groups.pop("attribution")
-        recorder_kwargs.update({k: v for k, v in groups.items() if v is not None})
+    """attach's Buckets and Attribution from numbers or option objects (an earlier release's flat keyword
+    in `recorder_kwargs` is refused with its grouped form); refuses what TRL cannot record."""
+    refuse_flat_keywords(recorder_kwargs, caller="attach")
     buckets = as_buckets(buckets)
     if not isinstance(attribution, Attribution):
         # TRL's fused LM head is a custom autograd.Function without a forward-mode derivative, so update
@@ -181,6 +178,7 @@ def check_trainer(trainer) -> None:
     """A clear error for trainers whose per-token log-probs cannot be hooked."""
     from trl import GRPOTrainer
 
+    check_not_unsloth(trainer)  # first: Unsloth rebinds trl.GRPOTrainer, so isinstance passes
     if not isinstance(trainer, GRPOTrainer):
         raise ValueError(f"attach() records a trl.GRPOTrainer, got {type(trainer).__name__}")
     missing = [name for name in _HOOKED if not callable(getattr(trainer, name, None))]
