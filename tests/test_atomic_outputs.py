@@ -16,19 +16,38 @@ from tokengrad.figures.figureset import FigureSpec
 
 
 def fake_kaleido(monkeypatch, fail_after: int | None = None):
-    """kaleido's batch writer as a stand-in: writes a small PNG per job (no browser), or stops half way."""
-    written = []
+    """kaleido.Kaleido as a stand-in (no browser): PNG bytes per figure, or a kill on figure `fail_after`.
+    Returns the paths export's atomic writer was handed."""
+    import io
 
-    def write(jobs, kopts=None):
-        for i, job in enumerate(jobs):
-            if fail_after is not None and i == fail_after:
-                open(job["path"], "wb").close()  # the file it was writing when killed
+    calls, written = [], []
+
+    class Kaleido:
+        def __init__(self, **kopts):
+            pass
+
+        async def __aenter__(self):
+            return self
+
+        async def __aexit__(self, *exc):
+            return False
+
+        async def calc_fig(self, fig, opts=None):
+            calls.append(fig)
+            if fail_after is not None and len(calls) > fail_after:
                 raise KeyboardInterrupt
-            Image.new("RGB", (8, 8), "white").save(job["path"], format="PNG")
-            written.append(job["path"])
-        return []
+            buf = io.BytesIO()
+            Image.new("RGB", (8, 8), "white").save(buf, format="PNG")
+            return buf.getvalue()
 
-    monkeypatch.setitem(sys.modules, "kaleido", types.SimpleNamespace(write_fig_from_object_sync=write))
+    real_write = export.write_atomic
+
+    def write(path, data):
+        written.append(str(path))
+        return real_write(path, data)
+
+    monkeypatch.setitem(sys.modules, "kaleido", types.SimpleNamespace(Kaleido=Kaleido))
+    monkeypatch.setattr(export, "write_atomic", write)
     monkeypatch.setattr(export, "_browser", lambda: "/usr/bin/chromium")
     return written
 
@@ -40,7 +59,7 @@ def specs() -> list[FigureSpec]:
 def test_exported_pngs_appear_complete_with_their_dpi(tmp_path, monkeypatch):
     written = fake_kaleido(monkeypatch)
     paths = export.write_static(specs(), tmp_path, "png")
-    assert all(".partial" in w and "/." in w for w in written)  # rendered under temporary names
+    assert len(written) == 3  # every file through the temporary-name-and-rename writer
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fig0.png", "fig1.png", "fig2.png"]
     for p in paths:
         with Image.open(p) as im:
@@ -51,7 +70,9 @@ def test_an_interrupted_export_leaves_no_partial_file_under_a_final_name(tmp_pat
     fake_kaleido(monkeypatch, fail_after=1)
     with pytest.raises(KeyboardInterrupt):
         export.write_static(specs(), tmp_path, "png")
-    assert list(tmp_path.iterdir()) == []
+    assert [p.name for p in tmp_path.iterdir()] == ["fig0.png"]  # the one finished before the kill, whole
+    with Image.open(tmp_path / "fig0.png") as im:
+        assert tuple(round(d) for d in im.info["dpi"]) == (300, 300)
 
 
 def test_an_interrupted_publish_leaves_no_event_file(tmp_path, monkeypatch):
