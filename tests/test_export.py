@@ -169,7 +169,9 @@ def test_exported_figures_keep_every_label_inside_and_readable(family, tmp_path)
 
     runs = {Path(p).name: load_run(p) for p in list_runs(Path(__file__).parents[1] / "sample_runs")}
     # one family (same model and task) per figure set, as the sample runs are compared
-    picked = {n: r for n, r in runs.items() if n.startswith(family) and not n.startswith(f"{family}kk_")}
+    # the three rules' runs of the family (lab_grpo_entropy / _rollout are single-run extras)
+    rules = ("grpo", "tr_grpo", "ar_lopti")
+    picked = {n: r for n, r in runs.items() if n.startswith(family) and n[len(family) :] in rules}
     assert len(picked) == 3, sorted(picked)
     specs, _, failed = build_figure_set(picked, max_words=30)
     assert failed == []
