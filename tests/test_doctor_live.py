@@ -130,7 +130,16 @@ def critical_from_step_2():
         steps = view.steps
         if steps.empty or steps["step"].max() < 2:
             return []
-        return [Finding("test_critical", "critical", 1.0, 2, 2, "step 2 is critical (test)")]
+        return [
+            Finding(
+                id="test_critical",
+                severity="critical",
+                confidence=1.0,
+                first_step=2,
+                last_step=2,
+                message="step 2 is critical (test)",
+            )
+        ]
 
     yield
     DETECTORS.unregister("test_critical")

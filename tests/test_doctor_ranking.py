@@ -32,11 +32,43 @@ def test_machine_findings_come_after_every_learning_finding():
     load_detectors()
     assert about("throughput_decay") == "machine" and about("kl_blowup") == "learning"
     assert about("detector_error") == "learning"  # no detector of that name: the default
-    machine = Finding("throughput_decay", "warning", 1.0, 10, 59, "slower", run="a")
+    machine = Finding(
+        id="throughput_decay",
+        severity="warning",
+        confidence=1.0,
+        first_step=10,
+        last_step=59,
+        message="slower",
+        run="a",
+    )
     learning = [
-        Finding("high_prob_drag", "info", 0.5, 5, 50, "drag", run="a"),
-        Finding("kl_blowup", "critical", 0.9, 40, 59, "kl", run="a"),
-        Finding("entropy_collapse", "warning", 0.99, 3, 59, "entropy", run="a"),
+        Finding(
+            id="high_prob_drag",
+            severity="info",
+            confidence=0.5,
+            first_step=5,
+            last_step=50,
+            message="drag",
+            run="a",
+        ),
+        Finding(
+            id="kl_blowup",
+            severity="critical",
+            confidence=0.9,
+            first_step=40,
+            last_step=59,
+            message="kl",
+            run="a",
+        ),
+        Finding(
+            id="entropy_collapse",
+            severity="warning",
+            confidence=0.99,
+            first_step=3,
+            last_step=59,
+            message="entropy",
+            run="a",
+        ),
     ]
     ranked = rank_findings([machine, *learning])
     assert [f.id for f in ranked] == ["kl_blowup", "entropy_collapse", "high_prob_drag", "throughput_decay"]
@@ -82,7 +114,16 @@ def slow_kl_run(tmp_path) -> Path:
 
     @detector("test_learning_info")
     def test_learning_info(view):
-        return [Finding("test_learning_info", "info", 0.6, 1, 1, "a learning note (test)")]
+        return [
+            Finding(
+                id="test_learning_info",
+                severity="info",
+                confidence=0.6,
+                first_step=1,
+                last_step=1,
+                message="a learning note (test)",
+            )
+        ]
 
     yield run
     DETECTORS.unregister("test_learning_info")

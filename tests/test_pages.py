@@ -35,15 +35,37 @@ def test_every_detector_links_to_a_known_page():
     load_detectors()
     pages = {name: entry.page for name, entry in DETECTORS.items()}
     assert pages and not {n: p for n, p in pages.items() if p not in PAGE_IDS}
-    assert Finding("x", "info", 1.0, None, None, "m").page in PAGE_IDS
+    assert (
+        Finding(id="x", severity="info", confidence=1.0, first_step=None, last_step=None, message="m").page
+        in PAGE_IDS
+    )
 
 
 def test_dashboard_url_names_the_page_by_its_registered_path():
     spike = Finding(
-        "s", "warning", 1.0, 97, 97, "m", tokens=(TokenEvidence(97, 36),), run="lab", page=INSPECTOR
+        id="s",
+        severity="warning",
+        confidence=1.0,
+        first_step=97,
+        last_step=97,
+        message="m",
+        tokens=(TokenEvidence(97, 36),),
+        run="lab",
+        page=INSPECTOR,
     )
     assert dashboard_url(spike) == "http://127.0.0.1:8501/inspector?runs=lab&step=97&sample=36"
-    whole = Finding("w", "info", 1.0, None, None, "m", run="lab")
+    whole = Finding(
+        id="w", severity="info", confidence=1.0, first_step=None, last_step=None, message="m", run="lab"
+    )
     assert dashboard_url(whole, base="http://h:1/") == "http://h:1/?runs=lab"
-    unknown = Finding("u", "info", 1.0, 2, 2, "m", run="lab", page="nowhere")  # the Overview, as before
+    unknown = Finding(
+        id="u",
+        severity="info",
+        confidence=1.0,
+        first_step=2,
+        last_step=2,
+        message="m",
+        run="lab",
+        page="nowhere",
+    )  # the Overview, as before
     assert dashboard_url(unknown) == "http://127.0.0.1:8501/?runs=lab&step=2"

@@ -69,13 +69,13 @@ def reward_std_death(view: RunView) -> list[Finding]:
     conf = min(0.99, 0.5 + 0.025 * (b - a))
     return [
         Finding(
-            "reward_std_death",
-            level,
-            conf,
-            int(steps[a]),
-            int(steps[b - 1]),
-            msg,
-            evidence,
+            id="reward_std_death",
+            severity=level,
+            confidence=conf,
+            first_step=int(steps[a]),
+            last_step=int(steps[b - 1]),
+            message=msg,
+            evidence=evidence,
             actions=actions,
         )
     ]
@@ -121,7 +121,18 @@ def nonfinite(view: RunView) -> list[Finding]:
         ),
         Action("record with Output(on_error='raise') to stop at the first bad step", "docs/api.md"),
     )
-    return [Finding("nonfinite", "critical", 1.0, steps[0], steps[-1], msg, evidence, actions=actions)]
+    return [
+        Finding(
+            id="nonfinite",
+            severity="critical",
+            confidence=1.0,
+            first_step=steps[0],
+            last_step=steps[-1],
+            message=msg,
+            evidence=evidence,
+            actions=actions,
+        )
+    ]
 
 
 def _growth(name, steps, x, ratio, what, unit, actions, transform=None) -> list[Finding]:
@@ -142,7 +153,18 @@ def _growth(name, steps, x, ratio, what, unit, actions, transform=None) -> list[
     }
     first = int(steps[np.argmax(x > ratio * start)])
     conf = confidence_from_p(tr.p_value)
-    return [Finding(name, "warning", conf, first, int(steps[-1]), msg, evidence, actions=actions)]
+    return [
+        Finding(
+            id=name,
+            severity="warning",
+            confidence=conf,
+            first_step=first,
+            last_step=int(steps[-1]),
+            message=msg,
+            evidence=evidence,
+            actions=actions,
+        )
+    ]
 
 
 @detector("grad_norm_drift", tables=("steps",))
@@ -228,13 +250,13 @@ def dead_steps(view: RunView) -> list[Finding]:
     conf = min(0.99, 0.5 + 0.025 * (b - a))
     return [
         Finding(
-            "dead_steps",
-            level,
-            conf,
-            int(steps[a]),
-            int(steps[b - 1]),
-            msg,
-            evidence,
+            id="dead_steps",
+            severity=level,
+            confidence=conf,
+            first_step=int(steps[a]),
+            last_step=int(steps[b - 1]),
+            message=msg,
+            evidence=evidence,
             actions=(_DAPO_DS,),
         )
     ]
@@ -257,4 +279,15 @@ def rows_dropped(view: RunView) -> list[Finding]:
     actions = (
         Action("check disk space and the writer warnings; record with on_error='raise'", "docs/api.md"),
     )
-    return [Finding("rows_dropped", "warning", 1.0, None, None, msg, evidence, actions=actions)]
+    return [
+        Finding(
+            id="rows_dropped",
+            severity="warning",
+            confidence=1.0,
+            first_step=None,
+            last_step=None,
+            message=msg,
+            evidence=evidence,
+            actions=actions,
+        )
+    ]

@@ -117,7 +117,17 @@ def logprob_constant(view: RunView) -> list[Finding]:
         level = "critical" if share >= 0.5 else "warning"
         first, last = int(flat[STEP.step].min()), int(flat[STEP.step].max())
         out.append(
-            Finding("logprob_constant", level, 1.0, first, last, msg, evidence, _rows(flat), (_TOKEN_ACTION,))
+            Finding(
+                id="logprob_constant",
+                severity=level,
+                confidence=1.0,
+                first_step=first,
+                last_step=last,
+                message=msg,
+                evidence=evidence,
+                tokens=_rows(flat),
+                actions=(_TOKEN_ACTION,),
+            )
         )
     return out
 
@@ -171,7 +181,19 @@ def rollout_logprob_gap(view: RunView) -> list[Finding]:
         Action("keep tool and environment tokens out of the loss mask", "miles PR #2476"),
     )
     first, last = int(bad[STEP.step].min()), int(bad[STEP.step].max())
-    return [Finding("rollout_logprob_gap", level, 1.0, first, last, msg, evidence, _rows(toks), actions)]
+    return [
+        Finding(
+            id="rollout_logprob_gap",
+            severity=level,
+            confidence=1.0,
+            first_step=first,
+            last_step=last,
+            message=msg,
+            evidence=evidence,
+            tokens=_rows(toks),
+            actions=actions,
+        )
+    ]
 
 
 def _zeroed_sequences(view: RunView) -> pd.DataFrame:
@@ -221,7 +243,19 @@ def is_weight_zeroed(view: RunView) -> list[Finding]:
         Action("check the weights' dtype (a cast to int truncates w < 1 to 0)", "tinker-cloud PR #65"),
     )
     first, last = int(per.index.min()), int(per.index.max())
-    return [Finding("is_weight_zeroed", level, 1.0, first, last, msg, evidence, _rows(zero), actions)]
+    return [
+        Finding(
+            id="is_weight_zeroed",
+            severity=level,
+            confidence=1.0,
+            first_step=first,
+            last_step=last,
+            message=msg,
+            evidence=evidence,
+            tokens=_rows(zero),
+            actions=actions,
+        )
+    ]
 
 
 def _need_rewards(view: RunView) -> None:
@@ -263,7 +297,15 @@ def reward_nonfinite(view: RunView) -> list[Finding]:
     first_step, last_step = int(bad[STEP.step].min()), int(bad[STEP.step].max())
     return [
         Finding(
-            "reward_nonfinite", "critical", 1.0, first_step, last_step, msg, evidence, _rows(bad), actions
+            id="reward_nonfinite",
+            severity="critical",
+            confidence=1.0,
+            first_step=first_step,
+            last_step=last_step,
+            message=msg,
+            evidence=evidence,
+            tokens=_rows(bad),
+            actions=actions,
         )
     ]
 
@@ -297,7 +339,17 @@ def reward_constant(view: RunView) -> list[Finding]:
         first, last = int(part[STEP.step].min()), int(part[STEP.step].max())
         rows = part.drop_duplicates(STEP.step)
         out.append(
-            Finding("reward_constant", "warning", 1.0, first, last, msg, evidence, _rows(rows), actions)
+            Finding(
+                id="reward_constant",
+                severity="warning",
+                confidence=1.0,
+                first_step=first,
+                last_step=last,
+                message=msg,
+                evidence=evidence,
+                tokens=_rows(rows),
+                actions=actions,
+            )
         )
     return out
 
@@ -341,6 +393,13 @@ def token_count_mismatch(view: RunView) -> list[Finding]:
     first_step, last_step = int(df[STEP.step].min()), int(df[STEP.step].max())
     return [
         Finding(
-            "token_count_mismatch", "warning", 1.0, first_step, last_step, msg, evidence, actions=actions
+            id="token_count_mismatch",
+            severity="warning",
+            confidence=1.0,
+            first_step=first_step,
+            last_step=last_step,
+            message=msg,
+            evidence=evidence,
+            actions=actions,
         )  # step-level counts: the evidence names steps, no token
     ]

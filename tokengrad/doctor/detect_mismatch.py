@@ -95,15 +95,15 @@ def rollout_mismatch(view: RunView) -> list[Finding]:
     conf = confidence_from_p(tr.p_value) if growing else 0.9
     return [
         Finding(
-            "rollout_mismatch",
-            level,
-            conf,
-            onset,
-            int(steps[-1]),
-            msg,
-            evidence,
-            _worst_tokens(view, worst),
-            actions,
+            id="rollout_mismatch",
+            severity=level,
+            confidence=conf,
+            first_step=onset,
+            last_step=int(steps[-1]),
+            message=msg,
+            evidence=evidence,
+            tokens=_worst_tokens(view, worst),
+            actions=actions,
         )
     ]
 
@@ -177,7 +177,19 @@ def confident_disagreement(view: RunView) -> list[Finding]:
     )
     conf = min(0.99, 0.7 + 10 * share)
     first, last = int(steps.min()), int(steps.max())
-    return [Finding("confident_disagreement", level, conf, first, last, msg, evidence, tokens, actions)]
+    return [
+        Finding(
+            id="confident_disagreement",
+            severity=level,
+            confidence=conf,
+            first_step=first,
+            last_step=last,
+            message=msg,
+            evidence=evidence,
+            tokens=tokens,
+            actions=actions,
+        )
+    ]
 
 
 def masked_per_sequence(view: RunView) -> pd.DataFrame:
@@ -266,4 +278,16 @@ def masked_sequences(view: RunView) -> list[Finding]:
     conf = sustained_confidence(b - a, MASKED_SUSTAIN, peak, MASKED_WARNING)
     tokens = _masked_evidence(seq, first, int(per["n"].iloc[a]))
     last = int(steps[b - 1])
-    return [Finding("masked_sequences", "warning", conf, first, last, msg, evidence, tokens, actions)]
+    return [
+        Finding(
+            id="masked_sequences",
+            severity="warning",
+            confidence=conf,
+            first_step=first,
+            last_step=last,
+            message=msg,
+            evidence=evidence,
+            tokens=tokens,
+            actions=actions,
+        )
+    ]

@@ -98,15 +98,15 @@ def length_hacking(view: RunView) -> list[Finding]:
     )
     return [
         Finding(
-            "length_hacking",
-            "warning",
-            confidence_from_p(tr.p_value),
-            onset,
-            int(steps[-1]),
-            msg,
-            evidence,
-            tokens,
-            actions,
+            id="length_hacking",
+            severity="warning",
+            confidence=confidence_from_p(tr.p_value),
+            first_step=onset,
+            last_step=int(steps[-1]),
+            message=msg,
+            evidence=evidence,
+            tokens=tokens,
+            actions=actions,
         )
     ]
 
@@ -178,7 +178,19 @@ def truncation(view: RunView) -> list[Finding]:
         )
         conf = min(0.99, 0.5 + 0.05 * (b - a))
         tokens = _truncated_examples(flags, steps[a], steps[b - 1], exact)
-        return [Finding("truncation", level, conf, steps[a], steps[b - 1], msg, evidence, tokens, actions)]
+        return [
+            Finding(
+                id="truncation",
+                severity=level,
+                confidence=conf,
+                first_step=steps[a],
+                last_step=steps[b - 1],
+                message=msg,
+                evidence=evidence,
+                tokens=tokens,
+                actions=actions,
+            )
+        ]
     return []
 
 
@@ -287,15 +299,15 @@ def repetition(view: RunView) -> list[Finding]:
     actions = (Action("add a repetition penalty or stop sequences; check the reward", "arXiv 1908.04319"),)
     return [
         Finding(
-            "repetition",
-            "warning",
-            min(0.99, 0.5 + 0.05 * (b - a)),
-            steps[a],
-            steps[b - 1],
-            msg,
-            evidence,
-            tokens,
-            actions,
+            id="repetition",
+            severity="warning",
+            confidence=min(0.99, 0.5 + 0.05 * (b - a)),
+            first_step=steps[a],
+            last_step=steps[b - 1],
+            message=msg,
+            evidence=evidence,
+            tokens=tokens,
+            actions=actions,
         )
     ]
 
@@ -336,14 +348,14 @@ def format_gaming(view: RunView) -> list[Finding]:
     )
     return [
         Finding(
-            "format_gaming",
-            "warning",
-            confidence_from_p(tr.p_value),
-            onset,
-            int(steps[-1]),
-            msg,
-            evidence,
-            tokens,
-            actions,
+            id="format_gaming",
+            severity="warning",
+            confidence=confidence_from_p(tr.p_value),
+            first_step=onset,
+            last_step=int(steps[-1]),
+            message=msg,
+            evidence=evidence,
+            tokens=tokens,
+            actions=actions,
         )
     ]

@@ -90,7 +90,17 @@ def advantage_collapse(view: RunView) -> list[Finding]:
         tokens = _group_samples(view, span[span["zero"]])
         conf = min(0.99, 0.5 + 0.05 * (b - a))
         return [
-            Finding("advantage_collapse", level, conf, steps[a], steps[b - 1], msg, evidence, tokens, actions)
+            Finding(
+                id="advantage_collapse",
+                severity=level,
+                confidence=conf,
+                first_step=steps[a],
+                last_step=steps[b - 1],
+                message=msg,
+                evidence=evidence,
+                tokens=tokens,
+                actions=actions,
+            )
         ]
     return []
 
@@ -141,14 +151,14 @@ def degenerate_groups(view: RunView) -> list[Finding]:
     actions = (Action("raise the sampling temperature or the group size", "arXiv 2402.03300 Sec. 4"),)
     return [
         Finding(
-            "degenerate_groups",
-            "warning",
-            min(0.99, 0.5 + 0.05 * (b - a)),
-            steps[a],
-            steps[b - 1],
-            msg,
-            evidence,
-            _group_samples(view, span),
-            actions,
+            id="degenerate_groups",
+            severity="warning",
+            confidence=min(0.99, 0.5 + 0.05 * (b - a)),
+            first_step=steps[a],
+            last_step=steps[b - 1],
+            message=msg,
+            evidence=evidence,
+            tokens=_group_samples(view, span),
+            actions=actions,
         )
     ]

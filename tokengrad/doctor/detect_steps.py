@@ -58,13 +58,13 @@ def entropy_collapse(view: RunView) -> list[Finding]:
     )
     return [
         Finding(
-            "entropy_collapse",
-            "critical" if critical else "warning",
-            confidence_from_p(tr.p_value),
-            onset,
-            int(steps[-1]),
-            msg,
-            {
+            id="entropy_collapse",
+            severity="critical" if critical else "warning",
+            confidence=confidence_from_p(tr.p_value),
+            first_step=onset,
+            last_step=int(steps[-1]),
+            message=msg,
+            evidence={
                 "statistic": "end/start window medians of entropy_mean; Mann-Kendall trend, Theil-Sen slope",
                 "values": {"start": start, "end": end, "ratio": ratio, "window": w, **tr.as_dict()},
                 "thresholds": {"drop": ENTROPY_DROP, "critical": ENTROPY_CRITICAL, "alpha": TREND_ALPHA},
@@ -100,7 +100,18 @@ def _sustained_finding(view, name, column, warn, crit, k, unit, actions, source)
             "source": source,
         }
         conf = sustained_confidence(b - a, k, peak, threshold)
-        return [Finding(name, level, conf, int(steps[a]), int(steps[b - 1]), msg, evidence, actions=actions)]
+        return [
+            Finding(
+                id=name,
+                severity=level,
+                confidence=conf,
+                first_step=int(steps[a]),
+                last_step=int(steps[b - 1]),
+                message=msg,
+                evidence=evidence,
+                actions=actions,
+            )
+        ]
     return []
 
 

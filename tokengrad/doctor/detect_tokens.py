@@ -108,7 +108,19 @@ def gradient_spike(view: RunView) -> list[Finding]:
             Action("lower the learning rate or clip the gradient norm", "Pascanu et al., arXiv 1211.5063"),
         )
         conf = confidence_from_excess(float(row.z), SPIKE_Z)
-        out.append(Finding("gradient_spike", level, conf, step, step, msg, evidence, tokens, actions))
+        out.append(
+            Finding(
+                id="gradient_spike",
+                severity=level,
+                confidence=conf,
+                first_step=step,
+                last_step=step,
+                message=msg,
+                evidence=evidence,
+                tokens=tokens,
+                actions=actions,
+            )
+        )
     return out
 
 
@@ -195,15 +207,15 @@ def low_prob_dominance(view: RunView) -> list[Finding]:
     )
     return [
         Finding(
-            "low_prob_dominance",
-            "warning",
-            confidence_from_excess(ratio, LOW_RATIO),
-            int(low[BUCKET.step].min()),
-            last,
-            msg,
-            evidence,
-            tokens[:5],
-            actions,
+            id="low_prob_dominance",
+            severity="warning",
+            confidence=confidence_from_excess(ratio, LOW_RATIO),
+            first_step=int(low[BUCKET.step].min()),
+            last_step=last,
+            message=msg,
+            evidence=evidence,
+            tokens=tokens[:5],
+            actions=actions,
         )
     ]
 
@@ -243,7 +255,16 @@ def high_prob_drag(view: RunView) -> list[Finding]:
     first = int(per.index[np.argmax(per.to_numpy() < HIGH_CORRECT)])
     level = "warning" if p < HIGH_ALPHA else "info"
     return [
-        Finding("high_prob_drag", level, 1.0 - p, first, int(per.index.max()), msg, evidence, actions=actions)
+        Finding(
+            id="high_prob_drag",
+            severity=level,
+            confidence=1.0 - p,
+            first_step=first,
+            last_step=int(per.index.max()),
+            message=msg,
+            evidence=evidence,
+            actions=actions,
+        )
     ]
 
 
@@ -294,4 +315,15 @@ def zeroed_gradients(view: RunView) -> list[Finding]:
     )
     level = "critical" if share >= ZERO_CRITICAL else "warning"
     conf = confidence_from_excess(share, ZERO_WARNING)
-    return [Finding("zeroed_gradients", level, conf, first, last, msg, evidence, actions=actions)]
+    return [
+        Finding(
+            id="zeroed_gradients",
+            severity=level,
+            confidence=conf,
+            first_step=first,
+            last_step=last,
+            message=msg,
+            evidence=evidence,
+            actions=actions,
+        )
+    ]

@@ -79,11 +79,11 @@ def examine(
 
 def _error(name: str, err: Exception) -> Finding:
     return Finding(
-        "detector_error",
-        "info",
-        1.0,
-        None,
-        None,
-        f"detector {name} could not read this run: {type(err).__name__}: {err}",
-        {"detector": name},
+        id="detector_error",
+        severity="info",
+        confidence=1.0,
+        first_step=None,
+        last_step=None,
+        message=f"detector {name} could not read this run: {type(err).__name__}: {err}",
+        evidence={"detector": name},
     )

@@ -84,7 +84,7 @@ class Action:
     source: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)  # nine fields: named at every call, never by position
 class Finding:
     id: str
     severity: str
