@@ -13,6 +13,7 @@ import numpy as np
 from tokengrad.doctor.finding import TokenEvidence
 from tokengrad.doctor.registry import pct
 from tokengrad.doctor.view import RunView
+from tokengrad.read.evidence_text import evidence_texts
 from tokengrad.read.token_shares import token_shares
 from tokengrad.schema import TOK
 
@@ -21,7 +22,8 @@ def culprits(view: RunView, step: int, k: int = 20) -> tuple[TokenEvidence, ...]
     """The k loss tokens of `step` with the largest share of the step's combined update
     (tokengrad.read.token_shares.token_shares, the token inspector's default share): by `update_share`
     (exact) when the step recorded it, else by logit_grad_norm over its sum (an estimate: it ignores how
-    the tokens' gradients align)."""
+    the tokens' gradients align). A token holding part of a character split over tokens reads as the
+    whole character, marked (tokengrad.read.evidence_text); token_id stays the recorded id."""
     if not view.has_tokens:
         return ()
     exact = False
@@ -35,13 +37,15 @@ def culprits(view: RunView, step: int, k: int = 20) -> tuple[TokenEvidence, ...]
         return ()
     value = TOK.update_share if exact else TOK.logit_grad_norm
     df = token_shares(view, int(step), value=value, k=int(k))
+    # a token holding part of a split character names the whole character (the id stays as recorded)
+    texts = evidence_texts(view, int(step), zip(df[TOK.sample_id], df[TOK.position]))
     return tuple(
         TokenEvidence(
             step=int(step),
             sample_id=int(r.sample_id),
             position=int(r.position),
             token_id=int(r.token_id),
-            text=str(r.token) if r.token is not None else "",
+            text=texts.get((int(r.sample_id), int(r.position)), ""),
             share=float(r.share) if r.share is not None and np.isfinite(r.share) else None,
             share_of="update" if exact else TOK.logit_grad_norm,
             exact=exact,

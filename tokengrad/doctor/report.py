@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import html
 
-from tokengrad.doctor.finding import SEVERITIES, Finding, NotChecked
+from tokengrad.doctor.finding import SEVERITIES, Finding, NotChecked, TokenEvidence
 from tokengrad.doctor.links import DEFAULT_BASE, dashboard_query, dashboard_url
 from tokengrad.read.display import visible_lines, visible_text
+from tokengrad.read.token_text import readable_token
 
 _MARK = {"critical": "CRIT", "warning": "WARN", "info": "info"}
 
@@ -23,6 +24,13 @@ def _steps(f: Finding) -> str:
     if f.first_step is None:
         return "run"
     return f"step {f.first_step}" if f.first_step == f.last_step else f"steps {f.first_step}-{f.last_step}"
+
+
+def evidence_text(t: TokenEvidence) -> str:
+    """A token's evidence text as read: whole characters from byte pieces that form them
+    (tokengrad.read.token_text.readable_token; the culprits already name a split character whole), escapes
+    for what a terminal or page would obey. A sample's text (no position) is decoded already."""
+    return visible_text(readable_token(t.text) if t.position is not None else t.text)
 
 
 def not_checked_lines(not_checked: list[NotChecked]) -> list[str]:
@@ -46,7 +54,7 @@ def as_text(
             where = f"sample {t.sample_id}" + (f" pos {t.position}" if t.position is not None else "")
             exact = "exact" if t.exact else "estimate"
             prob = f" p={t.prob:.3g}" if t.prob is not None else ""
-            lines.append(f"     - step {t.step} {where} '{visible_text(t.text)}'{prob}: {share} ({exact})")
+            lines.append(f"     - step {t.step} {where} '{evidence_text(t)}'{prob}: {share} ({exact})")
         for a in f.actions[:2]:
             lines.append(f"     > {a.text} [{a.source}]")
         lines.append(f"     {dashboard_url(f, base)}")
@@ -84,7 +92,7 @@ def _html_tokens(f: Finding) -> str:
         return ""
     rows = "".join(
         f"<tr><td>{t.step}</td><td>{t.sample_id}</td><td>{'' if t.position is None else t.position}</td>"
-        f"<td><code>{html.escape(visible_text(t.text))}</code></td>"
+        f"<td><code>{html.escape(evidence_text(t))}</code></td>"
         f"<td>{'' if t.prob is None else f'{t.prob:.3g}'}</td>"
         f"<td>{'' if t.share is None else f'{100 * t.share:.1f} %'}</td><td>{html.escape(t.share_of)}</td>"
         f"<td>{'exact' if t.exact else 'estimate'}</td></tr>"

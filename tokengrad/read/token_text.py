@@ -28,6 +28,7 @@ from tokengrad.read.byte_table import byte_level_table
 
 BYTE_SPELLING = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece byte fallback / the recorder's spelling
 CONTINUATION = "◌"  # a token whose bytes belong to a character shown on a later token
+SPLIT_NOTE = "a split character"  # evidence_text's mark on a token holding part of one
 _SHIFTED = range(0x100, 0x144)  # the table's stand-ins for unprintable bytes ('Ġ' = space, 'Ċ' = newline)
 
 
@@ -92,6 +93,7 @@ class _Merger:
         self.out: list[list[str]] = [[] for _ in range(n)]
         self.pending: list[tuple[int, int]] = []  # (token index, byte) of an unfinished character
         self.need = 0
+        self.split: list[list[tuple[str, int, int]]] = [[] for _ in range(n)]  # (char, k, n) per token
 
     def flush(self) -> None:
         """The unfinished character never completes: each byte back on its own token as <0xNN>."""
@@ -122,16 +124,14 @@ class _Merger:
             self.flush()
             return
         self.out[i].append(ch)
+        held = sorted({j for j, _ in self.pending})
+        if len(held) > 1:  # a character split over tokens: each holder learns which part it holds
+            for k, j in enumerate(held, 1):
+                self.split[j].append((ch, k, len(held)))
         self.pending = []
 
 
-def merge_tokens(texts: Sequence[str | None]) -> list[str | None]:
-    """Display text of each token of one sequence, multi-byte characters merged onto the token that
-    completes them; None for a continuation token (all its bytes belong to a later token's character).
-    A missing text (None) stays '' and breaks any character across it."""
-    texts = ["" if t is None else str(t) for t in texts]
-    if not any("<0x" in t or not t.isascii() for t in texts):
-        return list(texts)  # the common case: ASCII text, nothing to merge
+def _merged(texts: list[str]) -> _Merger:
     byte_level = is_byte_level(texts)
     merger = _Merger(len(texts))
     for i, text in enumerate(texts):
@@ -141,8 +141,54 @@ def merge_tokens(texts: Sequence[str | None]) -> list[str | None]:
         for b in data:
             merger.feed(i, b)
     merger.flush()
+    return merger
+
+
+def _shown(texts: list[str], merger: _Merger) -> list[str | None]:
     held = {i for i, t in enumerate(texts) if t}
     return ["".join(parts) if parts or i not in held else None for i, parts in enumerate(merger.out)]
+
+
+def merge_tokens(texts: Sequence[str | None]) -> list[str | None]:
+    """Display text of each token of one sequence, multi-byte characters merged onto the token that
+    completes them; None for a continuation token (all its bytes belong to a later token's character).
+    A missing text (None) stays '' and breaks any character across it."""
+    texts = ["" if t is None else str(t) for t in texts]
+    if not any("<0x" in t or not t.isascii() for t in texts):
+        return list(texts)  # the common case: ASCII text, nothing to merge
+    return _shown(texts, _merged(texts))
+
+
+def split_parts(texts: Sequence[str | None]) -> list[list[tuple[str, int, int]]]:
+    """For each token of one sequence, the characters split over several tokens that it holds bytes of,
+    as (character, k, n): the token is the k-th of the n tokens holding it. [] for a token whose every
+    character lies whole inside it."""
+    texts = ["" if t is None else str(t) for t in texts]
+    if not any("<0x" in t or not t.isascii() for t in texts):
+        return [[] for _ in texts]
+    return _merged(texts).split
+
+
+def evidence_text(texts: Sequence[str | None], at: int) -> str:
+    """Token `at` of a window of one sequence's token texts (its neighbours give the bytes it shares a
+    character with), as a finding names it: a token holding part of a character split over tokens reads
+    as that whole character, marked, '中 (token 1 of 3 of a split character)'; a token that also
+    completes or begins other characters shows them too ('中文 (token 3 of 3 of 中, a split character)').
+    Other tokens read as readable_token reads them."""
+    texts = ["" if t is None else str(t) for t in texts]
+    if not any("<0x" in t or not t.isascii() for t in texts):
+        return texts[at]
+    merger = _merged(texts)
+    parts, own = merger.split[at], _shown(texts, merger)[at] or ""
+    if not parts:
+        return own
+    # the characters it does not complete are drawn on later tokens (merge_tokens): shown here too
+    shown = own + "".join(c for c, k, n in parts if k < n)
+    if len(parts) == 1:
+        c, k, n = parts[0]
+        return f"{shown} (token {k} of {n} of {SPLIT_NOTE if shown == c else f'{c}, {SPLIT_NOTE}'})"
+    where = ", ".join(f"token {k} of {n} of {c}" for c, k, n in parts)
+    return f"{shown} ({where}: split characters)"
 
 
 def readable_token(text: str | None) -> str:
