@@ -1,11 +1,15 @@
-"""The font a word cloud is drawn in: of the fonts present, the one that draws most of its characters.
+"""The fonts a word cloud is drawn in: each word in the first font present that draws all its characters.
 
-    path = cloud_font(["中文", "the", "😀"])       # Noto Sans CJK when installed, else DejaVu Sans
+    path = word_font("中文")                      # Noto Sans CJK when installed, else DejaVu Sans
+    path = cloud_font(["中文", "the", "😀"])       # one font for a whole list: the one drawing the most
     word = drawable("中😀", path)                 # '中\\U0001f600': a character the font lacks, as an escape
+    font = WordFont(size=40)                       # a Pillow font of one size, each word in its word_font
 
 wordcloud draws every word with one TrueType font through Pillow, which has no fallback: a character the
-font lacks is an empty box. The candidates, in order of preference: DejaVu Sans (bundled with matplotlib:
-Latin, Greek, Cyrillic, math symbols), Noto Sans CJK (Debian fonts-noto-cjk: Chinese, Japanese, Korean)
+font lacks is an empty box. So a cloud hands wordcloud a WordFont, which measures and draws each word in
+the font word_font picks for it (a mostly-CJK cloud draws its emoji words in DejaVu Sans or Symbola).
+The candidates, in order of preference: DejaVu Sans (bundled with matplotlib: Latin, Greek, Cyrillic,
+math symbols, some emoji), Noto Sans CJK (Debian fonts-noto-cjk: Chinese, Japanese, Korean)
 and Symbola (Debian fonts-symbola: emoji as outlines; Noto Color Emoji is a fixed-size bitmap font that
 Pillow cannot scale). scripts/setup.sh installs the two Debian packages where it can. Characters the
 chosen font still lacks are written as escapes (tokengrad.read.display.escape_char), never as boxes.
@@ -63,6 +67,51 @@ def cloud_font(words: Iterable[str]) -> str:
         if n > best_n:
             best, best_n = path, n
     return best
+
+
+def _drawn(word: str) -> list[int]:
+    return [ord(c) for c in str(word) if not c.isspace() and c not in JOINERS]
+
+
+@lru_cache(maxsize=4096)
+def word_font(word: str) -> str:
+    """The first candidate font that draws every character of `word`; where none does, the one drawing
+    the most (ties: the earlier candidate). The characters it lacks read as escapes (drawable)."""
+    chars, fonts = _drawn(word), candidate_fonts()
+    for path in fonts:
+        if all(cp in coverage(path) for cp in chars):
+            return path
+    return max(fonts, key=lambda p: (sum(cp in coverage(p) for cp in chars), -fonts.index(p)))
+
+
+@lru_cache(maxsize=256)
+def _truetype(path: str, size: int):
+    from PIL import ImageFont
+
+    return ImageFont.truetype(path, size)
+
+
+class WordFont:
+    """A Pillow font of one size that measures and draws each text in its word_font: what wordcloud asks
+    of a font (getbbox, getlength, getmask through ImageFont.TransposedFont), forwarded per word."""
+
+    def __init__(self, size: int):
+        self.size = int(size)
+
+    def font(self, text: str):
+        return _truetype(word_font(str(text)), self.size)
+
+    def getbbox(self, text, *args, **kwargs):
+        return self.font(text).getbbox(text, *args, **kwargs)
+
+    def getlength(self, text, *args, **kwargs):
+        return self.font(text).getlength(text, *args, **kwargs)
+
+    def getmask(self, text, *args, **kwargs):
+        return self.font(text).getmask(text, *args, **kwargs)
+
+    def getmask2(self, text, *args, **kwargs):
+        return self.font(text).getmask2(text, *args, **kwargs)
 
 
 def drawable(word: str, path: str) -> str:

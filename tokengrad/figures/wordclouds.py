@@ -14,9 +14,9 @@ Special tokens (<|im_end|>, </s>, ...) are dropped. A character split over sever
 counted once, on the token that completes it); bytes that never form a character stay '<0xE2>'. Words
 are never rotated (a rotated '<' reads as 'V'). Clouds are sized by token count, or by the tokens' summed
 gradient (grad_sum, the sum of logit_grad_norm) with size_by="grad_sum".
-Each cloud is drawn in the font that covers most of its characters (tokengrad.figures.fonts: DejaVu Sans,
-else Noto Sans CJK or Symbola where installed); a character that font lacks is written as an escape
-(\u4e2d), never as an empty box.
+Each word is drawn in the first font that covers all its characters (tokengrad.figures.fonts.word_font:
+DejaVu Sans, else Noto Sans CJK or Symbola where installed), so CJK words and emoji in one cloud both
+draw; a character no font covers is written as an escape (\u4e2d), never as an empty box.
 """
 
 from __future__ import annotations
@@ -26,13 +26,22 @@ import io
 import random
 import re
 from collections.abc import Iterable, Mapping
+from functools import lru_cache
+from types import FunctionType, SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from tokengrad.figures.fonts import DEFAULT_FONT_FAMILY, cloud_font, drawable, find_font  # noqa: F401
+from tokengrad.figures.fonts import (  # noqa: F401
+    DEFAULT_FONT_FAMILY,
+    WordFont,
+    cloud_font,
+    drawable,
+    find_font,
+    word_font,
+)
 from tokengrad.figures.style import MAX_TOKEN_CHARS, cap_text, dashboard_layout, empty_figure
 from tokengrad.read.display import WHITESPACE_SYMBOLS, visible_text
 from tokengrad.read.token_text import readable_token
@@ -111,15 +120,42 @@ def _hue_color_func(hue: int):
     return color
 
 
-def _cloud(freqs: Mapping[str, float], width: int, height: int, hue: int, seed: int, font_path: str | None):
+@lru_cache(maxsize=1)
+def _per_word_cloud():
+    """wordcloud.WordCloud whose layout and drawing open a fonts.WordFont where the library opens its one
+    font file (`ImageFont.truetype(self.font_path, size)`): the library's own two methods, run with
+    ImageFont bound to a namespace that makes WordFonts, so every word is measured and drawn in its own
+    font (tests/test_wordcloud_fonts.py checks the glyphs drawn)."""
+    from PIL import ImageFont
+    from wordcloud import WordCloud
+    from wordcloud import wordcloud as library
+
+    opener = SimpleNamespace(
+        truetype=lambda path, size: WordFont(size), TransposedFont=ImageFont.TransposedFont
+    )
+    scope = {**vars(library), "ImageFont": opener}
+
+    def rebound(f):
+        g = FunctionType(f.__code__, scope, f.__name__, f.__defaults__, f.__closure__)
+        g.__kwdefaults__ = f.__kwdefaults__
+        return g
+
+    methods = ("generate_from_frequencies", "to_image")
+    return type("PerWordCloud", (WordCloud,), {m: rebound(getattr(WordCloud, m)) for m in methods})
+
+
+def _cloud(
+    freqs: Mapping[str, float], *, width: int, height: int, hue: int, seed: int, font_path: str | None
+):
+    """The laid-out cloud: each word in its own font (fonts.word_font), or all in `font_path` if given."""
     from wordcloud import WordCloud
 
-    font_path = font_path or cloud_font(freqs)
-    wc = WordCloud(
+    kind = WordCloud if font_path else _per_word_cloud()
+    wc = kind(
         width=width,
         height=height,
         background_color="white",
-        font_path=str(font_path),
+        font_path=str(font_path or find_font()),
         random_state=seed,
         color_func=_hue_color_func(hue),
         prefer_horizontal=1.0,
@@ -129,9 +165,8 @@ def _cloud(freqs: Mapping[str, float], width: int, height: int, hue: int, seed: 
     )
     capped: dict[str, float] = {}  # freqs that did not come through prepare_frequencies: made visible here
     for word, size in freqs.items():
-        shown = drawable(
-            cap_text(visible_text(str(word)[: 4 * MAX_TOKEN_CHARS], symbols=INNER_SYMBOLS)), font_path
-        )
+        shown = cap_text(visible_text(str(word)[: 4 * MAX_TOKEN_CHARS], symbols=INNER_SYMBOLS))
+        shown = drawable(shown, font_path or word_font(shown))
         capped[shown] = capped.get(shown, 0.0) + size
     return wc.generate_from_frequencies(capped)
 
@@ -148,7 +183,8 @@ def wordcloud_array(
     """The word cloud as an RGB image [height, width, 3] uint8; all white when `freqs` is empty."""
     if not freqs:
         return np.full((height, width, 3), 255, dtype=np.uint8)
-    return np.asarray(_cloud(freqs, width, height, hue, seed, font_path).to_array(), dtype=np.uint8)
+    wc = _cloud(freqs, width=width, height=height, hue=hue, seed=seed, font_path=font_path)
+    return np.asarray(wc.to_array(), dtype=np.uint8)
 
 
 def wordcloud_png(
