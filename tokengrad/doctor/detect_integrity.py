@@ -89,7 +89,11 @@ def logprob_constant(view: RunView) -> list[Finding]:
     """A log-prob column is one value (often 0.0) over a whole sequence while another column varies:
     zero-filled or constant log-probs, which corrupt the ratio and the IS weight."""
     _need_tokens(view, TOK.logprob)
-    cols = [c for c in _LOGPROBS if view.has_token_columns(c)]
+    present = [c for c in _LOGPROBS if view.has_token_columns(c)]
+    counts = view.sql("SELECT " + ", ".join(f"count({c}) AS {c}" for c in present) + " FROM tokens")
+    cols = [c for c in present if counts[c].iloc[0]]  # the log-prob columns some token row records
+    if len(cols) < 2:
+        raise NotChecked("the token rows record one log-prob column (logprob); the check compares two")
     out = []
     for col in cols:
         other = TOK.old_logprob if col == TOK.logprob else TOK.logprob
@@ -316,6 +320,8 @@ def reward_constant(view: RunView) -> list[Finding]:
     function that returns a constant, or a task the policy never (or always) solves."""
     _need_rewards(view)
     df = view.samples.dropna(subset=[SAMPLE.reward])
+    if (n := df[STEP.step].nunique()) < CONST_REWARD_STEPS:
+        raise NotChecked(f"{n} steps record rewards, the check needs {CONST_REWARD_STEPS}")
     task = df[SAMPLE.task].fillna("") if SAMPLE.task in df.columns else pd.Series("", index=df.index)
     out = []
     for name, part in df.groupby(task, sort=True):
@@ -362,6 +368,12 @@ def token_count_mismatch(view: RunView) -> list[Finding]:
     if view.column(STEP.n_tokens) is None:
         raise NotChecked("the steps table has no n_tokens")
     key = f"{STEP.step}, {STEP.rank}"  # a step's rows on one rank (tokens and steps alike)
+    whole = view.sql(
+        f"SELECT count(*) AS n FROM (SELECT {key}, count({TOK.selected_by}) AS b FROM tokens "
+        f"GROUP BY {key}) WHERE b = 0"
+    )["n"].iloc[0]
+    if not whole:
+        raise NotChecked("every step kept a token budget: its rows are not the whole loss mask")
     n, rows = f"s.{STEP.n_tokens}", f"s.{STEP.n_token_rows}"
     df = view.sql(
         # a token trained in several updates (mu > 1) has a row per update; n_tokens counts it once

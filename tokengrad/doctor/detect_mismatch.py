@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tokengrad.doctor.finding import Action, Finding, TokenEvidence
+from tokengrad.doctor.finding import Action, Finding, NotChecked, TokenEvidence
 from tokengrad.doctor.registry import detector, fmt, pct, window_medians
 from tokengrad.doctor.stats import confidence_from_p, sustained, sustained_confidence, trend
 from tokengrad.doctor.thresholds import TREND_ALPHA
@@ -24,6 +24,7 @@ MISMATCH_WARNING = 0.01
 MISMATCH_CRITICAL = 0.1
 MISMATCH_GROWTH = 10.0
 MISMATCH_FLOOR = 1e-3  # growth below this level is numerical noise (tokengrad default)
+MISMATCH_MIN_STEPS = 5  # steps the start and end windows need
 MASKED_WARNING = 0.1  # tokengrad default: a tenth of the sequences masked
 MASKED_SUSTAIN = 5
 _SOURCE = "Yao et al. 2025, off-policy RL training from inference/training mismatch (truncated IS)"
@@ -68,8 +69,10 @@ def _counted(step: int, r, share: float | None, rank: int, prob=None) -> TokenEv
 def rollout_mismatch(view: RunView) -> list[Finding]:
     """rollout_mismatch above 0.01 nats (critical: 0.1) at the end, or growing tenfold (Mann-Kendall)."""
     col = view.column(STEP.rollout_mismatch)
-    if col is None or col[1].size < 5:
-        return []
+    if col is None:
+        raise NotChecked("the run records no rollout log-probs (steps.rollout_mismatch)")
+    if col[1].size < MISMATCH_MIN_STEPS:
+        raise NotChecked(f"{col[1].size} steps record rollout_mismatch, the trend needs {MISMATCH_MIN_STEPS}")
     steps, x = col
     start, end, w = window_medians(x)
     tr = trend(x, steps)
@@ -139,10 +142,12 @@ CONFIDENT_MIN_TOKENS, CONFIDENT_WARNING, CONFIDENT_CRITICAL = 3, 0.001, 0.01
 def confident_disagreement(view: RunView) -> list[Finding]:
     """Loss tokens where the trainer's pi_old gives p > 0.9 and the engine p < 0.1, or the reverse."""
     if not view.has_token_columns(TOK.rollout_logprob, TOK.old_logprob):
-        return []
-    hits = rq.confident_disagreements(view, hi=CONFIDENT_HI, lo=CONFIDENT_LO)
+        raise NotChecked("the run records no rollout log-probs (tokens.rollout_logprob, old_logprob)")
     n_scored = rq.gap_summary(view)["n_scored"]
-    if len(hits) < CONFIDENT_MIN_TOKENS or not n_scored or len(hits) / n_scored < CONFIDENT_WARNING:
+    if not n_scored:
+        raise NotChecked("no loss token has both a rollout and a trainer log-prob")
+    hits = rq.confident_disagreements(view, hi=CONFIDENT_HI, lo=CONFIDENT_LO)
+    if len(hits) < CONFIDENT_MIN_TOKENS or len(hits) / n_scored < CONFIDENT_WARNING:
         return []
     share = len(hits) / n_scored
     level = "critical" if share >= CONFIDENT_CRITICAL else "warning"
@@ -248,7 +253,9 @@ def masked_sequences(view: RunView) -> list[Finding]:
     over 10 % of a step's sequences for 5 steps in a row (tokens.masked, else steps.is_masked_sequences)."""
     per, seq, source = _masked_share(view)
     if per.empty:
-        return []
+        raise NotChecked(
+            "the run records no sequence mask (tokens.masked, or steps.is_masked_sequences with samples)"
+        )
     steps, x = per[TOK.step].to_numpy(), (per[TOK.masked] / per["n"]).to_numpy(dtype=float)
     run = sustained(x > MASKED_WARNING, MASKED_SUSTAIN)
     if run is None:

@@ -11,6 +11,7 @@ from tokengrad.doctor.registry import detector, fmt, pct, window_medians
 from tokengrad.doctor.stats import confidence_from_p, spearman, sustained, trend
 from tokengrad.doctor.thresholds import TREND_ALPHA
 from tokengrad.doctor.view import RunView
+from tokengrad.read.meta_file import token_budget
 from tokengrad.schema import SAMPLE, SAMPLE_EXTRA, TOK
 
 # Length hacking (Singhal et al., arXiv 2310.03716: RLHF gains largely from length): mean length rises
@@ -45,6 +46,22 @@ def _per_step(s: pd.DataFrame, column: str) -> tuple[np.ndarray, np.ndarray]:
     return per.index.to_numpy().astype(int), per.to_numpy(dtype=float)
 
 
+def _need_samples(view: RunView, *columns: str) -> pd.DataFrame:
+    """The samples, or NotChecked naming the first of `columns` no sample records."""
+    s = view.samples
+    if s.empty:
+        raise NotChecked("the run records no samples (completions)")
+    for col in columns:
+        if col not in s.columns or s[col].isna().all():
+            raise NotChecked(f"no sample records {col}")
+    return s
+
+
+def _need_steps(steps: np.ndarray, least: int = 10) -> None:
+    if steps.size < least:
+        raise NotChecked(f"{steps.size} steps record samples, the trend needs {least}")
+
+
 def _correct_rising(s: pd.DataFrame) -> bool:
     if _CORRECT not in s.columns or s[_CORRECT].isna().all():
         return False
@@ -55,12 +72,9 @@ def _correct_rising(s: pd.DataFrame) -> bool:
 @detector("length_hacking", tables=("samples",), page="inspector")
 def length_hacking(view: RunView) -> list[Finding]:
     """Completions grow by half while length predicts reward (Spearman > 0.2) and correctness stays flat."""
-    s = view.samples
-    if s.empty or s[SAMPLE.length].isna().all() or s[SAMPLE.reward].isna().all():
-        return []
+    s = _need_samples(view, SAMPLE.length, SAMPLE.reward)
     steps, length = _per_step(s, SAMPLE.length)
-    if steps.size < 10:
-        return []
+    _need_steps(steps)
     tr = trend(length, steps)
     start, end, w = window_medians(length)
     if not (tr.rising(TREND_ALPHA) and start > 0 and end >= (1 + LENGTH_GROWTH) * start):
@@ -111,31 +125,56 @@ def length_hacking(view: RunView) -> list[Finding]:
     ]
 
 
+def _last_tokens(view: RunView) -> pd.DataFrame:
+    """[step, sample_id, last_id, n] per recorded completion: its last token id and its length in tokens
+    (the last position + 1), from the tokens table."""
+    return view.sql(
+        f"SELECT {TOK.step}, {TOK.sample_id}, arg_max({TOK.token_id}, {TOK.position}) AS last_id, "
+        f"max({TOK.position}) + 1 AS n FROM tokens GROUP BY {TOK.step}, {TOK.sample_id}"
+    )
+
+
+def _end_tokens(last: pd.DataFrame, limit: int) -> set:
+    """The token ids that end the completions stopped before the limit (END_TOKEN_SHARE of them or more)."""
+    short = last[last["n"] < limit]["last_id"].value_counts(normalize=True)
+    return set(short[short >= END_TOKEN_SHARE].index)
+
+
 def truncated_completions(view: RunView, limit: int) -> tuple[pd.DataFrame, bool]:
     """[step, sample_id, truncated] per completion and whether end tokens were read from the tokens table
     (exact) or only the length is known (estimate: a completion at the limit may have ended there)."""
     key = [SAMPLE.step, SAMPLE.sample_id]  # a completion: its tokens' step and sample_id too
     s = view.samples[[*key, SAMPLE.length, SAMPLE.completion]].dropna(subset=[SAMPLE.length])
     if view.has_tokens:
-        last = view.sql(
-            f"SELECT {TOK.step}, {TOK.sample_id}, arg_max({TOK.token_id}, {TOK.position}) AS last_id, "
-            f"max({TOK.position}) + 1 AS n FROM tokens GROUP BY {TOK.step}, {TOK.sample_id}"
-        )
-        short = last[last["n"] < limit]["last_id"].value_counts(normalize=True)
-        ends = set(short[short >= END_TOKEN_SHARE].index)
+        last = _last_tokens(view)
+        ends = _end_tokens(last, limit)
         if ends:
             last["truncated"] = (last["n"] >= limit) & ~last["last_id"].isin(ends)
             return s.merge(last[[*key, "truncated"]], on=key), True
     return s.assign(truncated=s[SAMPLE.length] >= limit), False
 
 
+def _token_truncation(view: RunView, limit: int) -> tuple[pd.DataFrame, bool]:
+    """truncated_completions for a run without samples (the verl plugin records token rows only): each
+    completion's length from its token rows, which hold every response token when no budget was kept."""
+    if token_budget(view.meta) is not None:
+        raise NotChecked(
+            "the run records no completion lengths (samples table), and its token rows are budgeted"
+        )
+    last = _last_tokens(view)
+    ends = _end_tokens(last, limit)
+    last["truncated"] = (last["n"] >= limit) & ~last["last_id"].isin(ends)
+    return last.assign(**{SAMPLE.completion: ""}), bool(ends)
+
+
 def _truncated_share(view: RunView) -> tuple[np.ndarray, np.ndarray, pd.DataFrame | None, bool, str]:
     """(steps, share truncated per step, the flagged completions or None, exact, what was read): from the
-    samples at the run's length limit, else from the share the producer logged itself (TRL's
-    completions/clipped_ratio); NotChecked when neither is there."""
+    samples at the run's length limit (else, without samples, from the token rows), else from the share
+    the producer logged itself (TRL's completions/clipped_ratio); NotChecked when none is there."""
     limit, logged = view.settings.max_new_tokens, view.settings.metric("truncated_share")
-    if limit is not None and not view.samples.empty:
-        flags, exact = truncated_completions(view, limit)
+    if limit is not None and (not view.samples.empty or view.has_tokens):
+        samples = not view.samples.empty
+        flags, exact = truncated_completions(view, limit) if samples else _token_truncation(view, limit)
         if not flags.empty:
             steps, share = _per_step(flags, "truncated")
             return steps, share, flags, exact, f"max_new_tokens = {limit}"
@@ -259,12 +298,9 @@ def _repetitive(s: pd.DataFrame) -> pd.DataFrame:
 def repetition(view: RunView) -> list[Finding]:
     """Over 20 % of a step's completions loop (a span written 3 times back to back, over half of their
     3-grams repeated), 5 steps in a row."""
-    s = view.samples
-    if s.empty or s[SAMPLE.completion].isna().all():
-        return []
-    s = _repetitive(s)
+    s = _repetitive(_need_samples(view, SAMPLE.completion))
     if s.empty:
-        return []
+        raise NotChecked(f"every completion is under {REP_MIN_WORDS} words, seq-rep-{REP_N}'s least")
     steps, share = _per_step(s, "repetitive")
     run = sustained(share > REP_SHARE, REP_SUSTAIN)
     if run is None:
@@ -315,13 +351,10 @@ def repetition(view: RunView) -> list[Finding]:
 @detector("format_gaming", tables=("samples",), page="inspector")
 def format_gaming(view: RunView) -> list[Finding]:
     """Reward rises while correctness does not: the reward - correct gap grows by 0.2 (Mann-Kendall)."""
-    s = view.samples
-    if s.empty or _CORRECT not in s.columns or s[_CORRECT].isna().all() or s[SAMPLE.reward].isna().all():
-        return []
+    s = _need_samples(view, SAMPLE.reward, _CORRECT)  # correctness apart from the reward: the trainer's
     s = s.assign(gap=s[SAMPLE.reward] - s[_CORRECT].astype(float))
     steps, gap = _per_step(s, "gap")
-    if steps.size < 10:
-        return []
+    _need_steps(steps)
     tr = trend(gap, steps)
     start, end, _ = window_medians(gap)
     if not tr.rising(TREND_ALPHA) or end - start < FORMAT_GAP or _correct_rising(s):

@@ -55,7 +55,7 @@ def advantage_collapse(view: RunView) -> list[Finding]:
     """Over 60 % of a step's groups (critical: 90 %) have one reward, 5 steps; all-correct vs all-wrong."""
     g = _groups(view)
     if g.empty:
-        return []
+        raise NotChecked("no group holds two scored completions (samples.group_id)")
     steps, share = _per_step_share(g, "zero")
     for level, threshold in (("critical", COLLAPSE_CRITICAL), ("warning", COLLAPSE_WARNING)):
         run = sustained(share > threshold, COLLAPSE_SUSTAIN)
@@ -128,12 +128,16 @@ def _group_samples(view: RunView, groups: pd.DataFrame, k: int = 3) -> tuple[Tok
 def degenerate_groups(view: RunView) -> list[Finding]:
     """Over half of a step's groups answer with one identical completion, 5 steps in a row."""
     s = view.samples
-    if s.empty or s[SAMPLE.completion].isna().all():
-        return []
+    if s.empty:
+        raise NotChecked("the run records no samples (completions)")
+    if s[SAMPLE.completion].isna().all():
+        raise NotChecked("no sample records its completion text")
     g = s.groupby([SAMPLE.step, SAMPLE.group_id]).agg(
         n=(SAMPLE.completion, "size"), u=(SAMPLE.completion, "nunique")
     )
     g = g[g["n"] >= 2].reset_index()
+    if g.empty:
+        raise NotChecked("no group holds two completions (samples.group_id)")
     g["same"] = g["u"] == 1
     steps, share = _per_step_share(g, "same")
     run = sustained(share > DEGENERATE_WARNING, DEGENERATE_SUSTAIN)

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from tokengrad.doctor.culprits import culprits, lead_first, summarize
-from tokengrad.doctor.finding import Action, Finding, share_note
+from tokengrad.doctor.finding import Action, Finding, NotChecked, share_note
 from tokengrad.doctor.registry import detector, fmt, pct
 from tokengrad.doctor.spike_rule import SPIKE_MIN_STEPS, SPIKE_Z, robust_z
 from tokengrad.doctor.stats import confidence_from_excess, sign_test_greater, trend
@@ -73,7 +73,13 @@ def spikes(gn: pd.DataFrame) -> pd.DataFrame:
 def gradient_spike(view: RunView) -> list[Finding]:
     """A live step's pre-clip gradient norm has robust z > 3.5 (critical: z > 10 and 10x the median), with
     the tokens behind it."""
-    found = spikes(grad_norm_series(view))
+    gn = grad_norm_series(view)
+    live = int((np.isfinite(gn[STEP.grad_norm].to_numpy(dtype=float)) & (gn[STEP.grad_norm] > 0)).sum())
+    if gn.empty:
+        raise NotChecked("the run records no gradient norm (grad_norm)")
+    if live < SPIKE_MIN_STEPS:
+        raise NotChecked(f"{live} steps have a gradient, the robust z needs {SPIKE_MIN_STEPS}")
+    found = spikes(gn)
     out = []
     for row in found.head(SPIKE_MAX_FINDINGS).itertuples():
         step = int(row.step)
@@ -153,10 +159,13 @@ def _replay_clause(replay: dict[int, float], row) -> str:
 
 
 def _bucket_rows(view: RunView) -> pd.DataFrame:
+    """The analysed buckets with tokens; NotChecked when the run has no bucket-analysis step."""
     b = view.buckets
+    if not b.empty:
+        b = b[(b[BUCKET.bucket] != RESIDUAL_BUCKET) & b[BUCKET.lo].notna() & (b[BUCKET.n_tokens] > 0)]
     if b.empty:
-        return b
-    return b[(b[BUCKET.bucket] != RESIDUAL_BUCKET) & b[BUCKET.lo].notna() & (b[BUCKET.n_tokens] > 0)]
+        raise NotChecked("the run has no bucket-analysis steps (buckets table; bucket_every)")
+    return b
 
 
 @detector("low_prob_dominance", tables=("buckets",), page="buckets")
@@ -165,16 +174,16 @@ def low_prob_dominance(view: RunView) -> list[Finding]:
     definition the dashboard, export and docs quote (tokengrad.read.headline: pooled over the analysed
     updates, each counted by its squared size; exact), with the trend of the lowest bucket's share."""
     b = _bucket_rows(view)
-    if b.empty or b[BUCKET.update_share].isna().all():
-        return []
+    if b[BUCKET.update_share].isna().all():
+        raise NotChecked("no bucket-analysis step records update_share")
     low = b[b[BUCKET.lo] == b[BUCKET.lo].min()].dropna(subset=[BUCKET.update_share, BUCKET.token_share])
     low = low[low[BUCKET.token_share] > 0]
     if len(low) < 2:
-        return []
+        raise NotChecked(f"{len(low)} bucket-analysis step(s) hold low-probability tokens, the trend needs 2")
     h = low_prob_shares(view.run, None if view.upto is None else (int(b[BUCKET.step].min()), view.upto))
     share, tok = h.update_share, h.token_share
     if not (np.isfinite(share) and tok > 0):
-        return []
+        raise NotChecked("the analysed updates give no pooled low-probability share")
     ratio = share / tok
     if share < LOW_SHARE or ratio < LOW_RATIO:
         return []
@@ -224,12 +233,13 @@ def low_prob_dominance(view: RunView) -> list[Finding]:
 def high_prob_drag(view: RunView) -> list[Finding]:
     """The p >= 0.75 bucket's correct ratio (A > 0 tokens whose log-prob rose) has median below 0.5."""
     b = _bucket_rows(view)
-    if b.empty:
-        return []
     high = b[b[BUCKET.lo] >= HIGH_LO - 1e-6].dropna(subset=[BUCKET.correct_ratio])
     per = high.groupby(BUCKET.step)[BUCKET.correct_ratio].mean()  # several high buckets (deciles): their mean
     if len(per) < HIGH_MIN_STEPS:
-        return []
+        raise NotChecked(
+            f"{len(per)} bucket-analysis step(s) record the p >= {HIGH_LO} correct_ratio, the sign test "
+            f"needs {HIGH_MIN_STEPS}"
+        )
     median = float(per.median())
     if median >= HIGH_CORRECT:
         return []
@@ -268,14 +278,28 @@ def high_prob_drag(view: RunView) -> list[Finding]:
     ]
 
 
+def _need_token_values(view: RunView, *cols: str) -> None:
+    """NotChecked naming the first of `cols` that the tokens table lacks or no token row records."""
+    if not view.has_tokens:
+        raise NotChecked("the run has no token rows")
+    missing = [c for c in cols if not view.has_token_columns(c)]
+    if missing:
+        raise NotChecked(f"the tokens table has no {missing[0]}")
+    counts = view.sql("SELECT " + ", ".join(f"count({c}) AS {c}" for c in cols) + " FROM tokens")
+    empty = [c for c in cols if not counts[c].iloc[0]]
+    if empty:
+        raise NotChecked(f"no token row records {empty[0]}")
+
+
 @detector("zeroed_gradients", tables=("tokens",), page="inspector")
 def zeroed_gradients(view: RunView) -> list[Finding]:
     """Over 5 % (critical: 50 %) of the unclipped, unmasked A != 0 loss tokens get coef or weight 0: a
     weighting rule silently removes their gradient. Tokens a host's mask removed (tokens.masked: an IS or
     rollout-correction mask, with its reason in masked_by) are the masked_sequences detector's, not this
     one's."""
-    if not view.has_token_columns(TOK.coef, TOK.weight, TOK.advantage, TOK.clipped):
-        return []
+    _need_token_values(view, TOK.coef, TOK.weight, TOK.advantage)
+    if not view.has_token_columns(TOK.clipped):
+        raise NotChecked(f"the tokens table has no {TOK.clipped}")
     unmasked = f" AND NOT coalesce({TOK.masked}, false)" if view.has_token_columns(TOK.masked) else ""
     zeroed = f"{TOK.coef} = 0 OR {TOK.weight} = 0"
     # any zeroed token at all? (two columns read; a healthy run, with none, ends here)
