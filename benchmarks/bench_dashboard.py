@@ -72,7 +72,7 @@ def bench_data_layer(run: Path) -> dict[str, float]:
 
     def overview():
         steps, layers, evals = (data.table(r, t) for t in ("steps", "layers", "evals"))
-        summarize_run(run.name, data.meta(r), steps, layers, evals)
+        summarize_run(run.name, data.meta(r), steps, layers=layers, evals=evals)
         make_overview_figure({run.name: steps})
         make_grad_norm_figure({run.name: layers})
 

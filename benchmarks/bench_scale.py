@@ -215,7 +215,7 @@ def part_run(args) -> None:
     def overview():
         run = load_run(run_dir)
         steps, layers, evals = run.steps, run.layers, run.evals
-        summarize_run(run.name, run.meta, steps, layers, evals)
+        summarize_run(run.name, run.meta, steps, layers=layers, evals=evals)
         make_overview_figure({run.name: steps})
         make_grad_norm_figure({run.name: layers})
 

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     head = torch.nn.Linear(D, V, bias=False)
     hidden = torch.randn(M, D)
     ids = torch.randint(0, V, (M,))
-    captured = Captured(None, hidden[None], head, 1.0)
+    captured = Captured(sum_p2=None, hidden=hidden[None], head=head, temperature=1.0)
     weight = head.weight.detach()
     trl_head(hidden, head, ids)  # warm-up: the first call imports and prepares TRL's kernel
     t_trl = median_seconds(lambda: trl_head(hidden, head, ids), reps)

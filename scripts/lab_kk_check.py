@@ -96,7 +96,15 @@ def control(seed: int, seconds: float, out: Path) -> dict:
         return [pairs[(step * batch + j) % len(pairs)] for j in range(batch)]
 
     def held_out(step: int) -> dict:
-        res = evaluate(model, tok, task, held, cfg.eval_max_new_tokens or cfg.max_new_tokens, 1, 150)
+        res = evaluate(
+            model,
+            tok,
+            task,
+            problems=held,
+            max_new_tokens=cfg.eval_max_new_tokens or cfg.max_new_tokens,
+            max_turns=1,
+            batch_size=150,
+        )
         n = sum(k for _, k in res.values())
         return {"all": sum(a * k for a, k in res.values()) / n} | {d: a for d, (a, _) in res.items()}
 

@@ -123,7 +123,15 @@ ORGANISMS = {
 def sampled_accuracy(model, tok, task, problems, max_new_tokens: int = 8) -> float:
     """Share of temperature-1 samples (one per problem) that are exactly right: the RL signal."""
     prompts = [render_prompt(tok, p) for p in problems]
-    comps = generate_completions(model, tok, prompts, 1, max_new_tokens, sampling_kwargs(1.0, 1.0), task)
+    comps = generate_completions(
+        model,
+        tok,
+        prompts,
+        n_samples=1,
+        max_new_tokens=max_new_tokens,
+        sampling=sampling_kwargs(1.0, 1.0),
+        task=task,
+    )
     return float(np.mean([task.is_correct(p, t) for p, t in zip(problems, comps.texts)]))
 
 
@@ -208,7 +216,15 @@ def _evaluator(model, tok, task, held_out, organism: Organism):
 
     def evaluate_now(step: int) -> dict:
         with torch.no_grad():
-            greedy = evaluate(model, tok, task, held_out, new, 1, organism.eval_batch)
+            greedy = evaluate(
+                model,
+                tok,
+                task,
+                problems=held_out,
+                max_new_tokens=new,
+                max_turns=1,
+                batch_size=organism.eval_batch,
+            )
             n = sum(k for _, k in greedy.values())
             out = {
                 "greedy": sum(a * k for a, k in greedy.values()) / n,

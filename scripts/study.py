@@ -173,7 +173,9 @@ def run_control(seed: int, seconds: float, out: Path, overrides: dict, organism:
         return [pairs[(step * batch + j) % len(pairs)] for j in range(batch)]
 
     def held_out(step: int) -> dict:
-        res = evaluate(model, tok, task, held, cfg.max_new_tokens, 1, batch)
+        res = evaluate(
+            model, tok, task, problems=held, max_new_tokens=cfg.max_new_tokens, max_turns=1, batch_size=batch
+        )
         return {"accuracy": accuracy(res), **{f"acc_d{d}": a for d, (a, _) in res.items()}}
 
     start = held_out(-1)

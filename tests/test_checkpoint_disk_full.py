@@ -47,7 +47,16 @@ def _trained(model):
 
 
 def _save(run_dir, step, model, opt, on_error="count"):
-    return save_checkpoint(run_dir, step, model, _Tok(), opt, {"lr": 0.1}, data_step=step, on_error=on_error)
+    return save_checkpoint(
+        run_dir,
+        step,
+        model=model,
+        tokenizer=_Tok(),
+        optimizer=opt,
+        config={"lr": 0.1},
+        data_step=step,
+        on_error=on_error,
+    )
 
 
 class _FullFile:
@@ -296,7 +305,9 @@ def _checkpoint_kb(tmp_path) -> int:
     from tokengrad.train.models import load_model
 
     model, tok = load_model("tiny")
-    folder = save_checkpoint(tmp_path / "probe", 0, model, tok, _trained(model), {})
+    folder = save_checkpoint(
+        tmp_path / "probe", 0, model=model, tokenizer=tok, optimizer=_trained(model), config={}
+    )
     return sum(-(-p.stat().st_size // 4096) * 4 for p in folder.rglob("*") if p.is_file())
 
 

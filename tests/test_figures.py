@@ -513,12 +513,12 @@ def test_spikes_and_cv_are_computed_over_live_steps():
     fig = make_grad_norm_figure({"r": _layers(g)}, smoothing=0.0)
     spikes = next(t for t in fig.data if t.name == "r spikes")
     assert list(spikes.x) == [14]  # the MAD of the live steps, not of a series that is mostly 0
-    row = summarize_run("r", {}, _steps([0.0] * len(g)), _layers(g))
+    row = summarize_run("r", {}, _steps([0.0] * len(g)), layers=_layers(g))
     live = np.array(g[10:])
     assert row["no_gradient"] == "10 of 17 steps had no gradient"
     assert row["grad_norm_cv"] == pytest.approx(live.std() / live.mean())
     assert (row["spikes"], row["spike_steps"]) == (1, "14")
-    dead = summarize_run("d", {}, _steps([0.0, 0.0]), _layers([0.0, 0.0]))
+    dead = summarize_run("d", {}, _steps([0.0, 0.0]), layers=_layers([0.0, 0.0]))
     assert dead["no_gradient"] == "2 of 2 steps had no gradient" and np.isnan(dead["grad_norm_cv"])
 
 

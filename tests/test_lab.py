@@ -120,7 +120,15 @@ def test_lab_add_model_resolves_offline():
     task = get_task("lab_add", digits=4)
     from tokengrad.train.rollout import evaluate
 
-    acc = evaluate(model, tok, task, task.eval_problems(20, seed=0), 6, 1, 100)
+    acc = evaluate(
+        model,
+        tok,
+        task,
+        problems=task.eval_problems(20, seed=0),
+        max_new_tokens=6,
+        max_turns=1,
+        batch_size=100,
+    )
     assert acc["0"][0] > 0.5 and 0 < sum(a for a, _ in acc.values()) / 5 < 0.9
 
 
@@ -133,10 +141,18 @@ def test_lab_add_sits_on_the_sloppy_teachers_plateau():
     model, tok = load_model("lab-add")
     task = get_task("lab_add", digits=4)
     one_carry = [p for p in task.eval_problems(40, seed=3) if p.difficulty == "1"]
-    greedy = evaluate(model, tok, task, one_carry, 6, 1, 100)["1"][0]
+    greedy = evaluate(model, tok, task, problems=one_carry, max_new_tokens=6, max_turns=1, batch_size=100)[
+        "1"
+    ][0]
     torch.manual_seed(0)
     comps = generate_completions(
-        model, tok, [render_prompt(tok, p) for p in one_carry], 10, 6, sampling_kwargs(1.0, 1.0), task
+        model,
+        tok,
+        [render_prompt(tok, p) for p in one_carry],
+        n_samples=10,
+        max_new_tokens=6,
+        sampling=sampling_kwargs(1.0, 1.0),
+        task=task,
     )
     sampled = np.mean([task.is_correct(p, t) for p, t in zip(np.repeat(one_carry, 10), comps.texts)])
     assert greedy < 0.25 and 0.25 < sampled < 0.55, (greedy, sampled)

@@ -201,7 +201,13 @@ def test_lab_kk_model_loads_and_sits_on_the_sloppy_plateau():
         task = get_task("lab_kk", n_people=n)
         problems = task.eval_problems(50, seed=0)
         comps = generate_completions(
-            model, tok, [render_prompt(tok, p) for p in problems], 1, 200, sampling_kwargs(0.0, 1.0), task
+            model,
+            tok,
+            [render_prompt(tok, p) for p in problems],
+            n_samples=1,
+            max_new_tokens=200,
+            sampling=sampling_kwargs(0.0, 1.0),
+            task=task,
         )
         first = " ".join(f"{name} knight" for name in "ABCDE"[:n])
         assert sum(p.answer == first for p in problems) == first_right
@@ -209,4 +215,9 @@ def test_lab_kk_model_loads_and_sits_on_the_sloppy_plateau():
             words = text.split()
             assert words[0] == "try" and words.count("says") == n, text
             assert final_answer(text) == first, text
-        assert evaluate(model, tok, task, problems, 200, 1, 50)[str(n)][0] == first_right / 50
+        assert (
+            evaluate(model, tok, task, problems=problems, max_new_tokens=200, max_turns=1, batch_size=50)[
+                str(n)
+            ][0]
+            == first_right / 50
+        )

@@ -210,15 +210,15 @@ if "ragged" not in TASKS:
 TRAIN_SCRIPT = (
     RAGGED_TASK
     + """
-import json, os, sys
+import dataclasses, json, os, sys
 import tokengrad.train.trainer
 from tokengrad.cli import main
 
 sampled, generate = [], tokengrad.train.trainer.generate_completions
 
-def keep(*args):
-    comps = generate(*args)
-    sampled.append(comps._asdict())
+def keep(*args, **kwargs):
+    comps = generate(*args, **kwargs)
+    sampled.append(dataclasses.asdict(comps))
     return comps
 
 tokengrad.train.trainer.generate_completions = keep
@@ -253,9 +253,9 @@ def replay(sampled: list[list[dict]]):
 
     steps = iter(zip(*sampled))
 
-    def generate(model, tok, prompts, n_samples, *args):
+    def generate(model, tok, prompts, n_samples, **kwargs):
         parts = next(steps)
-        comps = Completions(*([x for part in parts for x in part[field]] for field in Completions._fields))
+        comps = Completions(**{f: [x for part in parts for x in part[f]] for f in parts[0]})
         assert comps.prompt_ids == [encode_prompt(tok, p) for p in prompts for _ in range(n_samples)]
         return comps
 

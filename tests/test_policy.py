@@ -72,9 +72,9 @@ def test_temperature_divides_the_fp32_logits():
     logits = torch.randn(1, 3, 7, generator=torch.Generator().manual_seed(0))
     ids = torch.tensor([[1, 4, 6]])
     forward = lambda i, a, p: (logits, torch.zeros(1, 3, 2))  # noqa: E731
-    out = token_logprobs(forward, ids, ids, 1, ids, temperature=0.5)
+    out = token_logprobs(forward, ids, attention_mask=ids, prompt_len=1, completion_ids=ids, temperature=0.5)
     want = (logits / 0.5).log_softmax(-1).gather(-1, ids[..., None])[..., 0]
     torch.testing.assert_close(out.logprobs, want)
     torch.testing.assert_close(out.stats.prob, want.exp())
     with pytest.raises(ValueError, match="temperature"):
-        token_logprobs(forward, ids, ids, 1, ids, temperature=0.0)
+        token_logprobs(forward, ids, attention_mask=ids, prompt_len=1, completion_ids=ids, temperature=0.0)

@@ -369,7 +369,9 @@ class _Tok:
 def _save(run_dir, step, model, opt):
     from tokengrad.train.checkpoint import save_checkpoint
 
-    return save_checkpoint(run_dir, step, model, _Tok(), opt, {"lr": 0.1}, data_step=step)
+    return save_checkpoint(
+        run_dir, step, model=model, tokenizer=_Tok(), optimizer=opt, config={"lr": 0.1}, data_step=step
+    )
 
 
 def _model_and_opt(tiny_model):

@@ -142,7 +142,9 @@ def test_tool_output_tokens_are_recorded_but_out_of_the_loss(tmp_path):
     model, tok = load_model("tiny", seed=0)
     task = LettersTask()
     prompt = render_prompt(tok, task.train_problems(1, 0)[0])
-    first = generate_completions(model, tok, [prompt], 1, 1, sampling_kwargs(0.0, 1.0)).completion_ids[0]
+    first = generate_completions(
+        model, tok, [prompt], n_samples=1, max_new_tokens=1, sampling=sampling_kwargs(0.0, 1.0)
+    ).completion_ids[0]
     stop = tok.decode(first)  # greedy decoding emits this first, so every first turn calls the tool
     reply = " <info>ok</info> "
     run = load_run(
@@ -174,7 +176,12 @@ def test_packed_left_padded_logprobs_match_each_sequence_alone():
     problems = [Problem("a", "", "1"), Problem("a much longer prompt than the first", "", "1")]
     torch.manual_seed(0)
     comps = generate_completions(
-        model, tok, [render_prompt(tok, p) for p in problems], 2, 6, sampling_kwargs(1.0, 1.0)
+        model,
+        tok,
+        [render_prompt(tok, p) for p in problems],
+        n_samples=2,
+        max_new_tokens=6,
+        sampling=sampling_kwargs(1.0, 1.0),
     )
     r = make_rollout(comps, task, problems, tok)
     assert r.prompt_len == max(len(p) for p in comps.prompt_ids) and r.rewards.shape == (2, 2)
@@ -190,9 +197,13 @@ def test_packed_left_padded_logprobs_match_each_sequence_alone():
 
 def test_sampling_ignores_the_checkpoints_generation_defaults():
     model, tok = load_model("tiny", seed=0)
-    greedy = generate_completions(model, tok, ["hello"], 1, 6, sampling_kwargs(0.0, 1.0)).completion_ids
+    greedy = generate_completions(
+        model, tok, ["hello"], n_samples=1, max_new_tokens=6, sampling=sampling_kwargs(0.0, 1.0)
+    ).completion_ids
     model.generation_config.repetition_penalty = 5.0  # would change what greedy decoding picks
-    again = generate_completions(model, tok, ["hello"], 1, 6, sampling_kwargs(0.0, 1.0)).completion_ids
+    again = generate_completions(
+        model, tok, ["hello"], n_samples=1, max_new_tokens=6, sampling=sampling_kwargs(0.0, 1.0)
+    ).completion_ids
     assert again == greedy and model.generation_config.repetition_penalty == 5.0
 
 
@@ -312,9 +323,9 @@ def test_eval_max_new_tokens_sets_the_held_out_generation_length(tmp_path, monke
     lengths = []
     real = trainer_module.evaluate
 
-    def spy(model, tok, task, problems, max_new_tokens, *rest):
-        lengths.append(max_new_tokens)
-        return real(model, tok, task, problems, max_new_tokens, *rest)
+    def spy(model, tok, task, **kwargs):
+        lengths.append(kwargs["max_new_tokens"])
+        return real(model, tok, task, **kwargs)
 
     monkeypatch.setattr(trainer_module, "evaluate", spy)
     common = dict(steps=1, prompts_per_step=1, eval_every=1, eval_per_difficulty=1, max_new_tokens=3)

@@ -58,7 +58,14 @@ def _batch(p_old: list[list[float]]) -> tb.Batch:
 
 
 def _updates(rule, params=None, **schedule) -> GRPOUpdate:
-    policy = Policy(None, None, None, 1.0, contextlib.nullcontext, torch.device("cpu"))
+    policy = Policy(
+        model=None,
+        forward=None,
+        opt=None,
+        temperature=1.0,
+        autocast=contextlib.nullcontext,
+        device=torch.device("cpu"),
+    )
     loss = LossSettings(eps_low=0.2, eps_high=0.2, beta=0.0, aggregation="grpo", clip_ratio_c=0.0, max_len=4)
     sched = Schedule(
         **{"num_iterations": 1, "mini_batches": 1, "grad_accum": 2, "grad_clip": 1.0, **schedule}

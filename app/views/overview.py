@@ -79,9 +79,9 @@ def _summary_row(r: str, spike_k: float) -> dict:
         common.run_name(r),
         data.meta(r),
         data.table(r, "steps"),
-        data.table(r, "layers"),
-        data.table(r, "evals"),
-        spike_k,
+        layers=data.table(r, "layers"),
+        evals=data.table(r, "evals"),
+        spike_k=spike_k,
     )
     state = data.status(r)
     head = data.low_prob_shares(r)

@@ -135,7 +135,7 @@ def nonfinite(view: RunView) -> list[Finding]:
     ]
 
 
-def _growth(name, steps, x, ratio, what, unit, actions, transform=None) -> list[Finding]:
+def _growth(name, steps, x, *, ratio, what, unit, actions, transform=None) -> list[Finding]:
     """A finding when the end-window median of x is `ratio` times the start window's and x rises
     (Mann-Kendall on transform(x), Theil-Sen slope); onset: the first step past ratio x the start."""
     start, end, _ = window_medians(x)
@@ -181,11 +181,11 @@ def grad_norm_drift(view: RunView) -> list[Finding]:
         "grad_norm_drift",
         col[0][live],
         col[1][live],
-        GRAD_DRIFT_RATIO,
-        "live grad_norm",
-        "",
-        actions,
-        np.log,
+        ratio=GRAD_DRIFT_RATIO,
+        what="live grad_norm",
+        unit="",
+        actions=actions,
+        transform=np.log,
     )
 
 
@@ -209,7 +209,13 @@ def throughput_decay(view: RunView) -> list[Finding]:
         Action("compare with what else ran on the machine: step time follows its load", "docs/doctor.md"),
     )
     found = _growth(
-        "throughput_decay", col[0][1:], col[1][1:], THROUGHPUT_RATIO, STEP.time_step, " s", actions
+        "throughput_decay",
+        col[0][1:],
+        col[1][1:],
+        ratio=THROUGHPUT_RATIO,
+        what=STEP.time_step,
+        unit=" s",
+        actions=actions,
     )
     return [_load_severity(f) for f in found]
 

@@ -80,7 +80,7 @@ def entropy_collapse(view: RunView) -> list[Finding]:
     ]
 
 
-def _sustained_finding(view, name, column, warn, crit, k, unit, actions, source) -> list[Finding]:
+def _sustained_finding(view, name, column, *, warn, crit, k, unit, actions, source) -> list[Finding]:
     """A finding when `column` stays above `warn` (critical: `crit`) for k consecutive recorded steps."""
     steps, x = view.need(column)
     for level, threshold in (("critical", crit), ("warning", warn)):
@@ -125,7 +125,15 @@ def kl_blowup(view: RunView) -> list[Finding]:
         Action("check the reference model and the KL estimator (k3)", "Schulman 2020, Approximating KL"),
     )
     return _sustained_finding(
-        view, "kl_blowup", STEP.kl, KL_WARNING, KL_CRITICAL, KL_SUSTAIN, " nats", actions, _SPINNING_UP
+        view,
+        "kl_blowup",
+        STEP.kl,
+        warn=KL_WARNING,
+        crit=KL_CRITICAL,
+        k=KL_SUSTAIN,
+        unit=" nats",
+        actions=actions,
+        source=_SPINNING_UP,
     )
 
 
@@ -141,10 +149,10 @@ def clip_saturation(view: RunView) -> list[Finding]:
         view,
         "clip_saturation",
         STEP.clip_frac,
-        CLIP_WARNING,
-        CLIP_CRITICAL,
-        CLIP_SUSTAIN,
-        "",
-        actions,
-        _SPINNING_UP,
+        warn=CLIP_WARNING,
+        crit=CLIP_CRITICAL,
+        k=CLIP_SUSTAIN,
+        unit="",
+        actions=actions,
+        source=_SPINNING_UP,
     )

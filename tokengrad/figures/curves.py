@@ -141,11 +141,18 @@ def add_curve(
     pos = pos or dict(row=1, col=1)
     dead = dead_mask(y) if gradient else np.zeros(y.size, bool)
     shown = np.where(dead, np.nan, y)
-    _add_lines(fig, x, shown, name, color, smoothing, showlegend, pos)
+    _add_lines(fig, x, shown, name=name, color=color, smoothing=smoothing, showlegend=showlegend, pos=pos)
     if gradient and mark_dead and dead.any():
-        dead_markers(fig, x[dead], name, color, dead_note(int(dead.sum()), int(np.isfinite(y).sum())), pos)
+        dead_markers(
+            fig,
+            x[dead],
+            name=name,
+            color=color,
+            note=dead_note(int(dead.sum()), int(np.isfinite(y).sum())),
+            pos=pos,
+        )
     if spike_k is not None:
-        _add_spikes(fig, x, y, name, color, spike_k, pos)
+        _add_spikes(fig, x, y, name=name, color=color, spike_k=spike_k, pos=pos)
 
 
 def lone_points(y, connected: bool = False) -> np.ndarray:
@@ -165,7 +172,9 @@ def _line_mode(y, connected: bool = False) -> dict:
     return dict(mode="lines+markers", marker=dict(size=np.where(lone, 6, 0)))
 
 
-def _add_lines(fig, x, shown, name: str, color: str, smoothing: float, showlegend: bool, pos: dict) -> None:
+def _add_lines(
+    fig, x, shown, *, name: str, color: str, smoothing: float, showlegend: bool, pos: dict
+) -> None:
     """The recorded line (faint when smoothed) and, with smoothing > 0, its debiased EMA on top; a point
     with no neighbour to join gets a dot."""
     smoothed = smoothing > 0
@@ -205,7 +214,7 @@ def _add_lines(fig, x, shown, name: str, color: str, smoothing: float, showlegen
     )
 
 
-def _add_spikes(fig, x, y, name: str, color: str, spike_k: float, pos: dict) -> None:
+def _add_spikes(fig, x, y, *, name: str, color: str, spike_k: float, pos: dict) -> None:
     """Markers on the robust-z spikes, searched among live (non-zero) steps only."""
     live = np.flatnonzero(live_mask(y))
     idx = live[find_spikes(y[live], spike_k)]
@@ -229,7 +238,7 @@ def _add_spikes(fig, x, y, name: str, color: str, spike_k: float, pos: dict) -> 
 NO_GRADIENT = "step without gradient"
 
 
-def dead_markers(fig: go.Figure, x, name: str, color: str, note: str, pos: dict) -> None:
+def dead_markers(fig: go.Figure, x, *, name: str, color: str, note: str, pos: dict) -> None:
     """Ticks at the bottom of the panel (its hidden 0..1 secondary axis), one per step without a gradient.
     The legend gets one "step without gradient" entry for every run; the count ("k of n steps had no
     gradient") goes to the figure's caption (style.add_caption), which keeps the legend compact."""

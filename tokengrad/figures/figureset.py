@@ -137,7 +137,7 @@ def _comparison_specs(runs: Mapping[str, object], smoothing: float, colors: dict
     ]
 
 
-def _run_specs(name: str, run, smoothing: float, low, high, step_range, max_words: int) -> list[_Pending]:
+def _run_specs(name: str, run, *, smoothing: float, low, high, step_range, max_words: int) -> list[_Pending]:
     from tokengrad.figures import (
         make_bucket_share_figure,
         make_bucket_steps_figure,
@@ -213,7 +213,12 @@ def build_figure_set(
     colors = run_colors(list(runs))  # one colour per run across the whole figure set
     pending = [(p, False) for p in _comparison_specs(runs, smoothing, colors)]
     for name, run in runs.items():  # per-run figures keep the run's name as their title
-        pending += [(p, True) for p in _run_specs(name, run, smoothing, low, high, step_range, max_words)]
+        pending += [
+            (p, True)
+            for p in _run_specs(
+                name, run, smoothing=smoothing, low=low, high=high, step_range=step_range, max_words=max_words
+            )
+        ]
     kept, notes, failed = [], [], []
     for p, keep_title in pending:
         try:

@@ -171,7 +171,14 @@ def make_layer_grad_norm_figure(
             t.hovertemplate = f"{name} %{{y:.4g}}" if name not in top else t.hovertemplate
     total = run_grad_norms(layers)
     if dead_steps(total):  # one row of ticks for all blocks: the steps whose total norm is 0
-        dead_markers(fig, dead_steps(total), "all blocks", "#666666", count_note(total), dict(row=1, col=1))
+        dead_markers(
+            fig,
+            dead_steps(total),
+            name="all blocks",
+            color="#666666",
+            note=count_note(total),
+            pos=dict(row=1, col=1),
+        )
     fig.update_yaxes(
         type="log" if log_y else "linear", title_text="gradient norm before clipping", secondary_y=False
     )

@@ -76,6 +76,7 @@ def summarize_run(
     name: str,
     meta: dict,
     steps: pd.DataFrame,
+    *,
     layers: pd.DataFrame | None = None,
     evals: pd.DataFrame | None = None,
     spike_k: float = DEFAULT_SPIKE_K,
@@ -106,5 +107,7 @@ def summarize_run(
 
 def make_summary_table(runs: Sequence, spike_k: float = DEFAULT_SPIKE_K) -> pd.DataFrame:
     """Summary rows of several runs (objects with name/meta/steps/layers/evals), columns SUMMARY_COLUMNS."""
-    rows = [summarize_run(r.name, r.meta, r.steps, r.layers, r.evals, spike_k) for r in runs]
+    rows = [
+        summarize_run(r.name, r.meta, r.steps, layers=r.layers, evals=r.evals, spike_k=spike_k) for r in runs
+    ]
     return pd.DataFrame(rows, columns=list(SUMMARY_COLUMNS))

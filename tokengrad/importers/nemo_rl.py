@@ -100,7 +100,14 @@ def _read_step(path: Path, group_size: int | None) -> tuple[dict, dict]:
             "prob": [None if x is None else math.exp(x) for x in old],
             "advantage": cut["advantages"],
         }
-        add_sequence(tokens, (sample_id, groups[sample_id], 0), cut["token_ids"], loss, columns, start)
+        add_sequence(
+            tokens,
+            (sample_id, groups[sample_id], 0),
+            token_ids=cut["token_ids"],
+            loss_mask=loss,
+            per_token=columns,
+            start=start,
+        )
         adv = {a for a, m in zip(cut["advantages"][start:], loss[start:]) if m}
         _add_sample(samples, rec, (sample_id, groups[sample_id]), adv, n - start)
     return tokens, samples

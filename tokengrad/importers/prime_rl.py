@@ -141,7 +141,14 @@ def _add_record(tokens: dict, samples: dict, rec: dict, ids: tuple[int, int], wh
         "masked_by": None if masked is None else ["is_token_mask" if m else None for m in masked],
         **{k: rec.get(k) for k in EXTRA},
     }
-    add_sequence(tokens, (*ids, int(rec.get("micro_step", 0))), rec["token_ids"], loss, columns, start)
+    add_sequence(
+        tokens,
+        (*ids, int(rec.get("micro_step", 0))),
+        token_ids=rec["token_ids"],
+        loss_mask=loss,
+        per_token=columns,
+        start=start,
+    )
     adv = {a for a, m in zip(rec["advantages"], loss) if m}
     for key, value in (
         ("sample_id", ids[0]),

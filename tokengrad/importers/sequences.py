@@ -46,6 +46,7 @@ def group_ids(n: int, group_size: int | None) -> list[int]:
 def add_sequence(
     rows: dict[str, list],
     ids: tuple[int, int, int],
+    *,
     token_ids: list,
     loss_mask: list,
     per_token: Mapping[str, list | None],

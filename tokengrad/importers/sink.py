@@ -58,6 +58,7 @@ class RunSink:
         self,
         out: str | os.PathLike,
         provenance: Provenance,
+        *,
         world_size: int = 1,
         config: dict | None = None,
         model: str | None = None,

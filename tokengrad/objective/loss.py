@@ -13,7 +13,8 @@ mask [N, T], max_len) -> scalar).
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -88,7 +89,8 @@ def _sum_over_constant(per_token_loss: Tensor, mask: Tensor, max_len: int | None
     return (per_token_loss * mask).sum() / (n * (max_len or t))
 
 
-class LossOutput(NamedTuple):
+@dataclass(frozen=True, kw_only=True)
+class LossOutput:
     loss: Tensor  # scalar, to minimise
     per_token_loss: Tensor  # [N, T], 0 outside the mask
     ratio: Tensor  # [N, T] pi_theta / pi_old (unweighted; 1 off the mask)
@@ -117,7 +119,7 @@ def _one(w: Tensor | None) -> Tensor | float:
 
 
 def _check_inputs(
-    logprobs, old_logprobs, advantages, mask, norm_mask, ref_logprobs, weights, beta, is_weight
+    logprobs, *, old_logprobs, advantages, mask, norm_mask, ref_logprobs, weights, beta, is_weight
 ):
     check_token_tensors(
         logprobs=logprobs,
@@ -147,7 +149,13 @@ def _check_inputs(
 
 
 def clipped_surrogate(
-    u: Tensor, adv: Tensor, eps_low: float, eps_high: float, ppo_clip: bool = True, clip_ratio_c: float = 0.0
+    u: Tensor,
+    adv: Tensor,
+    *,
+    eps_low: float,
+    eps_high: float,
+    ppo_clip: bool = True,
+    clip_ratio_c: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
     """PPO's surrogate min(u A, clip(u, 1 - eps_low, 1 + eps_high) A) (arXiv:1707.06347; asymmetric range,
     arXiv:2503.14476), bounded below by c A for A < 0 when clip_ratio_c = c > 0 (dual-clip,
@@ -214,28 +222,51 @@ def policy_loss(
     weights = weights if weights is not None else TokenWeights()
     norm_mask = mask if norm_mask is None else norm_mask
     advantages = broadcast_tokens(advantages.detach(), logprobs, "advantages")  # [N, T]
-    _check_inputs(logprobs, old_logprobs, advantages, mask, norm_mask, ref_logprobs, weights, beta, is_weight)
+    _check_inputs(
+        logprobs,
+        old_logprobs=old_logprobs,
+        advantages=advantages,
+        mask=mask,
+        norm_mask=norm_mask,
+        ref_logprobs=ref_logprobs,
+        weights=weights,
+        beta=beta,
+        is_weight=is_weight,
+    )
     valid, lp, log_ratio, adv = _on_mask(logprobs, old_logprobs, advantages, mask, weights)
     ratio = log_ratio.exp()  # [N, T]
-    clip = (eps_low, eps_high, ppo_clip, clip_ratio_c)
-    pg, clipped = _policy_term(ratio, adv, weights, is_weight, valid, clip)
+    clip = {"eps_low": eps_low, "eps_high": eps_high, "ppo_clip": ppo_clip, "clip_ratio_c": clip_ratio_c}
+    pg, clipped = _policy_term(ratio, adv, weights=weights, is_weight=is_weight, valid=valid, clip=clip)
     kl = _reference_kl(lp, ref_logprobs, valid)  # [N, T] or None
-    per_token = _per_token_loss(pg, kl, beta, weights, log_ratio, old_logprobs, is_weight, valid)
+    per_token = _per_token_loss(
+        pg,
+        kl,
+        beta=beta,
+        weights=weights,
+        log_ratio=log_ratio,
+        old_logprobs=old_logprobs,
+        is_weight=is_weight,
+        valid=valid,
+    )
     norm = norm_mask.to(per_token.dtype)  # [N, T]
     loss = agg(per_token, norm, max_len)
     pg_loss = agg(torch.where(valid, pg, 0.0), norm, max_len)
-    metrics = _metrics(ratio, log_ratio, adv, clipped, kl, mask, weights, pg_loss)
-    return LossOutput(loss, per_token, ratio, clipped, kl, metrics)
+    metrics = _metrics(
+        ratio, log_ratio, adv=adv, clipped=clipped, kl=kl, mask=mask, weights=weights, pg_loss=pg_loss
+    )
+    return LossOutput(
+        loss=loss, per_token_loss=per_token, ratio=ratio, clipped=clipped, kl=kl, metrics=metrics
+    )
 
 
-def _policy_term(ratio, adv, weights, is_weight, valid, clip: tuple) -> tuple[Tensor, Tensor]:
+def _policy_term(ratio, adv, *, weights, is_weight, valid, clip: dict) -> tuple[Tensor, Tensor]:
     """(pg_t = -s_t * loss_weight * w_t, clipped & valid), both [N, T]: the clipped surrogate s_t of the
-    weighted ratio u = r * ratio_weight. `clip`: (eps_low, eps_high, ppo_clip, clip_ratio_c)."""
-    obj, clipped = clipped_surrogate(ratio * _one(weights.ratio_weight), adv, *clip)  # [N, T]
+    weighted ratio u = r * ratio_weight. `clip`: clipped_surrogate's keywords."""
+    obj, clipped = clipped_surrogate(ratio * _one(weights.ratio_weight), adv, **clip)  # [N, T]
     return -obj * _one(weights.loss_weight) * _one(is_weight), clipped & valid
 
 
-def _per_token_loss(pg, kl, beta, weights, log_ratio, old_logprobs, is_weight, valid) -> Tensor:
+def _per_token_loss(pg, kl, *, beta, weights, log_ratio, old_logprobs, is_weight, valid) -> Tensor:
     """loss_t = pg_t + w_t * kl_cov_coef * |log r| + beta * k3, zero off the mask ([N, T]). w_t is the
     rollout correction's importance weight (``is_weight``, 1 without one): as in TRL 1.16 the policy term
     and KL-Cov's penalty carry it and the reference KL does not; a masked token (w_t = 0) stays in the
@@ -282,7 +313,7 @@ def _above_rounding(log_ratio: Tensor, old_logprobs: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def _metrics(ratio, log_ratio, adv, clipped, kl, mask, weights: TokenWeights, pg_loss) -> dict[str, float]:
+def _metrics(ratio, log_ratio, *, adv, clipped, kl, mask, weights: TokenWeights, pg_loss) -> dict[str, float]:
     """Scalar summaries over the loss tokens (one host sync)."""
     m = (mask > 0).to(ratio.dtype)  # [N, T]
     n = m.sum().clamp_min(1.0)

@@ -145,7 +145,7 @@ def grpo(batch: TokenBatch) -> TokenWeights:
     return TokenWeights()
 
 
-def _tr_shape(p: Tensor, alpha: float, k: float, mu: float, lower: float, upper: float) -> Tensor:
+def _tr_shape(p: Tensor, *, alpha: float, k: float, mu: float, lower: float, upper: float) -> Tensor:
     """clip(alpha * (sigmoid(k * p) - mu), lower, upper), elementwise."""
     return (alpha * (torch.sigmoid(k * p) - mu)).clamp(lower, upper)
 
@@ -184,6 +184,7 @@ def _tr_weights(w: Tensor, placement: str) -> TokenWeights:
 @register_weighting("tr_grpo", pointwise=True, returns=_tr_returns, check=_tr_check)
 def tr_grpo(
     batch: TokenBatch,
+    *,
     alpha: float = 2.0,
     k: float = 9.0,
     mu: float = 0.25,
@@ -209,12 +210,15 @@ def tr_grpo(
     (with w >= 1 this also clips more tokens: with upper 1.4 and eps_high 0.2 every A > 0 token with
     p > 0.19 is clipped on-policy, w(p) > 1.2; the trainer warns when upper > 1 + eps_high).
     """
-    return _tr_weights(_tr_shape(batch.logprobs.exp(), alpha, k, mu, lower, upper), placement)
+    return _tr_weights(
+        _tr_shape(batch.logprobs.exp(), alpha=alpha, k=k, mu=mu, lower=lower, upper=upper), placement
+    )
 
 
 @register_weighting("tr_grpo_reverse", pointwise=True, returns=_tr_returns, check=_tr_check)
 def tr_grpo_reverse(
     batch: TokenBatch,
+    *,
     alpha: float = 2.0,
     k: float = 9.0,
     mu: float = 0.25,
@@ -226,7 +230,9 @@ def tr_grpo_reverse(
     at 1 - p, so low-probability tokens get the larger weights. The paper's definition of Reverse is
     not published in a verifiable form; this mirror image is our reading. Parameters as ``tr_grpo``.
     """
-    return _tr_weights(_tr_shape(1.0 - batch.logprobs.exp(), alpha, k, mu, lower, upper), placement)
+    return _tr_weights(
+        _tr_shape(1.0 - batch.logprobs.exp(), alpha=alpha, k=k, mu=mu, lower=lower, upper=upper), placement
+    )
 
 
 def _ar_weight(batch: TokenBatch, alpha: float) -> Tensor:
@@ -292,6 +298,7 @@ def _generator(seed: int | None, generator: torch.Generator | None) -> torch.Gen
 @register_weighting("clip_cov", returns=("loss_weight",))
 def clip_cov(
     batch: TokenBatch,
+    *,
     fraction: float = 2e-4,
     cov_low: float = 1.0,
     cov_high: float = 5.0,

@@ -28,7 +28,7 @@ def is_part_character(token: object) -> bool:
 
 
 def merge_split_characters(
-    run, freqs: pd.DataFrame, where_sql: str, params: list, grad_sql: str, order_by: str = BIN.count
+    run, freqs: pd.DataFrame, *, where_sql: str, params: list, grad_sql: str, order_by: str = BIN.count
 ) -> pd.DataFrame:
     """`freqs` ([token, count, grad_sum]) with its part-character rows replaced by the characters they
     complete in context; `where_sql` (' WHERE ...' or '') and `params` select the rows as for `freqs`.

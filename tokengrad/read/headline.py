@@ -31,7 +31,7 @@ and the token share is taken over the live steps of the token table (tokengrad.r
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -55,7 +55,8 @@ def low_prob_label(below: float = LOW_PROB) -> str:
     return f"p < {below:g}"
 
 
-class Headline(NamedTuple):
+@dataclass(frozen=True, kw_only=True)
+class Headline:
     token_share: float  # share of the loss tokens with p < below
     update_share: float  # share of the update those tokens made (NaN without a bucket analysis)
     below: float  # the probability edge actually used
@@ -222,12 +223,12 @@ def low_prob_shares(
         low = shares[(shares[BUCKET.bucket] != RESIDUAL_BUCKET) & (shares[BUCKET.hi] <= below + _TOL)]
         if shares.attrs["n_updates"]:
             return Headline(
-                float(low[BUCKET.token_share].sum()),
-                float(low[BUCKET.update_share].sum()),
-                below,
-                shares.attrs["n_updates"],
-                shares.attrs["steps"],
-                "bucket analysis",
+                token_share=float(low[BUCKET.token_share].sum()),
+                update_share=float(low[BUCKET.update_share].sum()),
+                below=below,
+                n_updates=shares.attrs["n_updates"],
+                steps=shares.attrs["steps"],
+                source="bucket analysis",
             )
     return _token_table_share(run, step_range, threshold)
 
@@ -238,6 +239,16 @@ def _token_table_share(run, step_range, threshold: float) -> Headline:
     try:
         t = gradient_by_bucket(run, (0.0, threshold, 1.0), step_range=step_range)
     except Exception:  # noqa: BLE001 - no token table (or none readable): nothing to share
-        return Headline(np.nan, np.nan, threshold, 0, (), "none")
+        return Headline(
+            token_share=np.nan, update_share=np.nan, below=threshold, n_updates=0, steps=(), source="none"
+        )
     token = float(t["token_share"].iloc[0]) if t[BIN.count].sum() else np.nan
-    return Headline(token, np.nan, threshold, 0, tuple(t.attrs.get("steps", ())), "token table")
+    steps = tuple(t.attrs.get("steps", ()))
+    return Headline(
+        token_share=token,
+        update_share=np.nan,
+        below=threshold,
+        n_updates=0,
+        steps=steps,
+        source="token table",
+    )

@@ -61,7 +61,7 @@ def _token_column(name: str) -> str:
     return name
 
 
-def _frequency_where(prob_lo, prob_hi, step_range, adv_sign, loss_only, update_id) -> Where:
+def _frequency_where(prob_lo, prob_hi, *, step_range, adv_sign, loss_only, update_id) -> Where:
     if adv_sign is not None and adv_sign not in ADV_SIGN_SQL:
         raise ValueError(f"adv_sign must be one of {sorted(ADV_SIGN_SQL)} or None, got {adv_sign!r}")
     w = _prob_range(token_where(step_range, loss_only, update_id), prob_lo, prob_hi)
@@ -94,7 +94,9 @@ def token_frequencies(
         raise ValueError(f"limit must be >= 1, got {limit}")
     if order_by not in (BIN.count, "grad_sum"):
         raise ValueError(f"order_by must be 'count' or 'grad_sum', got {order_by!r}")
-    w = _frequency_where(prob_lo, prob_hi, step_range, adv_sign, loss_only, update_id)
+    w = _frequency_where(
+        prob_lo, prob_hi, step_range=step_range, adv_sign=adv_sign, loss_only=loss_only, update_id=update_id
+    )
     # count per integer token_id first (cheap hash keys), name only the surviving groups
     name = f"coalesce(nullif(any_value({TOK.token}), ''), '#' || CAST({TOK.token_id} AS VARCHAR))"
     q = (
@@ -104,7 +106,9 @@ def token_frequencies(
     )
     freqs = run.sql(q, w.params + [int(limit)])
     # a character split over tokens ('<0xE4>', '<0xB8>', '<0xAD>') counts once, as itself
-    return merge_split_characters(run, freqs, w.sql(), w.params, GRAD, order_by)
+    return merge_split_characters(
+        run, freqs, where_sql=w.sql(), params=w.params, grad_sql=GRAD, order_by=order_by
+    )
 
 
 def token_totals(
@@ -119,8 +123,12 @@ def token_totals(
 ) -> dict:
     """{count, distinct, grad_sum, all_count, all_grad_sum} of a token_frequencies selection, and of the
     same selection over every probability (the word clouds' totals: n tokens, share of the gradient)."""
-    w = _frequency_where(prob_lo, prob_hi, step_range, adv_sign, loss_only, update_id)
-    every = _frequency_where(0.0, 1.0, step_range, adv_sign, loss_only, update_id)
+    w = _frequency_where(
+        prob_lo, prob_hi, step_range=step_range, adv_sign=adv_sign, loss_only=loss_only, update_id=update_id
+    )
+    every = _frequency_where(
+        0.0, 1.0, step_range=step_range, adv_sign=adv_sign, loss_only=loss_only, update_id=update_id
+    )
     sel = run.sql(
         f"SELECT count(*) AS n, count(DISTINCT {TOK.token_id}) AS d, sum({GRAD}) AS g FROM tokens{w.sql()}",
         w.params,

@@ -158,16 +158,16 @@ def capture_pass(
 
     names = [k for k in v if not k.startswith("_") and k != "abs_coef"]
     return CapturedBatch(
-        p.pass_id,
-        p.update_id,
-        take(p.token_ids),
-        p.mask.cpu().numpy() if sel is None else p.mask[rows, pos].cpu().numpy(),
-        take(p.in_loss),
-        p.sample_ids.cpu().numpy(),
-        p.group_ids.cpu().numpy(),
-        {k: take(v[k].float()) for k in names},
-        None if p.clipped is None else take(p.clipped),
-        {k: take(t) for k, t in p.extra.items()},
+        pass_id=p.pass_id,
+        update_id=p.update_id,
+        token_ids=take(p.token_ids),
+        mask=p.mask.cpu().numpy() if sel is None else p.mask[rows, pos].cpu().numpy(),
+        in_loss=take(p.in_loss),
+        sample_ids=p.sample_ids.cpu().numpy(),
+        group_ids=p.group_ids.cpu().numpy(),
+        values={k: take(v[k].float()) for k in names},
+        clipped=None if p.clipped is None else take(p.clipped),
+        extra={k: take(t) for k, t in p.extra.items()},
         index=None if sel is None else (sel[0].cpu().numpy(), sel[1].cpu().numpy()),
         selected_by=None if sel is None else sel[2].cpu().numpy(),
         policy_versions=None if p.policy_versions is None else p.policy_versions.numpy(),
@@ -226,8 +226,10 @@ def budget_step(passes: list, budget: Budget, step: int, rank: int, edges: tuple
     finite = finite_columns(values)
     signs = [sign_index(v, p.mask) for p, v in zip(passes, values)]  # [N, T] each
     scalars = step_aggregates(passes, values, finite)
-    bins = prob_bin_rows(passes, values, budget.prob_bins, step, rank, finite, signs)
-    vocab = vocab_arrays(passes, values, edges, budget.vocab_top, finite, signs)
+    bins = prob_bin_rows(
+        passes, values, n_bins=budget.prob_bins, step=step, rank=rank, finite=finite, signs=signs
+    )
+    vocab = vocab_arrays(passes, values, edges=edges, top=budget.vocab_top, finite=finite, signs=signs)
     sel = select_rows(passes, values, budget, step, rank)
     batches = [capture_pass(p, s, v) for p, s, v in zip(passes, sel, values)]
     return BudgetOutput(batches, scalars, bins, vocab)

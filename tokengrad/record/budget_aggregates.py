@@ -136,6 +136,7 @@ def _grouped(
 def prob_bin_rows(
     passes: list,
     values: list[dict],
+    *,
     n_bins: int,
     step: int,
     rank: int,
@@ -188,6 +189,7 @@ def prob_bin_rows(
 def vocab_arrays(
     passes: list,
     values: list[dict],
+    *,
     edges: tuple[float, ...],
     top: int,
     finite: list[dict] | None = None,
@@ -207,7 +209,7 @@ def vocab_arrays(
     n_vocab = 1 + max(int(i.max()) for i in ids)
     has = {n: all(n in v for v in values) for n in ("update_share", "logit_grad_norm")}
     rank_by = "update_share" if has["update_share"] else "logit_grad_norm" if has["logit_grad_norm"] else None
-    kept = _top_tokens(ids, values, sel, finite, n_vocab, top, rank_by)
+    kept = _top_tokens(ids, values, sel, finite=finite, n_vocab=n_vocab, top=top, rank_by=rank_by)
     slot = torch.full((n_vocab,), -1, dtype=torch.long)
     slot[kept] = torch.arange(len(kept))  # token -> kept index
     nb, inner = len(edges) - 1, torch.tensor(edges[1:-1], dtype=torch.float64)
@@ -241,7 +243,7 @@ def vocab_arrays(
     }
 
 
-def _top_tokens(ids, values, sel, finite, n_vocab: int, top: int, rank_by: str | None) -> torch.Tensor:
+def _top_tokens(ids, values, sel, *, finite, n_vocab: int, top: int, rank_by: str | None) -> torch.Tensor:
     """The token ids the vocab table keeps (sorted): the `top` most frequent loss tokens, and the `top`
     with the largest summed |rank_by| (the update they made) where that value was recorded."""
     count = sum(_grouped(i, m, n_vocab) for i, m in zip(ids, sel))  # [V]

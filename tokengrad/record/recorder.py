@@ -168,7 +168,11 @@ class Recorder:
             old = self._claim()
             carried = self._carried_rows_dropped(old)
             self._writer = RunWriter(
-                self.run_dir, self.rank, self._on_error, self._compact_every, rows_dropped=carried
+                self.run_dir,
+                self.rank,
+                on_error=self._on_error,
+                compact_every=self._compact_every,
+                rows_dropped=carried,
             )
             self._last_seq = None  # a sequence number of the writer of an earlier open(): not this one's
         except BaseException:
@@ -331,14 +335,14 @@ class Recorder:
     def _make_meta(self, config, info: RunInfo, model, tokenizer) -> dict:
         return run_meta.make_meta(
             self.run_dir,
-            config,
-            info,
-            model,
-            tokenizer,
-            self.world_size,
-            self.buckets,
-            self.attribution,
-            self.budget,
+            config=config,
+            info=info,
+            model=model,
+            tokenizer=tokenizer,
+            world_size=self.world_size,
+            buckets=self.buckets,
+            attribution=self.attribution,
+            budget=self.budget,
         )
 
     def _claim(self) -> dict | None:

@@ -54,7 +54,7 @@ MASK_LABELS = [None] + [
 ]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CapturedBatch:
     """One tracked backward pass, on the CPU as numpy: [N, T] arrays unless noted."""
 

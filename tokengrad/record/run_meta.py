@@ -29,7 +29,7 @@ def tokenizer_label(name: str | None) -> str | None:
 
 
 def make_meta(
-    run_dir: Path, config, info, model, tokenizer, world_size, buckets, attribution, budget
+    run_dir: Path, *, config, info, model, tokenizer, world_size, buckets, attribution, budget
 ) -> dict:
     """meta.json of a new run (`info`: a record.options.RunInfo)."""
     return {

@@ -135,7 +135,7 @@ def _chunk_stats(
 
 
 @torch.no_grad()
-def pass_values(logprobs, token_ids, mask, old, ref, adv, weights, logits, stats, hidden) -> dict:
+def pass_values(logprobs, *, token_ids, mask, old, ref, adv, weights, logits, stats, hidden) -> dict:
     """The detached [N, T] value columns of one tracked pass: logprob, the softmax statistics (from `stats`,
     else from `logits`), prob, old/ref log-probs and ratio, advantage over tokens, weight, |h_t|."""
     lp = logprobs.detach().float()  # [N, T]

@@ -168,7 +168,7 @@ class StepAttribution:
 
 
 def bucket_share_rows(
-    passes: list, update_id: int, edges: tuple[float, ...], step: int, rank: int, device: torch.device
+    passes: list, update_id: int, *, edges: tuple[float, ...], step: int, rank: int, device: torch.device
 ) -> list[dict]:
     """Bucket rows of one update from its tokens' shares: update_share_B = sum of update_share over B
     (exact: the shares are linear in the token set), n_tokens / token_share over loss tokens, and the

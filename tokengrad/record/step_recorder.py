@@ -28,7 +28,7 @@ from tokengrad.record.spike_replay import replay_spike
 from tokengrad.record.stats import TokenStats
 from tokengrad.record.step_attribution import StepAttribution, bucket_share_rows
 from tokengrad.record.step_buckets import StepBuckets
-from tokengrad.record.tracked_pass import TrackedPass, build_pass
+from tokengrad.record.tracked_pass import PassInputs, TrackedPass, build_pass
 from tokengrad.record.writer import Rows
 
 _NUMERIC_STEP_COLUMNS = {
@@ -36,9 +36,6 @@ _NUMERIC_STEP_COLUMNS = {
     for f in schema.arrow_schema("steps")
     if pa.types.is_floating(f.type) or pa.types.is_integer(f.type)
 }
-
-
-_NOT_PASS_INPUTS = ("self", "logprobs", "stats", "update_id", "recompute")  # track()'s other arguments
 
 
 class StepRecorder:
@@ -124,14 +121,39 @@ class StepRecorder:
         Returns:
             `logprobs` itself (so `lp = st.track(lp, ...)` reads naturally).
         """
-        # the keyword tensors by name, as build_pass reads them (first: locals() holds only the arguments)
-        inputs = {k: v for k, v in locals().items() if k not in _NOT_PASS_INPUTS}
+        inputs = PassInputs(
+            token_ids=token_ids,
+            mask=mask,
+            loss_mask=loss_mask,
+            old_logprobs=old_logprobs,
+            ref_logprobs=ref_logprobs,
+            rollout_logprobs=rollout_logprobs,
+            is_weights=is_weights,
+            mask_codes=mask_codes,
+            advantages=advantages,
+            weights=weights,
+            scale_grad=scale_grad,
+            sample_ids=sample_ids,
+            group_ids=group_ids,
+            logits=logits,
+            stats=stats,
+            hidden=hidden,
+            clipped=clipped,
+            policy_versions=policy_versions,
+            trainer_version=trainer_version,
+            extra=extra,
+        )
         t = time.perf_counter()
-        p = build_pass(len(self._passes), logprobs, inputs, stats)
-        p.update_id = int(update_id)
-        # kept where this step may be attributed: on schedule, or on a spike found in record_grad_norms
+        # recompute is kept where this step may be attributed: on schedule, or on a spike found in
+        # record_grad_norms
         wanted = self.attribution is not None or self.rec.spike_watch is not None
-        p.recompute = recompute if wanted else None
+        p = build_pass(
+            len(self._passes),
+            logprobs,
+            inputs,
+            update_id=int(update_id),
+            recompute=recompute if wanted else None,
+        )
         self._watch_coef(p, logprobs)
         self._passes.append(p)
         self._t_record += time.perf_counter() - t
@@ -215,7 +237,12 @@ class StepRecorder:
         if self.attribution is not None and not self.buckets.has_rows(update_id):
             device = named[0][1].device if named else "cpu"
             self.buckets.rows += bucket_share_rows(
-                self._passes, update_id, self.rec.bucket_edges, self.step, self.rec.rank, device
+                self._passes,
+                update_id,
+                edges=self.rec.bucket_edges,
+                step=self.step,
+                rank=self.rec.rank,
+                device=device,
             )
         self._t_record += time.perf_counter() - t
         return total

@@ -1,18 +1,18 @@
 """One tracked backward pass while its step is open: the log-probs with their graph, the detached value
 columns, masks and ids, and the coef the autograd hook fills in (tensors stay on their device until the
-step ends); `build_pass` makes one from st.track()'s arguments."""
+step ends); `build_pass` makes one from st.track()'s arguments (`PassInputs`, by name)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
 from tokengrad.record.checks import as_ids, check_ids, check_track_inputs
-from tokengrad.record.stats import pass_values
+from tokengrad.record.stats import TokenStats, pass_values
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrackedPass:
     """A tracked pass while the step is open (tensors stay on their device until the step ends)."""
 
@@ -36,63 +36,91 @@ class TrackedPass:
     trainer_version: int | None = None  # tokens.trainer_version of every row
 
 
-def new_pass(
-    index, logprobs, tensors, token_ids, mask, in_loss, ids, scale_grad, clipped, extra
+@dataclass(frozen=True, kw_only=True)
+class PassInputs:
+    """st.track()'s keyword arguments as given (docs/api.md, "st.track(logprobs, ...)"): what
+    build_pass checks and records of one pass."""
+
+    token_ids: torch.Tensor  # [N, T]
+    mask: torch.Tensor | None = None  # [N, T]
+    loss_mask: torch.Tensor | None = None  # [N, T]
+    old_logprobs: torch.Tensor | None = None  # [N, T]
+    ref_logprobs: torch.Tensor | None = None  # [N, T]
+    rollout_logprobs: torch.Tensor | None = None  # [N, T]
+    is_weights: torch.Tensor | None = None  # [N, T]
+    mask_codes: torch.Tensor | None = None  # [N, T]
+    advantages: torch.Tensor | None = None  # [N] or [N, T]
+    weights: torch.Tensor | None = None  # [N, T]
+    scale_grad: torch.Tensor | None = None  # [N, T]
+    sample_ids: torch.Tensor | None = None  # [N]
+    group_ids: torch.Tensor | None = None  # [N]
+    logits: torch.Tensor | None = None  # [N, T, V]
+    stats: TokenStats | None = None
+    hidden: torch.Tensor | None = None  # [N, T, D]
+    clipped: torch.Tensor | None = None  # [N, T]
+    policy_versions: torch.Tensor | int | None = None  # [N] or one int
+    trainer_version: int | None = None
+    extra: dict[str, torch.Tensor] | None = None  # name -> [N, T]
+
+    def tensors(self) -> dict:
+        """The arguments check_track_inputs validates (shape, device, dtype), by name: all but the
+        statistics and the version numbers, which have checks of their own."""
+        skip = ("stats", "policy_versions", "trainer_version")
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
+
+
+# st.track()'s host-trainer tensors and the tokens columns they fill
+_HOST_COLUMNS = {"rollout_logprob": "rollout_logprobs", "is_weight": "is_weights", "mask_code": "mask_codes"}
+
+
+def build_pass(
+    pass_id: int, logprobs: torch.Tensor, inputs: PassInputs, *, update_id: int = 0, recompute=None
 ) -> TrackedPass:
-    """Pass number `index` of the step (update 0 until the caller says otherwise); `ids`: (sample_ids,
-    group_ids), each [N]."""
-    return TrackedPass(
-        index,
-        0,
-        logprobs,
-        tensors,
-        token_ids.detach(),
-        mask,
-        in_loss,
-        *ids,
-        None if scale_grad is None else scale_grad.detach().to(logprobs.dtype),
-        None if clipped is None else clipped.detach().to(torch.bool),
-        {k: v.detach() for k, v in (extra or {}).items()},
-    )
-
-
-def build_pass(index: int, logprobs: torch.Tensor, inputs: dict, stats) -> TrackedPass:
-    """Pass `index` from st.track()'s arguments (`inputs`: its keyword tensors by name, `stats` its
-    TokenStats), after checking every shape, device and id: the masks as bool, the detached value columns
-    (record/stats.py) and the host trainer's own per-token tensors."""
-    inputs = dict(inputs)
-    versions = inputs.pop("policy_versions", None), inputs.pop("trainer_version", None)
-    N, T = check_track_inputs(logprobs, **inputs)
+    """Pass `pass_id` of the step from st.track()'s arguments, after checking every shape, device and id:
+    the masks as bool, the detached value columns (record/stats.py) and the host trainer's own per-token
+    tensors. `update_id`: the optimizer update it feeds; `recompute`: kept for attribution."""
+    N, T = check_track_inputs(logprobs, **inputs.tensors())
     dev = logprobs.device
-    mask = inputs["mask"]
-    mask_b = torch.ones(N, T, dtype=torch.bool, device=dev) if mask is None else mask.to(torch.bool)
-    logits = inputs["logits"]
+    mask = (
+        torch.ones(N, T, dtype=torch.bool, device=dev) if inputs.mask is None else inputs.mask.to(torch.bool)
+    )
     # a model's vocabulary may be larger than its tokenizer's, so only logits give the bound
-    vocab = logits.shape[-1] if logits is not None else None
-    ids = (as_ids(inputs["sample_ids"], N, dev), as_ids(inputs["group_ids"], N, dev))
-    check_ids(inputs["token_ids"], mask_b, vocab, ids[0])
-    loss_mask = inputs["loss_mask"]
-    in_loss = mask_b if loss_mask is None else (loss_mask.to(torch.bool) & mask_b)
-    keys = ("old_logprobs", "ref_logprobs", "advantages", "weights", "logits")
+    vocab = inputs.logits.shape[-1] if inputs.logits is not None else None
+    sample_ids, group_ids = as_ids(inputs.sample_ids, N, dev), as_ids(inputs.group_ids, N, dev)
+    check_ids(inputs.token_ids, mask, vocab, sample_ids)
+    in_loss = mask if inputs.loss_mask is None else (inputs.loss_mask.to(torch.bool) & mask)
     tensors = pass_values(
-        logprobs, inputs["token_ids"], mask_b, *(inputs[k] for k in keys), stats, inputs["hidden"]
-    )
-    host = {"rollout_logprob": "rollout_logprobs", "is_weight": "is_weights", "mask_code": "mask_codes"}
-    tensors.update({col: inputs[k].detach().float() for col, k in host.items() if inputs[k] is not None})
-    p = new_pass(
-        index,
         logprobs,
-        tensors,
-        inputs["token_ids"],
-        mask_b,
-        in_loss,
-        ids,
-        inputs["scale_grad"],
-        inputs["clipped"],
-        inputs["extra"],
+        token_ids=inputs.token_ids,
+        mask=mask,
+        old=inputs.old_logprobs,
+        ref=inputs.ref_logprobs,
+        adv=inputs.advantages,
+        weights=inputs.weights,
+        logits=inputs.logits,
+        stats=inputs.stats,
+        hidden=inputs.hidden,
     )
-    p.policy_versions, p.trainer_version = check_versions(*versions, N)
-    return p
+    host = {col: getattr(inputs, name) for col, name in _HOST_COLUMNS.items()}
+    tensors.update({col: t.detach().float() for col, t in host.items() if t is not None})
+    policy_versions, trainer_version = check_versions(inputs.policy_versions, inputs.trainer_version, N)
+    return TrackedPass(
+        pass_id=pass_id,
+        update_id=update_id,
+        logprobs=logprobs,
+        tensors=tensors,
+        token_ids=inputs.token_ids.detach(),
+        mask=mask,
+        in_loss=in_loss,
+        sample_ids=sample_ids,
+        group_ids=group_ids,
+        scale=None if inputs.scale_grad is None else inputs.scale_grad.detach().to(logprobs.dtype),
+        clipped=None if inputs.clipped is None else inputs.clipped.detach().to(torch.bool),
+        extra={k: v.detach() for k, v in (inputs.extra or {}).items()},
+        recompute=recompute,
+        policy_versions=policy_versions,
+        trainer_version=trainer_version,
+    )
 
 
 def check_versions(policy_versions, trainer_version, n: int) -> tuple[torch.Tensor | None, int | None]:

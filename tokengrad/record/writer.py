@@ -89,6 +89,7 @@ class RunWriter:
         self,
         run_dir: str | os.PathLike,
         rank: int = 0,
+        *,
         on_error: str = "count",
         compact_every: int = 64,
         max_queue: int = 8,

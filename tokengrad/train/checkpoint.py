@@ -47,13 +47,20 @@ def _tmp_old(run_dir: str | Path) -> tuple[Path, Path]:
     return final.with_name(".checkpoint.tmp"), final.with_name(".checkpoint.old")
 
 
-def checkpoint_after_step(rec, run_dir: Path, step: int, model, tokenizer, optimizer, config: dict):
+def checkpoint_after_step(rec, run_dir: Path, step: int, *, model, tokenizer, optimizer, config: dict):
     """Every rank: wait until its steps <= `step` are on disk (the checkpoint must never get ahead of the
     data), then rank 0 saves; returns the checkpoint path (None if the disk refused, see save_checkpoint)."""
     data_step = int(dist.all_reduce([rec.checkpoint_step()], "min")[0])  # also the barrier of all ranks
     return dist.on_main(
         lambda: save_checkpoint(
-            run_dir, step, model, tokenizer, optimizer, config, data_step=data_step, on_error=rec.on_error
+            run_dir,
+            step,
+            model=model,
+            tokenizer=tokenizer,
+            optimizer=optimizer,
+            config=config,
+            data_step=data_step,
+            on_error=rec.on_error,
         )
     )
 
@@ -61,6 +68,7 @@ def checkpoint_after_step(rec, run_dir: Path, step: int, model, tokenizer, optim
 def save_checkpoint(
     run_dir: str | Path,
     step: int,
+    *,
     model,
     tokenizer,
     optimizer,
@@ -78,7 +86,15 @@ def save_checkpoint(
     tmp, old = _tmp_old(run_dir)
     try:
         fault_point("checkpoint_write")
-        _write_folder(tmp, step, model, tokenizer, optimizer, config, data_step)
+        _write_folder(
+            tmp,
+            step,
+            model=model,
+            tokenizer=tokenizer,
+            optimizer=optimizer,
+            config=config,
+            data_step=data_step,
+        )
     except Exception as err:
         shutil.rmtree(tmp, ignore_errors=True)
         cause = durable.write_error(err)
@@ -107,7 +123,7 @@ class CheckpointNotWritten(OSError):
         return self.strerror
 
 
-def _write_folder(tmp: Path, step: int, model, tokenizer, optimizer, config: dict, data_step) -> None:
+def _write_folder(tmp: Path, step: int, *, model, tokenizer, optimizer, config: dict, data_step) -> None:
     """The checkpoint's files into `tmp`, fsynced; trainer.pt last, through its own rename, so that a folder
     holding trainer.pt is complete and on disk."""
     shutil.rmtree(tmp, ignore_errors=True)

@@ -97,6 +97,7 @@ def gather_logprobs(logits: Tensor, token_ids: Tensor) -> Tensor:
 def directional_logprobs(
     model,
     input_ids: Tensor,
+    *,
     attention_mask: Tensor,
     prompt_len: int,
     completion_ids: Tensor,
@@ -136,6 +137,7 @@ class PolicyOutput(NamedTuple):
 def token_logprobs(
     forward: Callable[[Tensor, Tensor, int], tuple[Tensor, Tensor]],
     input_ids: Tensor,
+    *,
     attention_mask: Tensor,
     prompt_len: int,
     completion_ids: Tensor,
@@ -161,6 +163,7 @@ def token_logprobs(
 def score_logprobs(
     model,
     input_ids: Tensor,
+    *,
     attention_mask: Tensor,
     prompt_len: int,
     completion_ids: Tensor,
@@ -177,10 +180,10 @@ def score_logprobs(
             out[rows] = token_logprobs(
                 forward,
                 input_ids[rows],
-                attention_mask[rows],
-                prompt_len,
-                completion_ids[rows],
-                temperature,
-                autocast,
+                attention_mask=attention_mask[rows],
+                prompt_len=prompt_len,
+                completion_ids=completion_ids[rows],
+                temperature=temperature,
+                autocast=autocast,
             ).logprobs
     return out

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -35,7 +36,8 @@ from tokengrad.train.policy import gather_logprobs, policy_forward  # noqa: F401
 from tokengrad.train.tasks.base import Problem, Task
 
 
-class Completions(NamedTuple):
+@dataclass(frozen=True, kw_only=True)
+class Completions:
     prompt_ids: list[list[int]]  # N rows: rendered prompt token ids
     completion_ids: list[list[int]]  # N rows: generated and tool-output tokens, in order
     loss_mask: list[list[int]]  # N rows: 1 = generated token, 0 = tool output
@@ -163,7 +165,7 @@ def _only_our_generation_config(model):
 
 @torch.no_grad()
 def _generate_turn(
-    model, tokenizer, contexts: list[list[int]], max_new_tokens: int, sampling: dict, stop: str | None
+    model, tokenizer, contexts: list[list[int]], *, max_new_tokens: int, sampling: dict, stop: str | None
 ) -> list[tuple[list[int], bool, list[float]]]:
     """One generation turn for every context: (new token ids, stopped at `stop`, the sampler's log-prob of
     each new token, NaN when greedy) per row."""
@@ -204,6 +206,7 @@ def generate_completions(
     model,
     tokenizer,
     prompts: list[str],
+    *,
     n_samples: int,
     max_new_tokens: int,
     sampling: dict,
@@ -230,7 +233,12 @@ def generate_completions(
         if not active:
             break
         new = _generate_turn(
-            model, tokenizer, [prompt_ids[i] + comp[i] for i in active], max_new_tokens, sampling, stop
+            model,
+            tokenizer,
+            [prompt_ids[i] + comp[i] for i in active],
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            stop=stop,
         )
         still = []
         for i, (ids, hit_stop, lps) in zip(active, new):
@@ -250,7 +258,14 @@ def generate_completions(
             still.append(i)
         active = still
     texts = [tokenizer.decode(c, skip_special_tokens=True) for c in comp]
-    return Completions(prompt_ids, comp, lmask, texts, calls, sampled)
+    return Completions(
+        prompt_ids=prompt_ids,
+        completion_ids=comp,
+        loss_mask=lmask,
+        texts=texts,
+        n_tool_calls=calls,
+        rollout_logprobs=sampled,
+    )
 
 
 def pack(
@@ -309,6 +324,7 @@ def evaluate(
     model,
     tokenizer,
     task: Task,
+    *,
     problems: list[Problem],
     max_new_tokens: int,
     max_turns: int,
@@ -322,11 +338,11 @@ def evaluate(
             model,
             tokenizer,
             [render_prompt(tokenizer, p) for p in chunk],
-            1,
-            max_new_tokens,
-            sampling_kwargs(0.0, 1.0),
-            task,
-            max_turns,
+            n_samples=1,
+            max_new_tokens=max_new_tokens,
+            sampling=sampling_kwargs(0.0, 1.0),
+            task=task,
+            max_turns=max_turns,
         )
         for pr, text in zip(chunk, comps.texts):
             hits[str(pr.difficulty)].append(bool(task.is_correct(pr, text)))

@@ -15,6 +15,7 @@ Rows are numbered over all rounds and ranks: round k, global prompt j, sample g 
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Callable, NamedTuple
 
 import torch
@@ -71,7 +72,9 @@ def gather_rollout(
     )  # [R B]
     keep &= keep.cumsum(0) <= B  # the first B informative groups, as verl truncates to the batch size
     mine = torch.cat([torch.arange(share.start, share.stop) + k * B for k in range(R)])  # [b R] global groups
-    comps = Completions(*(sum((list(getattr(p[0], f)) for p in parts), []) for f in Completions._fields))
+    comps = Completions(
+        **{f.name: sum((list(getattr(p[0], f.name)) for p in parts), []) for f in fields(Completions)}
+    )
     problems = [pr for p in parts for pr in p[1]]
     rewards, correct = torch.cat([p[2] for p in parts]), torch.cat([p[3] for p in parts])
     rollout = make_rollout(comps, task, problems, tokenizer, scores=(rewards, correct))

@@ -102,7 +102,14 @@ class Trainer:
         self._load_policy(resume_state(cfg, self.run_dir) if cfg.resume else None)
         self._draw_problems()
         self.updates = GRPOUpdate(
-            Policy(self.model, self.policy, self.opt, self.temperature, self.autocast, self.device),
+            Policy(
+                model=self.model,
+                forward=self.policy,
+                opt=self.opt,
+                temperature=self.temperature,
+                autocast=self.autocast,
+                device=self.device,
+            ),
             self.weighting,
             loss_settings_of(cfg, self.max_len),
             schedule_of(cfg),
@@ -206,7 +213,13 @@ class Trainer:
                 if cfg.checkpoint and (last or every):
                     # every rank's rows of steps <= step reach disk first; rank 0 writes it
                     checkpoint_after_step(
-                        self.rec, self.run_dir, step, self.model, self.tok, self.opt, cfg.to_dict()
+                        self.rec,
+                        self.run_dir,
+                        step,
+                        model=self.model,
+                        tokenizer=self.tok,
+                        optimizer=self.opt,
+                        config=cfg.to_dict(),
                     )
         if dist.is_main():
             print(self.closing_line(), file=sys.stderr)
@@ -216,7 +229,13 @@ class Trainer:
         """The doctor's clean stop after step `last`: a checkpoint (with checkpoint=true) and one line."""
         if self.cfg.checkpoint and last >= self.start_step:
             checkpoint_after_step(
-                self.rec, self.run_dir, last, self.model, self.tok, self.opt, self.cfg.to_dict()
+                self.rec,
+                self.run_dir,
+                last,
+                model=self.model,
+                tokenizer=self.tok,
+                optimizer=self.opt,
+                config=self.cfg.to_dict(),
             )
         f = self.doctor.finding
         where = f"after step {last}" if f is None else f"after step {last}: {f.id}: {f.message}"
@@ -289,11 +308,11 @@ class Trainer:
                 self.model,
                 self.tok,
                 [render_prompt(self.tok, p) for p in problems],
-                self.cfg.group_size,
-                self.cfg.max_new_tokens,
-                self.sampling,
-                self.task,
-                self.cfg.max_turns,
+                n_samples=self.cfg.group_size,
+                max_new_tokens=self.cfg.max_new_tokens,
+                sampling=self.sampling,
+                task=self.task,
+                max_turns=self.cfg.max_turns,
             )
         return comps, problems, score_completions(comps, self.task, problems)
 
@@ -318,10 +337,10 @@ class Trainer:
                 self.model,
                 self.tok,
                 self.task,
-                mine,
-                cfg.eval_max_new_tokens or cfg.max_new_tokens,
-                cfg.max_turns,
-                cfg.prompts_per_step * cfg.group_size,
+                problems=mine,
+                max_new_tokens=cfg.eval_max_new_tokens or cfg.max_new_tokens,
+                max_turns=cfg.max_turns,
+                batch_size=cfg.prompts_per_step * cfg.group_size,
             )
         results = dist.merge_accuracies(mine, sorted({str(p.difficulty) for p in self.eval_problems}))
         for difficulty, (accuracy, n) in results.items() if dist.is_main() else ():
@@ -367,7 +386,14 @@ def weighting_of(cfg: TrainConfig) -> Weighting:
 
 
 def loss_settings_of(cfg: TrainConfig, max_len: int) -> LossSettings:
-    return LossSettings(cfg.eps_low, cfg.eps_high, cfg.beta, cfg.aggregation, cfg.clip_ratio_c, max_len)
+    return LossSettings(
+        eps_low=cfg.eps_low,
+        eps_high=cfg.eps_high,
+        beta=cfg.beta,
+        aggregation=cfg.aggregation,
+        clip_ratio_c=cfg.clip_ratio_c,
+        max_len=max_len,
+    )
 
 
 def schedule_of(cfg: TrainConfig) -> Schedule:

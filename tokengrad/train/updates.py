@@ -16,6 +16,7 @@ log pi_old and the scoring forward is skipped.
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from typing import Callable, ContextManager, NamedTuple
 
 import torch
@@ -30,7 +31,8 @@ from tokengrad.train import distributed as dist
 from tokengrad.train.policy import directional_logprobs, score_logprobs, token_logprobs
 
 
-class Policy(NamedTuple):
+@dataclass(frozen=True, kw_only=True)
+class Policy:
     """The model being trained, its optimizer, and how its log-probs are computed."""
 
     model: torch.nn.Module  # scoring, attribution's recompute and the probability change
@@ -48,7 +50,8 @@ class Weighting(NamedTuple):
     params: dict
 
 
-class LossSettings(NamedTuple):
+@dataclass(frozen=True, kw_only=True)
+class LossSettings:
     """The GRPO loss of every pass: the keywords of tokengrad.objective.loss.policy_loss."""
 
     eps_low: float  # the ratio's clip range is [1 - eps_low, 1 + eps_high]
@@ -173,7 +176,7 @@ class GRPOUpdate:
         losses, kls, norms = [], [], []
         for update_id in range(n_updates):
             u = plan[update_id] if b is not None else None
-            passes = self.backward_passes(st, b, u, update_id, version, rollout)
+            passes = self.backward_passes(st, b, u, update_id=update_id, version=version, rollout=rollout)
             losses.append(sum(p.loss for p in passes))
             kls += [p.kl for p in passes]
             norms.append(self.clip_and_step(st, update_id))
@@ -197,7 +200,7 @@ class GRPOUpdate:
         return norm
 
     def backward_passes(
-        self, st, b: tb.Batch | None, u: tb.Update | None, update_id: int, version: int, rollout
+        self, st, b: tb.Batch | None, u: tb.Update | None, *, update_id: int, version: int, rollout
     ) -> list[PassResult]:
         """The backward passes of one optimizer update on this rank."""
         rows = u.rows if u is not None else torch.zeros(0, dtype=torch.long)
@@ -215,7 +218,7 @@ class GRPOUpdate:
         weights = tb.update_weights(rule, params, b, rows, current)
         # under DDP only the last micro-batch's backward all-reduces the gradients
         return [
-            self.loss_pass(st, b, u, m, weights, at, sync=i == len(u.micro) - 1)
+            self.loss_pass(st, b, u, micro=m, weights=weights, at=at, sync=i == len(u.micro) - 1)
             for i, m in enumerate(u.micro)
         ]
 
@@ -231,7 +234,7 @@ class GRPOUpdate:
         return tb.plan_updates(self.layout(len(b.sample_ids)), phases, self.schedule.num_iterations)
 
     def loss_pass(
-        self, st, b: tb.Batch, u: tb.Update, micro: Tensor, weights, at: _At, sync: bool
+        self, st, b: tb.Batch, u: tb.Update, *, micro: Tensor, weights, at: _At, sync: bool
     ) -> PassResult:
         """Forward, weighting rule, GRPO loss and backward of one micro-batch (positions `micro` within the
         update's rows). `weights`: the update's weights over its rows (None: the rule is pointwise and runs
@@ -242,11 +245,11 @@ class GRPOUpdate:
             logprobs, stats, hidden = token_logprobs(
                 p.forward,
                 b.input_ids[rows],
-                b.attention_mask[rows],
-                b.prompt_len,
-                b.completion_ids[rows],
-                p.temperature,
-                p.autocast,
+                attention_mask=b.attention_mask[rows],
+                prompt_len=b.prompt_len,
+                completion_ids=b.completion_ids[rows],
+                temperature=p.temperature,
+                autocast=p.autocast,
             )  # [n, T]
         if self.reuses_old:  # the rows' one pass, before any optimizer step: log pi here is log pi_old
             b.old_logprobs[rows] = logprobs.detach()  # [n, T], read after the loss by the step's metrics
@@ -266,14 +269,16 @@ class GRPOUpdate:
             norm_mask=loss_mask,
             ppo_clip=rule.ppo_clip,
             is_weight=None if b.is_weights is None else b.is_weights[rows].expand_as(logprobs),
-            **self.loss._asdict(),
+            **asdict(self.loss),
         )
-        self.track_pass(st, b, u, rows, (logprobs, stats, hidden), w, out.clipped, at)
+        self.track_pass(
+            st, b, u, rows=rows, scored=(logprobs, stats, hidden), w=w, clipped=out.clipped, at=at
+        )
         share = micro_batch_share(self.loss.aggregation, loss_mask, b.loss_mask[u.rows]) * at.rank_scale
         st.backward(out.loss * share)
         return PassResult(loss=out.loss.item() * share, kl=out.metrics["kl_mean"])
 
-    def track_pass(self, st, b: tb.Batch, u: tb.Update, rows, scored: tuple, w, clipped, at: _At) -> None:
+    def track_pass(self, st, b: tb.Batch, u: tb.Update, *, rows, scored: tuple, w, clipped, at: _At) -> None:
         """The recorder's view of one loss pass: its log-probs (`scored`: log pi, softmax statistics and
         the head's input) and everything the token rows need."""
         logprobs, stats, hidden = scored
@@ -300,11 +305,11 @@ class GRPOUpdate:
             recompute=lambda: directional_logprobs(  # attribution's second look at the same rows
                 p.model,
                 b.input_ids[rows],
-                b.attention_mask[rows],
-                b.prompt_len,
-                b.completion_ids[rows],
-                p.temperature,
-                p.autocast,
+                attention_mask=b.attention_mask[rows],
+                prompt_len=b.prompt_len,
+                completion_ids=b.completion_ids[rows],
+                temperature=p.temperature,
+                autocast=p.autocast,
                 entropy=self.attribute_entropy,  # the pair (log pi, H) for entropy attribution
             ),
         )
@@ -320,10 +325,10 @@ class GRPOUpdate:
         return score_logprobs(
             model,
             b.input_ids,
-            b.attention_mask,
-            b.prompt_len,
-            b.completion_ids,
-            chunks,
-            p.temperature,
-            p.autocast,
+            attention_mask=b.attention_mask,
+            prompt_len=b.prompt_len,
+            completion_ids=b.completion_ids,
+            chunks=chunks,
+            temperature=p.temperature,
+            autocast=p.autocast,
         )

@@ -77,7 +77,7 @@ class OpenRLHFRecording:
 
         self._hook = register_optimizer_step_post_hook(self._on_update)
 
-    def track(self, log_probs, old_log_probs, advantages, action_mask, rollout_log_probs, is_weights, ids):
+    def track(self, log_probs, *, old_log_probs, advantages, action_mask, rollout_log_probs, is_weights, ids):
         """One loss call. All [B, A] (A: the action span): the log-probs the loss is built from (with
         graph), π_old, advantages, the action mask, the engine's log-probs or None, the IS weights the
         loss applied or None, and the action tokens' ids."""

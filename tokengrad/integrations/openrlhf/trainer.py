@@ -99,7 +99,15 @@ def wrap_loss(trainer) -> None:
         global_batch_size=None,
     ):
         if torch.is_grad_enabled() and log_probs.requires_grad:
-            _track(loss_fn, temperature, log_probs, old_log_probs, advantages, action_mask, rollout_log_probs)
+            _track(
+                loss_fn,
+                temperature,
+                log_probs,
+                old=old_log_probs,
+                adv=advantages,
+                action_mask=action_mask,
+                rollout_lp=rollout_log_probs,
+            )
         return orig(
             log_probs,
             old_log_probs,
@@ -115,7 +123,7 @@ def wrap_loss(trainer) -> None:
     loss_fn.forward = forward
 
 
-def _track(loss_fn, temperature, log_probs, old, adv, action_mask, rollout_lp) -> None:
+def _track(loss_fn, temperature, log_probs, *, old, adv, action_mask, rollout_lp) -> None:
     experience = _EXPERIENCE.get()
     n, a = log_probs.shape
     if experience is None or getattr(experience, "sequences", None) is None:
@@ -129,7 +137,15 @@ def _track(loss_fn, temperature, log_probs, old, adv, action_mask, rollout_lp) -
         action_mask = torch.ones_like(log_probs, dtype=torch.bool)
     weights = applied_is_weights(loss_fn, old, action_mask, rollout_lp)
     rec = rec_mod.recording(loss_fn, temperature)
-    rec.track(log_probs, old.detach(), adv.detach(), action_mask.bool(), rollout_lp, weights, ids)
+    rec.track(
+        log_probs,
+        old_log_probs=old.detach(),
+        advantages=adv.detach(),
+        action_mask=action_mask.bool(),
+        rollout_log_probs=rollout_lp,
+        is_weights=weights,
+        ids=ids,
+    )
 
 
 def applied_is_weights(loss_fn, old_log_probs, action_mask, rollout_log_probs) -> torch.Tensor | None:
@@ -154,7 +170,15 @@ def applied_is_weights(loss_fn, old_log_probs, action_mask, rollout_log_probs) -
     with torch.enable_grad():
         adv = torch.full(old.shape, -1.0, dtype=old.dtype, device=old.device, requires_grad=True)  # [B, A]
         loss = type(loss_fn).forward(
-            probe, old, old, adv, action_mask, rollout_log_probs.detach(), 1, 1.0, None
+            probe,
+            old,
+            old,
+            adv,
+            action_mask=action_mask,
+            rollout_log_probs=rollout_log_probs.detach(),
+            dp_size=1,
+            batch_num_tokens=1.0,
+            global_batch_size=None,
         )[0]
         (grad,) = torch.autograd.grad(loss, adv)
     return -grad  # [B, A]; 0 outside the action mask

@@ -12,7 +12,7 @@ LM-head input, a few rows of logits at a time, by `tokengrad.record.stats`' canc
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import torch
 
@@ -110,7 +110,10 @@ class FusedCapture:
         self.outputs, self.logits, self.hidden = [], [], []
         head = self.model.get_output_embeddings() if hidden is not None else None
         fp32 = bool(getattr(self.trainer.args, "cast_lm_head_to_fp32", False))
-        return Captured(sum_p2, hidden, head, float(self.trainer.temperature), fp32, stats)
+        temperature = float(self.trainer.temperature)
+        return Captured(
+            sum_p2=sum_p2, hidden=hidden, head=head, temperature=temperature, fp32_head=fp32, stats=stats
+        )
 
     def _logit_stats(self, keep: int) -> TokenStats | None:
         """TokenStats [B, K] from the full logits TRL scored (TRL < 1.15), at its temperature; else None."""
@@ -126,7 +129,8 @@ class FusedCapture:
         return TokenStats(*(torch.cat(f) for f in zip(*parts)))
 
 
-class Captured(NamedTuple):
+@dataclass(frozen=True, kw_only=True)
+class Captured:
     sum_p2: torch.Tensor | None  # [B, K] sum_j p_j^2 from the fused head
     hidden: torch.Tensor | None  # [B, K, D] LM-head input (only for heads without logit scaling)
     head: torch.nn.Module | None  # the output projection

@@ -42,7 +42,7 @@ def padded(x: torch.Tensor | None, width: int) -> torch.Tensor | None:
     return torch.nn.functional.pad(x, (0, width - x.shape[1]))
 
 
-@dataclass
+@dataclass(kw_only=True)
 class MicroBatch:
     """One loss call's rollout tensors, [B, T] each: what is recorded and what the step metrics pool."""
 
@@ -76,7 +76,7 @@ def micro_batch(entry: dict, old_log_prob, response_mask, rollout_is_weights) ->
         probe = entry.get(PROBE_KEY)
         old, rollout = (old, None) if probe is None else (probe.to(old.dtype), rollout)
     w = None if rollout_is_weights is None else rollout_is_weights.detach()
-    return MicroBatch(old, rollout, mask, w, rs, mask_codes(mask, w, rs))
+    return MicroBatch(old=old, rollout=rollout, mask=mask, is_weights=w, rs=rs, codes=mask_codes(mask, w, rs))
 
 
 def mask_codes(mask, weights, rs) -> torch.Tensor | None:

@@ -334,6 +334,7 @@ def _key(problem: Problem) -> str:
 @register_task("toolqa")
 def make_toolqa(
     hops: int | tuple[int, int] = (1, 2),
+    *,
     world_seed: int = 0,
     n_people: int = 400,
     n_cities: int = 60,
