@@ -46,6 +46,11 @@ def lock_path(run_dir: str | os.PathLike, rank: int) -> Path:
     return Path(run_dir) / schema.RANKS_DIR / f"rank{rank:03d}.lock"
 
 
+def lock_paths(run_dir: str | os.PathLike) -> list[Path]:
+    """Every rank's claim file of the run (ranks/rankRRR.lock), in rank order."""
+    return sorted((Path(run_dir) / schema.RANKS_DIR).glob("rank*.lock"))
+
+
 @functools.cache
 def boot_id() -> str | None:
     try:

@@ -68,12 +68,17 @@ def data_files(run_dir: Path, table: str) -> list[Path]:
     return [p for folder in rank_folders(run_dir, table) for p in sorted(folder.glob("s*.parquet"))]
 
 
+def rank_status_files(run_dir: Path) -> list[Path]:
+    """The status file each rank's recorder writes when it closes (ranks/rankRRR.json), in rank order."""
+    status = Path(run_dir) / schema.RANKS_DIR
+    return sorted(status.glob("rank*.json")) if status.is_dir() else []
+
+
 def run_files(run_dir: Path, tables: tuple[str, ...] | None = None) -> list[Path]:
     """meta.json, the ranks' status files and the data files of `tables` (every table when None): the
     files whose changes a reader's cache watches (a new step file, a compaction, a rewritten meta.json)."""
     base = Path(run_dir)
-    status = base / schema.RANKS_DIR
-    paths = [base / schema.META_FILE, *(sorted(status.glob("rank*.json")) if status.is_dir() else ())]
+    paths = [base / schema.META_FILE, *rank_status_files(base)]
     return paths + [p for t in (schema.TABLES if tables is None else tables) for p in data_files(base, t)]
 
 

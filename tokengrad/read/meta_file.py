@@ -135,6 +135,11 @@ def family(meta: Mapping | None) -> tuple[str, str]:
     return (f"{task} {sorted(params.items()) if isinstance(params, dict) else params}", str(steps))
 
 
+def finished(meta: Mapping | None) -> bool:
+    """Whether the recorder closed the run normally (`finished` is true; written false when it opens)."""
+    return (meta or {}).get("finished") is True
+
+
 def token_budget(meta: Mapping | None) -> int | None:
     """Token rows kept per step (`token_budget`: whole completions and the largest update shares), None
     when the run kept every row."""

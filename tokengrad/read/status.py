@@ -24,9 +24,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from tokengrad.read import claim_file, layout
-from tokengrad.read.meta_file import links_out
-from tokengrad.schema import META_FILE, RANKS_DIR, TABLES
+from tokengrad.read import claim_file, layout, meta_file
 
 STALE_S = 15 * 60  # no file written for this long and never closed: the writer is gone
 STATES = ("running", "finished", "crashed", "stopped")
@@ -41,14 +39,9 @@ class RunStatus(NamedTuple):
 
 
 def _newest(run: Path) -> tuple[float, bool]:
-    newest, steps = 0.0, False
-    for p in [run / META_FILE, *(run / RANKS_DIR).glob("rank*.json")]:
-        newest = max(newest, _mtime(p))
-    for table in TABLES:
-        for p in (run / table).glob("rank*/s*.parquet"):
-            newest = max(newest, _mtime(p))
-            steps = steps or table == "steps"
-    return newest, steps
+    """(newest mtime of the run's files, whether any steps file exists) from layout.run_files."""
+    newest = max((_mtime(p) for p in layout.run_files(run)), default=0.0)
+    return newest, bool(layout.data_files(run, "steps"))
 
 
 def _mtime(p: Path) -> float:
@@ -59,20 +52,17 @@ def _mtime(p: Path) -> float:
 
 
 def _meta(run: Path) -> dict:
-    path = run / META_FILE
+    """meta.json as load_run reads it (never through a link out of the run); {} when missing or damaged."""
     try:
-        if links_out(path, run):  # read as load_run reads it: never through a link out of the run
-            return {}
-        meta = json.loads(path.read_text())
-    except (OSError, ValueError):
+        return meta_file.read_meta(run)
+    except (OSError, ValueError):  # FileNotFoundError, MetaError
         return {}
-    return meta if isinstance(meta, dict) else {}
 
 
 def _claims(run: Path) -> list[tuple[claim_file.Holder, claim_file.Verdict]]:
     """The readable claims of the run's ranks with whether their processes run (unusable files left out)."""
     out = []
-    for path in sorted((run / RANKS_DIR).glob("rank*.lock")):
+    for path in claim_file.lock_paths(run):
         holder = claim_file.read(path)
         if isinstance(holder, claim_file.Holder):
             out.append((holder, claim_file.verdict(holder)))
@@ -96,10 +86,10 @@ def run_status(run_dir: str | os.PathLike, now: float | None = None, stale_s: fl
     run = Path(run_dir)
     now = time.time() if now is None else now
     newest, steps = _newest(run)
-    if _meta(run).get("finished") is True:
+    if meta_file.finished(_meta(run)):
         return RunStatus("finished", newest, steps, "the recorder closed the run normally")
     closed = []
-    for p in sorted((run / RANKS_DIR).glob("rank*.json")):
+    for p in layout.rank_status_files(run):
         try:
             closed.append(json.loads(p.read_text()))
         except (OSError, ValueError):
