@@ -1,5 +1,6 @@
 """One diagnosis whatever recorded the run: the same pathology, made through the built-in trainer, the TRL
-attach and a plain Recorder loop, gets the same finding id and severity from the doctor.
+attach and a plain Recorder loop, gets the same finding id and severity from the doctor (the table:
+tests/conformance_cases.py, which tests/test_verl_conformance.py reads for the verl plugin).
 
 Each producer writes its run its own way: the trainer's TrainConfig at the top of `config`, TRL's
 GRPOConfig under `config["args"]` and TRL's own metric names (through the attach's log mapping,
@@ -14,12 +15,10 @@ import math
 import warnings
 
 import pytest
+from conformance_cases import CASES, LIMIT, N_STEPS, PROMPTS, G, expected
 
 from tokengrad.doctor.engine import examine
 from tokengrad.record import Recorder, RunInfo
-
-N_STEPS = 24  # dead steps and constant rewards turn critical after 20 steps in a row
-G, PROMPTS, LIMIT = 4, 2, 8
 
 
 def _scalars(step: int, case: str) -> dict:
@@ -113,7 +112,7 @@ def write_run(producer: str, run_dir, case: str, trl_config: dict | None = None)
     config = {
         "trainer": _trainer_config,
         "trl": lambda: trl_config,
-        "recorder": lambda: {"max_new_tokens": LIMIT, "lr": 1e-3},
+        "loop": lambda: {"max_new_tokens": LIMIT, "lr": 1e-3},
     }[producer]()
     with Recorder(run_dir, config=config, info=RunInfo(temperature=1.0)) as rec:
         for step in range(N_STEPS):
@@ -123,36 +122,12 @@ def write_run(producer: str, run_dir, case: str, trl_config: dict | None = None)
                 st.samples(**(_trl_samples(samples) if producer == "trl" else samples))
 
 
-def _expected(case: str) -> tuple[str, str]:
-    ids = {
-        "truncation": "truncation",
-        "nan_loss": "nonfinite",
-        "nan_reward": "reward_nonfinite",
-        "dead_steps": "dead_steps",
-        "constant_reward": "reward_std_death",
-        "entropy_collapse": "entropy_collapse",
-        "clip_saturation": "clip_saturation",
-    }
-    return ids[case], "critical"
-
-
-CASES = [
-    "truncation",
-    "nan_loss",  # long enough for the writer to merge step files: the NaN must survive the merge
-    "nan_reward",
-    "dead_steps",
-    "constant_reward",
-    "entropy_collapse",
-    "clip_saturation",
-]
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_same_pathology_same_finding_from_every_producer(tmp_path, case, request):
     trl_cfg = request.getfixturevalue("trl_config") if _has_trl() else None
-    want = _expected(case)
+    want = expected(case)
     got = {}
-    for producer in ("trainer", "trl", "recorder") if trl_cfg else ("trainer", "recorder"):
+    for producer in ("trainer", "trl", "loop") if trl_cfg else ("trainer", "loop"):
         write_run(producer, tmp_path / producer, case, trl_cfg)
         result = examine(tmp_path / producer)
         got[producer] = {(f.id, f.severity) for f in result.findings}
@@ -162,7 +137,7 @@ def test_same_pathology_same_finding_from_every_producer(tmp_path, case, request
 
 
 def test_healthy_controlled_run_has_no_pathology_finding(tmp_path):
-    write_run("recorder", tmp_path / "ok", "healthy")
+    write_run("loop", tmp_path / "ok", "healthy")
     assert not [f for f in examine(tmp_path / "ok").findings if f.at_least("warning")]
 
 
@@ -178,12 +153,12 @@ def _has_trl() -> bool:
 def test_every_producer_maps_its_config_to_the_same_settings(tmp_path, trl_config):
     from tokengrad.doctor.view import RunView
 
-    for producer in ("trainer", "trl", "recorder"):
+    for producer in ("trainer", "trl", "loop"):
         write_run(producer, tmp_path / producer, "healthy", trl_config)
-    s = {p: RunView.open(tmp_path / p).settings for p in ("trainer", "trl", "recorder")}
+    s = {p: RunView.open(tmp_path / p).settings for p in ("trainer", "trl", "loop")}
     assert {p: v.producer for p, v in s.items()} == {p: p for p in s}
     assert {v.max_new_tokens for v in s.values()} == {LIMIT}
-    assert s["trainer"].group_size == s["trl"].group_size == G and s["recorder"].group_size is None
+    assert s["trainer"].group_size == s["trl"].group_size == G and s["loop"].group_size is None
     assert s["trl"].loss_type == "dapo" and s["trl"].beta == 0.0 and s["trl"].num_iterations == 1
     assert s["trl"].reward_columns == ("reward_distinct_chars",)
     assert s["trl"].metric("truncated_share") == "trl_completions_clipped_ratio"

@@ -2,14 +2,17 @@
 
     s = settings_of(meta)            # RunSettings; `view.settings` on a RunView
     s.max_new_tokens                 # the length limit of a completion, or None when the run does not say
-    s.producer                       # "trainer", "trl", "verl" or "recorder" (a plain loop)
+    s.producer                       # "trainer", "trl", "verl" or "loop": meta_file.origin(meta)
     s.metric("truncated_share")      # the steps column where the producer logs its own value, or None
 
 Each producer stores its configuration its own way: the built-in trainer writes its TrainConfig at the top
 of meta.json's `config`, the TRL attach writes GRPOConfig under `config["args"]` (max_completion_length,
-num_generations, epsilon, ...), the verl plugin writes only its loss mode, and a plain loop writes whatever
-dict it passed to `Recorder(config=...)`. PRODUCERS maps each one to RunSettings; an unknown setting stays
-None so a detector can say it could not check instead of guessing.
+num_generations, epsilon, ...), the verl plugin writes what verl's actor config and update batch expose
+(tokengrad.integrations.verl.settings: response_length, rollout_n, loss_agg_mode, the clip range,
+kl_loss_coef, ppo_epochs, temperature), and a plain loop writes whatever dict it passed to
+`Recorder(config=...)`. Whose run it is comes from tokengrad.read.meta_file.origin, the one definition the
+dashboard uses too; PRODUCERS maps each origin to RunSettings. An unknown setting stays None so a detector
+can say it could not check instead of guessing.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from tokengrad.read.meta_file import ORIGINS, origin
 from tokengrad.registry import Registry
 from tokengrad.schema import SAMPLE, STEP_EXTRA
 
@@ -39,14 +43,14 @@ class RunSettings:
         return self.metrics.get(name)
 
 
-# producer name -> fn(config: dict, meta: dict) -> RunSettings; `matches(config)` says whose run it is.
-# Checked in registration order; FALLBACK (a plain loop) is tried last and matches everything.
+# origin (tokengrad.read.meta_file.ORIGINS) -> fn(config: dict, meta: dict) -> RunSettings
 PRODUCERS: Registry = Registry("run producer")
-FALLBACK = "recorder"
 
 
-def producer(name: str, matches):
-    return PRODUCERS.register(name, matches=matches)
+def producer(name: str):
+    if name not in ORIGINS:
+        raise ValueError(f"a producer is one of meta_file.ORIGINS {ORIGINS}, got {name!r}")
+    return PRODUCERS.register(name)
 
 
 def _int(value) -> int | None:
@@ -78,7 +82,7 @@ def _temperature(cfg: Mapping, meta: Mapping) -> float | None:
     )
 
 
-@producer("trl", matches=lambda cfg: cfg.get("integration") == "trl")
+@producer("trl")
 def _trl(cfg: dict, meta: dict) -> RunSettings:
     """GRPOConfig under config["args"]; TRL logs its own truncated share as completions/clipped_ratio."""
     args = cfg.get("args") if isinstance(cfg.get("args"), Mapping) else {}
@@ -99,18 +103,25 @@ def _trl(cfg: dict, meta: dict) -> RunSettings:
     )
 
 
-@producer("verl", matches=lambda cfg: cfg.get("integration") == "verl")
+@producer("verl")
 def _verl(cfg: dict, meta: dict) -> RunSettings:
-    """The verl plugin sees only the policy loss: its mode is known, verl's rollout settings are not."""
+    """What the plugin read from verl's actor config and its update batch (integrations/verl/settings.py);
+    beta only where the actor's KL loss is on (a KL in the reward is outside the loss seam)."""
+    kl = cfg.get("use_kl_loss")
     return RunSettings(
-        producer="verl", loss_type=_str(cfg.get("loss_mode")), temperature=_num(meta.get("temperature"))
+        producer="verl",
+        max_new_tokens=_int(cfg.get("response_length")),
+        loss_type=_str(cfg.get("loss_agg_mode")),
+        group_size=_int(cfg.get("rollout_n")),
+        temperature=_temperature(cfg, meta),
+        beta=_num(cfg.get("kl_loss_coef")) if kl is True else None,
+        num_iterations=_int(cfg.get("ppo_epochs")),
+        eps_low=_num(cfg.get("clip_ratio_low")),
+        eps_high=_num(cfg.get("clip_ratio_high")),
     )
 
 
-_TRAINER_KEYS = ("task", "group_size", "max_new_tokens", "aggregation")
-
-
-@producer("trainer", matches=lambda cfg: all(k in cfg for k in _TRAINER_KEYS))
+@producer("trainer")
 def _trainer(cfg: dict, meta: dict) -> RunSettings:
     """The built-in trainer's TrainConfig (tokengrad.train.config), at the top of config."""
     return RunSettings(
@@ -127,11 +138,11 @@ def _trainer(cfg: dict, meta: dict) -> RunSettings:
     )
 
 
-@producer(FALLBACK, matches=lambda cfg: True)
-def _recorder(cfg: dict, meta: dict) -> RunSettings:
+@producer("loop")
+def _loop(cfg: dict, meta: dict) -> RunSettings:
     """A plain loop's config dict: the common names of each setting where the loop used one."""
     return RunSettings(
-        producer="recorder",
+        producer="loop",
         max_new_tokens=_first(cfg, ("max_new_tokens", "max_completion_length", "response_length"), _int),
         loss_type=_first(cfg, ("loss_type", "aggregation", "loss_agg_mode"), _str),
         group_size=_first(cfg, ("group_size", "num_generations", "G"), _int),
@@ -144,8 +155,6 @@ def _recorder(cfg: dict, meta: dict) -> RunSettings:
 
 
 def settings_of(meta: Mapping) -> RunSettings:
-    """The RunSettings of a run from its meta.json (the first producer whose `matches` holds)."""
+    """The RunSettings of a run from its meta.json, by its origin (tokengrad.read.meta_file.origin)."""
     cfg = meta.get("config") if isinstance(meta.get("config"), Mapping) else {}
-    names = [n for n in PRODUCERS if n != FALLBACK] + [FALLBACK]
-    name = next(n for n in names if PRODUCERS[n].matches(cfg))
-    return PRODUCERS[name](dict(cfg), dict(meta))
+    return PRODUCERS[origin(meta)](dict(cfg), dict(meta))
