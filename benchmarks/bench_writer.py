@@ -45,15 +45,15 @@ def _synthetic_batches(k: int, vocab: int) -> list[CapturedBatch]:
         values = {c: rng.standard_normal((N, T), dtype=np.float32) for c in TOKEN_VALUE_COLUMNS}
         out.append(
             CapturedBatch(
-                0,
-                0,
-                rng.integers(0, vocab, (N, T)),
-                np.ones((N, T), bool),
-                np.ones((N, T), bool),
-                np.arange(N),
-                np.arange(N) // G,
-                values,
-                rng.random((N, T)) < 0.1,
+                pass_id=0,
+                update_id=0,
+                token_ids=rng.integers(0, vocab, (N, T)),
+                mask=np.ones((N, T), bool),
+                in_loss=np.ones((N, T), bool),
+                sample_ids=np.arange(N),
+                group_ids=np.arange(N) // G,
+                values=values,
+                clipped=rng.random((N, T)) < 0.1,
             )
         )
     return out
