@@ -27,9 +27,9 @@ from tokengrad.schema import SAMPLE, STEP_EXTRA
 
 @dataclass(frozen=True)
 class RunSettings:
-    producer: str = "recorder"
+    producer: str = "loop"  # tokengrad.read.meta_file.origin
     max_new_tokens: int | None = None  # tokens a completion may have before generation stops it
-    loss_type: str | None = None  # the loss aggregation (TRL loss_type, trainer aggregation, verl mode)
+    loss_type: str | None = None  # aggregation: TRL loss_type, trainer aggregation, verl loss_agg_mode
     group_size: int | None = None  # G: completions per prompt
     reward_columns: tuple[str, ...] = ()  # samples columns of the separate reward functions
     temperature: float | None = None  # sampling temperature

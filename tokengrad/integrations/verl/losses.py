@@ -17,7 +17,8 @@ weighting rule acts as a per-token scale of dL/dlog pi_t in backward, as in the 
 Each process writes its own rank's files into one run directory: $TOKENGRAD_RUN_DIR (on storage shared by
 all nodes; default ./tokengrad_runs/verl). One tokengrad step is one optimizer update of the actor
 (a `train_batch` of verl's engine: one PPO mini-batch), closed by torch's global optimizer-step hook.
-docs/verl.md lists what is recorded and what this seam cannot see (rewards, entropy, block norms).
+docs/verl.md lists what is recorded (tokens, the settings verl exposes: settings.py) and what this seam
+cannot see (rewards, the gradient norm, block norms).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import warnings
 import torch
 
 from tokengrad.integrations.verl import rollout
+from tokengrad.integrations.verl import settings as verl_settings
 from tokengrad.integrations.verl.options import VerlOptions
 from tokengrad.objective.weighting import TokenBatch
 from tokengrad.record import RunInfo
@@ -39,8 +41,9 @@ from tokengrad.record.recorder import Recorder
 
 TESTED_VERL = ("0.9", "0.10")  # [lowest, first untested) minor versions; keep in step with the `verl` extra
 LOSS_PREFIX = "tokengrad"
-# the micro-batch's fields the policy loss does not receive (rollout.ENTRY_KEYS: response ids, the engine's
-# log-probs, rejection and probe masks), set by verl's loss entry
+# what verl's loss entry has and the policy loss does not receive, set by the entry for the call: the
+# micro-batch's fields (rollout.ENTRY_KEYS: response ids, the engine's log-probs, rejection and probe masks),
+# the run's settings and temperature (settings.py) and the token entropies [B, T] (None when not computed)
 _ENTRY: contextvars.ContextVar = contextvars.ContextVar("tokengrad_verl_entry", default=None)
 SAMPLE_STRIDE = 1 << 32  # sample_id = rank * SAMPLE_STRIDE + row: unique over ranks within a step
 
@@ -95,7 +98,7 @@ def _wrap_loss_entry() -> None:
         mode = str(config.policy_loss.get("loss_mode", "vanilla"))
         if not mode.startswith(LOSS_PREFIX) or "responses" not in data.keys():
             return entry(config, model_output, data, *args, **kwargs)
-        token = _ENTRY.set({k: data[k] for k in rollout.ENTRY_KEYS if k in data.keys()})
+        token = _ENTRY.set(_entry(config, model_output, data))
         try:
             return entry(config, model_output, data, *args, **kwargs)
         finally:
@@ -103,6 +106,21 @@ def _wrap_loss_entry() -> None:
 
     ppo_loss._tokengrad = True
     losses.ppo_loss = ppo_loss
+
+
+def _entry(config, model_output, data) -> dict:
+    """What the policy loss of this micro-batch may read from verl's loss entry (see _ENTRY)."""
+    entropy = model_output.get("entropy", None) if hasattr(model_output, "get") else None
+    if entropy is not None:
+        from verl.workers.utils.padding import no_padding_2_padding
+
+        entropy = no_padding_2_padding(entropy, data).detach()  # [B, T], as ppo_loss slices it
+    return {
+        "tensors": {k: data[k] for k in rollout.ENTRY_KEYS if k in data.keys()},
+        "settings": verl_settings.run_config(config, data),
+        "temperature": verl_settings.temperature(data),
+        "entropy": entropy,
+    }
 
 
 def make_policy_loss(rule: str | None):
@@ -124,8 +142,15 @@ def make_policy_loss(rule: str | None):
 
         weights = _weights(resolved, log_prob, old_log_prob, advantages, response_mask)  # [B, T] or None
         if torch.is_grad_enabled() and log_prob.requires_grad:
-            rec = recording(rule)
-            rec.track(log_prob, old_log_prob, advantages, response_mask, weights, rollout_is_weights)
+            recording(rule).track(
+                log_prob,
+                old_log_prob=old_log_prob,
+                advantages=advantages,
+                response_mask=response_mask,
+                weights=weights,
+                is_weights=rollout_is_weights,
+                clipped=verl_settings.clipped(log_prob, old_log_prob, advantages, config),
+            )
         pg_loss, metrics = compute_policy_loss_vanilla(
             old_log_prob,
             log_prob,
@@ -156,16 +181,27 @@ def _weights(resolved, log_prob, old, adv, mask) -> torch.Tensor | None:
 class VerlRecording:
     """The recorder of one verl process; a step spans the loss passes until the next optimizer update."""
 
-    def __init__(self, run_dir: str | os.PathLike, rule: str | None, budget: int | None = None):
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        rule: str | None,
+        budget: int | None = None,
+        *,
+        settings: dict | None = None,
+        temperature: float | None = None,
+    ):
+        """`settings`: what verl's config exposes (settings.run_config), into meta.json's `config`;
+        `temperature`: the sampler's, into meta.json's `temperature`."""
         import verl
 
         from tokengrad.objective.gradient_scale import weighting_meta
 
         meta = weighting_meta(rule, None)
+        config = {"integration": "verl", "verl_version": verl.__version__, "loss_mode": loss_name(rule)}
         self.recorder = Recorder(
             run_dir,
-            config={"integration": "verl", "verl_version": verl.__version__, "loss_mode": loss_name(rule)},
-            info=RunInfo(weighting=meta),
+            config={**(settings or {}), **config},
+            info=RunInfo(weighting=meta, temperature=temperature),
             budget=budget,
         ).open()
         self.rule = rule
@@ -173,18 +209,33 @@ class VerlRecording:
         self.next_step = 0
         self._rows = 0
         self._parts: list[rollout.MicroBatch] = []  # the step's rollout tensors, for its metrics
+        self._entropy = [0.0, 0]  # the step's summed loss-token entropy and its token count
         self._lock = threading.Lock()
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         self._hook = register_optimizer_step_post_hook(self._on_update)
 
-    def track(self, log_prob, old_log_prob, advantages, response_mask, weights, is_weights=None) -> None:
+    def track(
+        self,
+        log_prob,
+        *,
+        old_log_prob,
+        advantages,
+        response_mask,
+        weights=None,
+        is_weights=None,
+        clipped=None,
+    ) -> None:
+        """Track one micro-batch's log_prob [B, T] (with graph) and what verl's policy loss received;
+        `clipped` [B, T]: the tokens verl's clip cuts (settings.clipped)."""
         with self._lock:
             if self.step is None:
                 self.step = self.recorder.begin_step(self.next_step)
-                self._rows, self._parts = 0, []
+                self._rows, self._parts, self._entropy = 0, [], [0.0, 0]
             n, t = log_prob.shape
-            entry = {k: rollout.padded(v, t) for k, v in (_ENTRY.get() or {}).items()}
+            found = _ENTRY.get() or {}
+            entry = {k: rollout.padded(v, t) for k, v in found.get("tensors", {}).items()}
+            self._add_entropy(found.get("entropy"), response_mask)
             ids = entry.get("responses")
             if ids is None or tuple(ids.shape) != (n, t):
                 raise RuntimeError(
@@ -213,10 +264,19 @@ class VerlRecording:
                 weights=weights,
                 scale_grad=weights,
                 sample_ids=sid,
+                clipped=None if clipped is None else clipped.to(dev),
             )
 
+    def _add_entropy(self, entropy, response_mask) -> None:
+        if entropy is None or tuple(entropy.shape) != tuple(response_mask.shape):
+            return
+        mask = response_mask.bool()  # [B, T]
+        self._entropy[0] += float(entropy.float()[mask].sum())
+        self._entropy[1] += int(mask.sum())
+
     def _end_step(self) -> None:
-        self.step.log(**rollout.step_metrics(self._parts))
+        total, n = self._entropy
+        self.step.log(**rollout.step_metrics(self._parts), **({"entropy_mean": total / n} if n else {}))
         self.recorder.end_step()
         self.step, self._parts = None, []
 
@@ -243,7 +303,14 @@ def recording(rule: str | None = None) -> VerlRecording:
     global _RECORDING
     if _RECORDING is None:
         opts = VerlOptions.from_env()
-        _RECORDING = VerlRecording(opts.run_dir, rule, opts.token_budget)
+        entry = _ENTRY.get() or {}
+        _RECORDING = VerlRecording(
+            opts.run_dir,
+            rule,
+            opts.token_budget,
+            settings=entry.get("settings"),
+            temperature=entry.get("temperature"),
+        )
         if opts.mismatch_probe_every is not None:
             from tokengrad.integrations.verl import probe
 
