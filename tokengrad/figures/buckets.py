@@ -38,6 +38,7 @@ _MEAN_COLUMNS = (
     BUCKET.dprob_mean,
     BUCKET.correct_ratio,
 )
+AFTER_STEP = (BUCKET.dprob_mean, BUCKET.correct_ratio)  # measured after the step, on its last update's rows
 SHARE_COLUMNS = frozenset({BUCKET.token_share, BUCKET.update_share})
 BUCKET_LABELS = {  # the columns in words, on axes, legends and pickers
     BUCKET.token_share: "share of loss tokens",
@@ -68,35 +69,57 @@ def _with_columns(df: pd.DataFrame) -> pd.DataFrame:
 def analysed_updates(
     buckets: pd.DataFrame, step_range: tuple[int, int] | None = None, update_id: int | None = None
 ) -> pd.DataFrame:
-    """[step, rank, update_id, live] of every analysed update in the selection; live = some bucket's
-    gradient norm is > 0 (else the update had no gradient and its shares are undefined)."""
+    """[step, rank, update_id, live, empty] of every update in the selection that a bucket pass analysed
+    (some bucket's grad_norm recorded); live = some bucket's gradient norm is > 0 (else the update had
+    no gradient and its shares are undefined); empty = no loss token fell in any bucket (a Lopti phase
+    that no token reached). An attribution step without a bucket pass writes bucket rows too, its tokens'
+    update shares summed per bucket (tokengrad.record.step_attribution.bucket_share_rows) but no norms:
+    those updates are not analysed here, as the figures leave them out."""
+    cols = [*_UPDATE_KEYS, "live", "empty"]
     df = _with_columns(buckets)
     if step_range is not None:
         df = df[df[BUCKET.step].between(*step_range)]
     if update_id is not None:
         df = df[df[BUCKET.update_id] == update_id]
     if df.empty:
-        return pd.DataFrame(columns=[*_UPDATE_KEYS, "live"])
-    live = df[BUCKET.grad_norm].fillna(0).gt(0).groupby([df[k] for k in _UPDATE_KEYS]).any()
-    return live.rename("live").reset_index()
+        return pd.DataFrame(columns=cols)
+    norms = pd.to_numeric(df[BUCKET.grad_norm], errors="coerce")
+    tokens = pd.to_numeric(df[BUCKET.n_tokens], errors="coerce")
+    by = [df[k] for k in _UPDATE_KEYS]
+    out = pd.DataFrame(
+        {
+            "analysed": norms.notna().groupby(by).any(),
+            "live": norms.fillna(0).gt(0).groupby(by).any(),
+            "empty": tokens.groupby(by).sum(min_count=1).eq(0),  # unknown counts: not empty
+        }
+    )
+    return out[out["analysed"]].drop(columns="analysed").reset_index()[cols]
 
 
 def analysis_note(updates: pd.DataFrame) -> str:
     """Which analysed updates a bucket figure averages: '3 of 8 analysed updates had a gradient (steps
-    20, 40; updates 0, 1)'. An empty selection says why."""
+    20, 40; updates 0, 1)'. Updates without loss tokens (an empty Lopti phase) are not counted, and
+    said so. An empty selection says why."""
     if updates.empty:
         return "no bucket analysis in the selection"
-    live = updates[updates["live"]]
-    n_steps = updates[BUCKET.step].nunique()
+    empty = updates["empty"] if "empty" in updates else pd.Series(False, index=updates.index)
+    counted, n_empty = updates[~empty.astype(bool)], int(empty.sum())
+    left = (
+        f"; {n_empty} update{'s' if n_empty > 1 else ''} without loss tokens not counted" if n_empty else ""
+    )
+    live = counted[counted["live"].astype(bool)]
     if live.empty:
+        n_steps = updates[BUCKET.step].nunique()
         noun = "step" if n_steps == 1 else "steps"
-        return f"all {n_steps} analysed {noun} had no gradient (every advantage was 0)"
+        why = "every advantage was 0" if not n_empty else "no loss tokens, or every advantage was 0"
+        return f"all {n_steps} analysed {noun} had no gradient ({why})"
     at = sorted(int(s) for s in live[BUCKET.step].unique())
-    steps = ", ".join(map(str, at)) if len(at) <= 6 else f"{len(at)} steps from {at[0]} to {at[-1]}"
+    listed = f"step{'s' if len(at) > 1 else ''} {', '.join(map(str, at))}"
+    steps = listed if len(at) <= 6 else f"{len(at)} steps from {at[0]} to {at[-1]}"
     ups = ", ".join(str(int(u)) for u in sorted(live[BUCKET.update_id].unique()))
     return (
-        f"{len(live)} of {len(updates)} analysed updates had a gradient (steps {steps}; "
-        f"update{'s' if ',' in ups else ''} {ups})"
+        f"{len(live)} of {len(counted)} analysed updates had a gradient ({steps}; "
+        f"update{'s' if ',' in ups else ''} {ups}){left}"
     )
 
 
@@ -120,6 +143,18 @@ def live_rows(
     return _with_columns(buckets).merge(keep, on=_UPDATE_KEYS, how="inner")
 
 
+def live_step_rows(
+    buckets: pd.DataFrame, step_range: tuple[int, int] | None = None, update_id: int | None = None
+) -> pd.DataFrame:
+    """The bucket rows of every analysed update of the steps (per rank) with a gradient in the selection:
+    the probability change after a step sits on its last update's rows (record.step_buckets), which may be
+    an update without loss tokens (Lopti's second phase when no token reached it)."""
+    updates = analysed_updates(buckets, step_range, update_id)
+    live = updates.groupby([BUCKET.step, BUCKET.rank])["live"].transform("any").astype(bool)
+    keep = updates.loc[live, _UPDATE_KEYS]
+    return _with_columns(buckets).merge(keep, on=_UPDATE_KEYS, how="inner")
+
+
 def bucket_shares(
     buckets: pd.DataFrame, step_range: tuple[int, int] | None = None, update_id: int | None = None
 ) -> pd.DataFrame:
@@ -127,7 +162,8 @@ def bucket_shares(
 
     n_tokens, token_share and update_share are pooled over the updates as the headline defines them
     (tokengrad.read.headline: sum_u <g_B,u, g_u> / sum_u |g_u|^2, so a Lopti step's phases combine into
-    its update and all buckets sum to 1); cos_to_total, dprob_mean and correct_ratio are means over them;
+    its update and all buckets sum to 1); cos_to_total is the mean over them, dprob_mean and correct_ratio
+    (measured once a step, after its last update) the means over the steps with a gradient;
     grad_norm is the mean over the updates where the bucket had tokens (a bucket without tokens has
     g_B = 0 by construction, which would dilute the mean). Ordered by lower edge, the residual last;
     attrs["note"] is analysis_note of the selection.
@@ -143,6 +179,9 @@ def bucket_shares(
     out = g[[BUCKET.lo, BUCKET.hi]].first()
     for c in _MEAN_COLUMNS:
         out[c] = g[c].mean()
+    after = live_step_rows(buckets, step_range, update_id).groupby(BUCKET.bucket)
+    for c in AFTER_STEP:
+        out[c] = after[c].mean()
     with_tokens = df[df[BUCKET.n_tokens].fillna(0) > 0]
     out[BUCKET.grad_norm] = with_tokens.groupby(BUCKET.bucket)[BUCKET.grad_norm].mean()
     # token and update shares pooled over the updates (the headline definition, tokengrad.read.headline)
@@ -253,7 +292,8 @@ def bucket_steps(buckets: pd.DataFrame, value: str, update_id: int | None = None
     if value in SHARE_COLUMNS:
         grid = pooled_step_shares(buckets, value, update_id)
     else:
-        grid = rows.pivot_table(index=BUCKET.step, columns=BUCKET.bucket, values=value, aggfunc="mean")
+        src = live_step_rows(buckets, None, update_id) if value in AFTER_STEP else rows
+        grid = src.pivot_table(index=BUCKET.step, columns=BUCKET.bucket, values=value, aggfunc="mean")
     if RESIDUAL_BUCKET in grid.columns and not (grid[RESIDUAL_BUCKET].abs() >= RESIDUAL_TOL).any():
         grid = grid.drop(columns=RESIDUAL_BUCKET)
     return grid.reindex(columns=[b for b in order if b in grid.columns])
