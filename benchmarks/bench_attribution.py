@@ -123,7 +123,9 @@ def setup(args) -> dict:
     def buckets():  # today's exact passes on the retained graph of a training pass (not timed)
         lp_ = train_pass()
         t = CLOCK()
-        g = bk.bucket_gradients(lp_, coef, in_loss, idx, len(edges) - 1, params)
+        g = bk.bucket_gradients(
+            lp_, coef, in_loss=in_loss, bucket=idx, n_buckets=len(edges) - 1, params=params
+        )
         store = [None] * (len(edges) - 1)
         bk.accumulate(store, g)
         bk.bucket_shares(store, [p.grad for p in params])

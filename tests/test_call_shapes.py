@@ -22,11 +22,6 @@ ALLOWED = {
         "verl's register_policy_loss fixes the signature (old_log_prob, log_prob, advantages, response_mask, "
         "loss_agg_mode, config, rollout_is_weights): names and order are verl's"
     ),
-    # files under rework elsewhere in this change; the stale check asks to drop each entry once it lands
-    "tokengrad/record/bucket_analysis.py:bucket_gradients": "bucket_analysis.py, under rework",
-    "tokengrad/record/bucket_analysis.py:prob_change": "bucket_analysis.py, under rework",
-    "tokengrad/record/step_buckets.py:analyze": "its call into bucket_analysis.bucket_gradients",
-    "tokengrad/record/step_buckets.py:prob_change": "its call into bucket_analysis.prob_change",
 }
 
 

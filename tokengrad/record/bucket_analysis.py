@@ -12,6 +12,12 @@ bucket (AR-Lopti arXiv 2505.12929, Fig. 1, buckets [0, .25, .5, .75, 1]). With g
     cos_B = <g_B, g> / (|g_B| |g|),
 
 where the residual is the part of g from loss terms not built on log pi.
+
+Where the update's gradient provably has no residual (`residual_free`: every path from the loss to a
+parameter runs through the tracked log-probs, every coef finite and 0 outside the loss tokens, the
+gradients empty when the update began), g = sum_B g_B, so one bucket (the `derived` one) needs no pass:
+g_D = g - sum_{B != D} g_B. K buckets then cost K - 1 backward passes; `bucket_shares` takes g_D's norm
+and products from the others' without forming it.
 """
 
 from __future__ import annotations
@@ -37,25 +43,26 @@ def validate_edges(edges) -> tuple[float, ...]:
 def bucket_gradients(
     logprobs: torch.Tensor,
     coef: torch.Tensor,
+    *,
     in_loss: torch.Tensor,
     bucket: torch.Tensor,
     n_buckets: int,
     params: list[torch.Tensor],
+    skip: int | None = None,
 ) -> list[list[torch.Tensor] | None]:
-    """g_B for every bucket: one backward of sum_{t in B} coef_t log pi_t each; frees the graph at the end.
+    """g_B for every bucket but `skip`: one backward of sum_{t in B} coef_t log pi_t each; frees the graph
+    at the end.
 
     Args:
         logprobs: [N, T] with its autograd graph retained.  coef: [N, T] dL/dlog pi.
         in_loss: [N, T] bool.  bucket: [N, T] bucket index.  params: trainable parameters.
+        skip: a bucket left without a pass (the derived bucket, from g minus the others), or None.
     Returns: per bucket a list of per-parameter gradients (None for a bucket without a token of non-zero
-    coef).
+    coef, and for `skip`).
     """
     grads: list[list[torch.Tensor] | None] = [None] * n_buckets
+    todo = [b for b in active_buckets(coef, in_loss, bucket, n_buckets) if b != skip]
     coef = torch.nan_to_num(coef.detach())  # [N, T]
-    # a bucket whose tokens all have coef 0 (e.g. groups with equal rewards: advantage 0) has g_B = 0
-    # exactly; its pass is skipped and the bucket kept empty (norm 0, share 0, as a zero gradient gives)
-    moving = in_loss & (coef != 0)  # [N, T]
-    todo = [b for b in range(n_buckets) if bool(((bucket == b) & moving).any())]
     for i, b in enumerate(todo):
         go = coef * ((bucket == b) & in_loss).to(coef.dtype)  # [N, T] grad_output selecting B
         g = torch.autograd.grad(
@@ -69,6 +76,52 @@ def bucket_gradients(
     return grads
 
 
+def active_buckets(
+    coef: torch.Tensor, in_loss: torch.Tensor, bucket: torch.Tensor, n_buckets: int
+) -> list[int]:
+    """Buckets holding a loss token of non-zero coef. A bucket whose tokens all have coef 0 (e.g. groups
+    with equal rewards: advantage 0) has g_B = 0 exactly: its pass is skipped and the bucket kept empty
+    (norm 0, share 0, as a zero gradient gives).  Inputs [N, T]."""
+    moving = in_loss & (torch.nan_to_num(coef.detach()) != 0)  # [N, T]
+    return [b for b in range(n_buckets) if bool(((bucket == b) & moving).any())]
+
+
+def largest_bucket(coef: torch.Tensor, in_loss: torch.Tensor, bucket: torch.Tensor, n_buckets: int) -> int:
+    """The bucket of largest sum |coef| over loss tokens: the one to derive as g minus the others, so the
+    float32 rounding of g (~1e-7 |g|) stays small against the derived |g_D|.  Inputs [N, T]."""
+    w = (coef.detach().abs() * in_loss).double()  # [N, T]
+    mass = torch.zeros(n_buckets, dtype=torch.float64, device=w.device).index_add_(
+        0, bucket.reshape(-1), w.reshape(-1)
+    )
+    return int(mass.argmax())
+
+
+@torch.no_grad()
+def coef_is_whole(coef: torch.Tensor, in_loss: torch.Tensor) -> bool:
+    """The bucket passes together give the pass's whole log-pi gradient: coef finite and 0 off the loss
+    tokens (a coef off them would reach g but no bucket).  [N, T] each."""
+    return bool(torch.isfinite(coef).all()) and not bool((coef * ~in_loss).any())
+
+
+def residual_free(loss: torch.Tensor, logprobs: list[torch.Tensor]) -> bool:
+    """Every path of the autograd graph from `loss` to a leaf that requires grad (a parameter) runs through
+    one of `logprobs`: the gradient is sum_t coef_t grad log pi_t with no residual term.  Walks the graph
+    from the loss, stopping at the log-probs' nodes (a few nodes when true; the whole graph when not)."""
+    stops = {lp.grad_fn for lp in logprobs if lp.grad_fn is not None}
+    if loss.grad_fn is None or not stops:
+        return False
+    seen, todo = set(), [loss.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen or node in stops:
+            continue
+        seen.add(node)
+        if hasattr(node, "variable"):  # AccumulateGrad: a leaf reached around the log-probs
+            return False
+        todo.extend(nxt for nxt, _ in node.next_functions)
+    return True
+
+
 def accumulate(store: list[list[torch.Tensor] | None], new: list[list[torch.Tensor] | None]) -> None:
     """store[b] += new[b] per parameter (several backward passes feeding one optimizer update)."""
     for b, g in enumerate(new):
@@ -80,38 +133,54 @@ def accumulate(store: list[list[torch.Tensor] | None], new: list[list[torch.Tens
             torch._foreach_add_(store[b], g)
 
 
-SLICE = 1 << 22  # elements per float64 slice: bounds the extra memory of the share computation (~32 MB)
+SLICE = 1 << 20  # elements per float64 slice: bounds the extra memory of the share computation (~8 MB a row)
 
 
 @torch.no_grad()
-def bucket_shares(store: list[list[torch.Tensor] | None], total: list[torch.Tensor]) -> dict:
+def gram(store: list[list[torch.Tensor] | None], total: list[torch.Tensor]) -> torch.Tensor:
+    """[K + 1, K + 1] float64 inner products of the non-empty bucket gradients and `total` (last row),
+    accumulated over flat parameter slices as one matrix product per slice: no float64 copy of the model
+    is made, and each gradient is read once."""
+    have = [g for g in store if g is not None]
+    device = total[0].device if total else "cpu"
+    G = torch.zeros(len(have) + 1, len(have) + 1, dtype=torch.float64, device=device)
+    for i, t in enumerate(total):
+        flat = [g[i].reshape(-1) for g in have] + [t.reshape(-1)]
+        for s in range(0, flat[-1].numel(), SLICE):
+            rows = torch.stack([f[s : s + SLICE].to(device) for f in flat]).double()  # [K + 1, S]
+            G += rows @ rows.T
+    return G.cpu()
+
+
+@torch.no_grad()
+def bucket_shares(
+    store: list[list[torch.Tensor] | None], total: list[torch.Tensor], *, derived: int | None = None
+) -> dict:
     """Norms, update shares and cosines of the bucket gradients against the full gradient `total`.
 
-    Accumulates in float64 over flat parameter slices, so no float64 copy of the whole model is made.
+    `derived`: a bucket without its own gradient, g_D = g - sum of the others (a residual-free update, see
+    the module doc); its products come from the Gram matrix: <g_D, g> = |g|^2 - sum_B <g_B, g>,
+    |g_D|^2 = |g|^2 - 2 sum_B <g_B, g> + sum_{B, C} <g_B, g_C>, and the residual is 0.
     Returns dict with lists grad_norm, update_share, cos_to_total (0/0/NaN for empty buckets) and the
     residual's grad_norm and update_share.
     """
     nb = len(store)
-    dots, sq_b = [0.0] * nb, [0.0] * nb
-    g_sq = resid_sq = 0.0
-    for i, t in enumerate(total):
-        flat_t = t.reshape(-1)
-        for s in range(0, flat_t.numel(), SLICE):
-            tg = flat_t[s : s + SLICE].double()  # [S]
-            resid = tg.clone()
-            for b, g_b in enumerate(store):
-                if g_b is None:
-                    continue
-                gb = g_b[i].reshape(-1)[s : s + SLICE].double()  # [S]
-                dots[b] += float(torch.dot(gb, tg))
-                sq_b[b] += float(torch.dot(gb, gb))
-                resid -= gb
-            g_sq += float(torch.dot(tg, tg))
-            resid_sq += float(torch.dot(resid, resid))
+    if derived is not None and store[derived] is not None:
+        raise ValueError(f"bucket {derived} is derived from the total yet has a gradient of its own")
+    idx = [b for b in range(nb) if store[b] is not None]
+    G = gram(store, total)  # [K + 1, K + 1]
+    k = len(idx)
+    g_sq = float(G[k, k])
+    dots = dict(zip(idx, G[:k, k].tolist()))
+    sq_b = dict(zip(idx, G.diagonal()[:k].tolist()))
+    # |g - sum_B g_B|^2 from the Gram matrix (float64 products of float32 values: error ~1e-16 |g|^2)
+    resid_sq = max(g_sq - 2 * sum(dots.values()) + float(G[:k, :k].sum()), 0.0)
+    if derived is not None:
+        dots[derived], sq_b[derived], resid_sq = g_sq - sum(dots.values()), resid_sq, 0.0
     out = {"grad_norm": [], "update_share": [], "cos_to_total": []}
     for b in range(nb):
-        nbn = math.sqrt(sq_b[b])
-        empty = store[b] is None
+        nbn = math.sqrt(max(sq_b.get(b, 0.0), 0.0))
+        empty = b not in dots
         out["grad_norm"].append(nbn)
         # no gradient at all (every advantage 0): shares are undefined, not 0
         out["update_share"].append(math.nan if g_sq == 0 else (0.0 if empty else dots[b] / g_sq))
@@ -150,6 +219,7 @@ def union_of_passes(
 def prob_change(
     old_logprob: torch.Tensor,
     new_logprob: torch.Tensor,
+    *,
     advantages: torch.Tensor,
     in_loss: torch.Tensor,
     bucket: torch.Tensor,

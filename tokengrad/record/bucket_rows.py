@@ -8,6 +8,7 @@ the residual row. Under DDP the bucket gradients are averaged over ranks first, 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -20,6 +21,8 @@ from tokengrad.record import bucket_analysis as bk
 class BucketState:
     grads: list  # per bucket: per-parameter grads (None: no token yet)
     n_tokens: list[int] = field(default_factory=list)
+    derived: int | None = None  # the bucket taken as g minus the others (bucket_analysis.bucket_shares)
+    derived_lost: bool = False  # a later pass was not residual-free: the derived bucket is unknown
 
 
 def all_reduce_mean(state: BucketState, like: list[torch.Tensor]) -> None:
@@ -52,7 +55,11 @@ def bucket_rows(
     """One `buckets` row per probability bucket and the residual row, for the update whose full gradient
     is `total` (per parameter, before clipping)."""
     all_reduce_mean(state, total)
-    res = bk.bucket_shares(state.grads, total)
+    res = bk.bucket_shares(state.grads, total, derived=state.derived)
+    if state.derived_lost:  # g holds a residual the derived bucket cannot be told from
+        d = state.derived
+        res["grad_norm"][d] = res["update_share"][d] = res["cos_to_total"][d] = math.nan
+        res["residual_grad_norm"] = res["residual_share"] = math.nan
     n_all = max(sum(state.n_tokens), 1)
     key = dict(step=step, rank=rank, update_id=update_id)
     rows = [

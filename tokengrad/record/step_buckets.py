@@ -11,6 +11,12 @@ from tokengrad.record import bucket_analysis as bk
 from tokengrad.record.bucket_rows import BucketState, bucket_rows
 
 
+def _distributed() -> bool:
+    """Several processes: the bucket gradients are all-reduced before the shares, so none is derived."""
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 class StepBuckets:
     """Bucket state of one step. `state`: update_id -> the bucket gradients accumulated so far; `rows`:
     the bucket rows finished so far; `in_backward`: a bucket backward is running (the coef hook must
@@ -21,25 +27,64 @@ class StepBuckets:
         self.state: dict[int, BucketState] = {}
         self.rows: list[dict] = []
         self.in_backward = False
+        self._fresh: set[int] = set()  # updates whose gradients were empty before their first backward
 
-    def analyze(self, passes, named_params) -> None:
-        """Bucket gradients of the passes not analysed yet (their graphs must still exist)."""
+    def before_backward(self, passes, params: list[torch.Tensor]) -> None:
+        """Called before the backward of `passes` not analysed yet: an update that begins with it begins
+        from empty gradients (None or all 0) or its derived bucket is off (g would hold more than its
+        passes)."""
+        for uid in {p.update_id for p in passes if not p.bucketed} - set(self.state):
+            if all(q.grad is None or not bool(q.grad.any()) for q in params):
+                self._fresh.add(uid)
+
+    def analyze(self, passes, named_params, loss: torch.Tensor | None = None) -> None:
+        """Bucket gradients of the passes not analysed yet (their graphs must still exist). With the `loss`
+        their backward ran on, an update shown residual-free (see bucket_analysis) derives one bucket as g
+        minus the others instead of a pass of its own."""
         params = [p for _, p in named_params]
-        nb = len(self.edges) - 1
-        for p in [p for p in passes if not p.bucketed]:
+        todo = [p for p in passes if not p.bucketed]
+        proven = (
+            loss is not None and not _distributed() and bk.residual_free(loss, [p.logprobs for p in todo])
+        )
+        for p in todo:
             p.bucketed = True
             if p.coef is None or p.logprobs.grad_fn is None:
+                self._state(p.update_id, None)
                 continue
             idx = bk.bucket_index(p.tensors["prob"], self.edges)  # [N, T]
+            whole = proven and bk.coef_is_whole(p.coef, p.in_loss)
+            state = self._state(p.update_id, (p.coef, p.in_loss, idx) if whole else None)
             self.in_backward = True
             try:
-                grads = bk.bucket_gradients(p.logprobs, p.coef, p.in_loss, idx, nb, params)
+                grads = bk.bucket_gradients(
+                    p.logprobs,
+                    p.coef,
+                    in_loss=p.in_loss,
+                    bucket=idx,
+                    n_buckets=len(self.edges) - 1,
+                    params=params,
+                    skip=state.derived,
+                )
             finally:
                 self.in_backward = False
-            state = self.state.setdefault(p.update_id, BucketState([None] * nb, [0] * nb))
             bk.accumulate(state.grads, grads)
-            for b in range(nb):
+            for b in range(len(self.edges) - 1):
                 state.n_tokens[b] += int(((idx == b) & p.in_loss).sum())
+
+    def _state(self, update_id: int, whole) -> BucketState:
+        """The update's state; its first pass picks the derived bucket when `whole` ((coef, in_loss,
+        bucket) of a residual-free pass) and the gradients began empty; a later pass without `whole`
+        loses an already derived bucket (its earlier passes made no pass for it)."""
+        nb = len(self.edges) - 1
+        if update_id not in self.state:
+            state = self.state[update_id] = BucketState([None] * nb, [0] * nb)
+            if whole is not None and update_id in self._fresh and bk.active_buckets(*whole, nb):
+                state.derived = bk.largest_bucket(*whole, nb)
+            return state
+        state = self.state[update_id]
+        if whole is None and state.derived is not None:
+            state.derived_lost = True
+        return state
 
     def has_rows(self, update_id: int) -> bool:
         return any(r["update_id"] == update_id for r in self.rows)
@@ -62,7 +107,9 @@ class StepBuckets:
         in_loss, old, adv = bk.union_of_passes(rows_ids, tracked, new_logprobs)
         nb = len(self.edges) - 1
         idx = bk.bucket_index(old.exp(), self.edges)  # [N, T] bucket of pi_old
-        dmean, correct = bk.prob_change(old, new_logprobs.detach().float(), adv, in_loss, idx, nb)
+        dmean, correct = bk.prob_change(
+            old, new_logprobs.detach().float(), advantages=adv, in_loss=in_loss, bucket=idx, n_buckets=nb
+        )
         last = max([r["update_id"] for r in self.rows], default=max([p.update_id for p in passes], default=0))
         rows = [r for r in self.rows if r["update_id"] == last and r["bucket"] != schema.RESIDUAL_BUCKET]
         if not rows:  # no gradient analysis this step: rows with counts and the change only

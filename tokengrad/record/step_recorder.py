@@ -187,13 +187,21 @@ class StepRecorder:
         if not self.is_bucket_step:
             loss.backward(**kwargs)
             return
+        self.before_bucket_backward()
         loss.backward(retain_graph=True, **kwargs)
-        self.analyze_buckets()
+        self.analyze_buckets(loss)
 
-    def analyze_buckets(self) -> None:
-        """Bucket gradients of the passes tracked since the last call (their graphs must still exist)."""
+    def before_bucket_backward(self) -> None:
+        """Before the backward that analyze_buckets(loss) follows: whether an update begins from empty
+        gradients (so that one bucket can be derived as g minus the others)."""
+        if not grads_are_sharded(self.rec.model):
+            self.buckets.before_backward(self._passes, [p for _, p in trainable_params(self.rec.model)])
+
+    def analyze_buckets(self, loss: torch.Tensor | None = None) -> None:
+        """Bucket gradients of the passes tracked since the last call (their graphs must still exist);
+        `loss`, the tensor their backward ran on, lets a residual-free update skip one bucket's pass."""
         t = time.perf_counter()
-        self.buckets.analyze(self._passes, trainable_params(self.rec.model))
+        self.buckets.analyze(self._passes, trainable_params(self.rec.model), loss=loss)
         self._t_record += time.perf_counter() - t
 
     def skip_bucket_analysis(self) -> None:

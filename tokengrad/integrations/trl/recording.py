@@ -23,6 +23,17 @@ from tokengrad.objective.gradient_scale import token_weights
 from tokengrad.record.recorder import Recorder
 from tokengrad.record.stats import TokenStats
 
+# accelerate's distributed types whose clip_grad_norm_ is torch's clip on the local .grad (DDP: reduced)
+PLAIN_CLIP = (
+    "NO",
+    "MULTI_CPU",
+    "MULTI_GPU",
+    "MULTI_XPU",
+    "MULTI_NPU",
+    "MULTI_MLU",
+    "MULTI_SDAA",
+    "MULTI_MUSA",
+)
 SAMPLE_KEY = "tokengrad_sample_id"  # [B] global completion index, carried through TRL's shuffle and split
 
 
@@ -280,12 +291,36 @@ class TRLRecording:
         if st is None or not st.is_bucket_step:
             return orig(loss, **kwargs)
         kwargs.setdefault("retain_graph", True)  # the bucket passes run on the same graph
+        plain = deepspeed_setup(self.trainer) is None  # DeepSpeed partitions .grad: no bucket is derived
+        if plain:
+            st.before_bucket_backward()
         orig(loss, **kwargs)
-        st.analyze_buckets()
+        st.analyze_buckets(loss if plain else None)
 
-    def _clip_grad_norm(self, orig, *a, **k):
+    def _clip_grad_norm(self, orig, parameters, max_norm, norm_type=2, **k):
+        """Norms before clipping; where accelerate would only call torch's clip (one process or DDP, no
+        scaler, the model's parameters, L2), clip with the norm just read instead of reading .grad again
+        (bitwise torch's: StepRecorder.clip_recorded_)."""
+        parameters = list(parameters)
+        fresh = self.step is not None and not self._norms_done
         self._record_norms()  # before clipping changes .grad
-        return orig(*a, **k)
+        if fresh and not k and self._plain_clip(parameters, norm_type):
+            return self.step.clip_recorded_(max_norm, self.update_id)
+        return orig(parameters, max_norm, norm_type, **k)
+
+    def _plain_clip(self, parameters: list, norm_type) -> bool:
+        """accelerate's clip_grad_norm_ is unscale_gradients() then torch's clip for this accelerator and
+        these parameters: not FSDP, DeepSpeed or XLA, no gradient scaler, the model's own parameters."""
+        acc, model = self.trainer.accelerator, self.recorder.model
+        kind = str(getattr(acc, "distributed_type", "")).rsplit(".", 1)[-1]
+        return (
+            float(norm_type) == 2.0
+            and kind in PLAIN_CLIP
+            and getattr(acc, "scaler", None) is None
+            and model is not None
+            and len(parameters) == len(own := list(model.parameters()))
+            and all(a is b for a, b in zip(parameters, own))
+        )
 
     def _record_norms(self) -> None:
         if self.step is not None and not self._norms_done:
