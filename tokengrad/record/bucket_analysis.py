@@ -17,7 +17,7 @@ Where the update's gradient provably has no residual (`residual_free`: every pat
 parameter runs through the tracked log-probs, every coef finite and 0 outside the loss tokens, the
 gradients empty when the update began), g = sum_B g_B, so one bucket (the `derived` one) needs no pass:
 g_D = g - sum_{B != D} g_B. K buckets then cost K - 1 backward passes; `bucket_shares` takes g_D's norm
-and products from the others' without forming it.
+and product with g from g minus the others, slice by slice, without forming g_D.
 """
 
 from __future__ import annotations
@@ -133,23 +133,29 @@ def accumulate(store: list[list[torch.Tensor] | None], new: list[list[torch.Tens
             torch._foreach_add_(store[b], g)
 
 
-SLICE = 1 << 20  # elements per float64 slice: bounds the extra memory of the share computation (~8 MB a row)
+# elements per slice: float32 products summed within a slice by one matrix product (relative error
+# ~1e-7), the slices summed in float64; bounds the extra memory to (K + 2) slices
+SLICE = 1 << 16
 
 
 @torch.no_grad()
-def gram(store: list[list[torch.Tensor] | None], total: list[torch.Tensor]) -> torch.Tensor:
-    """[K + 1, K + 1] float64 inner products of the non-empty bucket gradients and `total` (last row),
-    accumulated over flat parameter slices as one matrix product per slice: no float64 copy of the model
-    is made, and each gradient is read once."""
+def products(store: list[list[torch.Tensor] | None], total: list[torch.Tensor]) -> tuple[torch.Tensor, list]:
+    """Inner products of the non-empty bucket gradients and `total`: ([K + 1, K + 1] float64 Gram matrix,
+    `total` last; [|r|^2, <r, g>] of r = g - sum_B g_B, the residual or the derived bucket). One matrix
+    product per parameter slice; each gradient is read once and no float64 copy of the model is made."""
     have = [g for g in store if g is not None]
+    k = len(have)
     device = total[0].device if total else "cpu"
-    G = torch.zeros(len(have) + 1, len(have) + 1, dtype=torch.float64, device=device)
+    G = torch.zeros(k + 1, k + 1, dtype=torch.float64, device=device)
+    r = torch.zeros(2, dtype=torch.float64, device=device)
     for i, t in enumerate(total):
         flat = [g[i].reshape(-1) for g in have] + [t.reshape(-1)]
         for s in range(0, flat[-1].numel(), SLICE):
-            rows = torch.stack([f[s : s + SLICE].to(device) for f in flat]).double()  # [K + 1, S]
-            G += rows @ rows.T
-    return G.cpu()
+            rows = torch.stack([f[s : s + SLICE].to(device) for f in flat]).float()  # [K + 1, S]
+            resid = rows[k] - rows[:k].sum(0)  # [S]
+            G += (rows @ rows.T).double()
+            r += torch.stack([resid @ resid, resid @ rows[k]]).double()
+    return G.cpu(), r.tolist()
 
 
 @torch.no_grad()
@@ -159,8 +165,7 @@ def bucket_shares(
     """Norms, update shares and cosines of the bucket gradients against the full gradient `total`.
 
     `derived`: a bucket without its own gradient, g_D = g - sum of the others (a residual-free update, see
-    the module doc); its products come from the Gram matrix: <g_D, g> = |g|^2 - sum_B <g_B, g>,
-    |g_D|^2 = |g|^2 - 2 sum_B <g_B, g> + sum_{B, C} <g_B, g_C>, and the residual is 0.
+    the module doc): what would be the residual is g_D, and the residual is 0.
     Returns dict with lists grad_norm, update_share, cos_to_total (0/0/NaN for empty buckets) and the
     residual's grad_norm and update_share.
     """
@@ -168,15 +173,13 @@ def bucket_shares(
     if derived is not None and store[derived] is not None:
         raise ValueError(f"bucket {derived} is derived from the total yet has a gradient of its own")
     idx = [b for b in range(nb) if store[b] is not None]
-    G = gram(store, total)  # [K + 1, K + 1]
+    G, (resid_sq, resid_dot) = products(store, total)  # [K + 1, K + 1]
     k = len(idx)
     g_sq = float(G[k, k])
     dots = dict(zip(idx, G[:k, k].tolist()))
     sq_b = dict(zip(idx, G.diagonal()[:k].tolist()))
-    # |g - sum_B g_B|^2 from the Gram matrix (float64 products of float32 values: error ~1e-16 |g|^2)
-    resid_sq = max(g_sq - 2 * sum(dots.values()) + float(G[:k, :k].sum()), 0.0)
-    if derived is not None:
-        dots[derived], sq_b[derived], resid_sq = g_sq - sum(dots.values()), resid_sq, 0.0
+    if derived is not None:  # g - sum of the others is the derived bucket, not a residual
+        dots[derived], sq_b[derived], resid_sq = resid_dot, resid_sq, 0.0
     out = {"grad_norm": [], "update_share": [], "cos_to_total": []}
     for b in range(nb):
         nbn = math.sqrt(max(sq_b.get(b, 0.0), 0.0))
