@@ -14,6 +14,8 @@ no KL term, no evaluation and (but for the last) no bucket analysis:
     trl           trl.GRPOTrainer(...).train()           one step = on_step_begin -> on_step_end
     trl+recorder  the same with tokengrad.integrations.trl.attach(trainer, run_dir)
     trl+buckets   the same with attach(..., buckets=2): the bucket analysis on every other step
+    trl+kept      with --bucket-activations: attach(..., buckets=2, bucket_activations=True), the bucket
+                  step's forward without gradient checkpointing (no layer recomputed by its passes)
 
 The trl+buckets run gives the cost of an analysed step: the median step with bucket rows over the
 median step without, in the same run (target <= 1.5 in CPU time). Its reward adds the share of distinct
@@ -203,18 +205,20 @@ def run_trl(a: argparse.Namespace, out: Path, attached: bool) -> StepTimer:
     return timer
 
 
-def run_trl_buckets(a: argparse.Namespace, out: Path) -> tuple[StepTimer, set[int]]:
+def run_trl_buckets(a: argparse.Namespace, out: Path, kept: bool = False) -> tuple[StepTimer, set[int]]:
     """TRL with the recorder and buckets=2, at least 3 steps so that the timed steps (after the warm-up
-    step 0) hold an analysed one (2) and one without (1); returns the timer and the analysed steps."""
+    step 0) hold an analysed one (2) and one without (1); returns the timer and the analysed steps.
+    `kept`: attach(bucket_activations=True), the bucket step's forward without gradient checkpointing."""
     from tokengrad.integrations.trl import attach
 
-    trainer, timer = trl_trainer(a, out, "trl_buckets", spread=True, steps=max(a.steps, 3))
-    attach(trainer, out / "trl_buckets" / "run", buckets=BUCKET_EVERY)
+    name = "trl_buckets_kept" if kept else "trl_buckets"
+    trainer, timer = trl_trainer(a, out, name, spread=True, steps=max(a.steps, 3))
+    attach(trainer, out / name / "run", buckets=BUCKET_EVERY, bucket_activations=kept)
     trainer.train()
-    return timer, {int(s) for s in load_run(out / "trl_buckets" / "run").buckets.step}
+    return timer, {int(s) for s in load_run(out / name / "run").buckets.step}
 
 
-def report_bucket_step(timer: StepTimer, analysed: set[int]) -> None:
+def report_bucket_step(timer: StepTimer, analysed: set[int], kept: bool = False) -> None:
     """Median analysed step / median step without analysis, both after the warm-up step, CPU and wall."""
     kinds = {True: ([], []), False: ([], [])}
     for i, (wall, cpu) in enumerate(zip(timer.wall, timer.cpu)):
@@ -222,12 +226,13 @@ def report_bucket_step(timer: StepTimer, analysed: set[int]) -> None:
             kinds[i in analysed][0].append(wall)
             kinds[i in analysed][1].append(cpu)
     (bw, bc), (nw, nc) = kinds[True], kinds[False]
+    name, what = ("trl+kept", " (activations kept)") if kept else ("trl+buckets", "")
     print(
-        f"  trl+buckets   bucket steps {sorted(s for s in analysed if s > 0)}: cpu per analysed step "
+        f"  {name:13s} bucket steps {sorted(s for s in analysed if s > 0)}: cpu per analysed step "
         f"{', '.join(f'{x:.2f}' for x in bc)}, per step without {', '.join(f'{x:.2f}' for x in nc)}"
     )
     print(
-        f"  ratio trl bucket step / recorded step:  cpu {median(bc) / median(nc):.2f}   "
+        f"  ratio trl bucket step{what} / recorded step:  cpu {median(bc) / median(nc):.2f}   "
         f"wall {median(bw) / median(nw):.2f}   (target cpu <= {TARGET_BUCKET_STEP})"
     )
 
@@ -246,10 +251,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--lr", type=float, default=3e-5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument(
+        "--bucket-activations",
+        action="store_true",
+        help="also time attach(buckets=2, bucket_activations=True): bucket steps without checkpointing",
+    )
     ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     a = ap.parse_args(argv)
     if a.smoke:
         a.model, a.steps, a.prompts, a.group, a.max_new_tokens = "tiny", 2, 1, 2, 4
+        a.bucket_activations = True  # every figure
     if a.steps < 2:
         ap.error("--steps must be >= 2 (the first step is a warm-up)")
     torch.set_num_threads(a.threads)
@@ -260,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         timers["trl"] = run_trl(a, out, attached=False)
         timers["trl+recorder"] = run_trl(a, out, attached=True)
         bucket_timer, analysed = run_trl_buckets(a, out)
+        kept = run_trl_buckets(a, out, kept=True) if a.bucket_activations else None
     print(
         f"model {a.model}, task {TASK} {TASK_PARAMS}, B={a.prompts} G={a.group} "
         f"max_new_tokens={a.max_new_tokens}, {a.steps - 1} timed steps each, torch threads {a.threads}"
@@ -279,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
             f"wall {med[num][0] / med[den][0]:.2f}{target}"
         )
     report_bucket_step(bucket_timer, analysed)
+    if kept is not None:
+        report_bucket_step(*kept, kept=True)
     print(
         "  ours, median wall seconds per phase: " + ", ".join(f"{k[5:]} {v:.2f}" for k, v in phases.items())
     )

@@ -119,6 +119,7 @@ FIGURES = {
         "ratio ours / trl:",
         "ratio trl+recorder / trl:",
         "ratio trl bucket step / recorded step:",
+        "ratio trl bucket step (activations kept) / recorded step:",
         "ours, median wall seconds per phase",
     ),
     "bench_writer.py": ("no tokenizer:", "byte tokenizer:", "tokens_table build only (no Parquet)"),

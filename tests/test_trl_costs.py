@@ -1,6 +1,7 @@
 """The costs of the TRL attach: its clip reuses the norm it records (no second read of .grad, parameters
 bitwise as TRL alone leaves them) and a bucket step of a loss built only on log pi derives one bucket."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -41,3 +42,28 @@ def test_trl_clip_shares_the_recorded_norm_and_a_bucket_is_derived(tmp_path, mon
     assert (b[b.bucket == "residual"].grad_norm == 0.0).all()  # derived: exactly no residual
     assert n_passes == 1  # one update, two buckets: one pass
     assert b.update_share.sum() == pytest.approx(1.0, abs=1e-5)
+
+
+def test_bucket_activations_turns_checkpointing_off_on_bucket_steps_only(tmp_path):
+    """attach(bucket_activations=True): the loss's forward on a bucket step runs without gradient
+    checkpointing (its passes recompute no layer), other steps with it; the bucket rows are unchanged."""
+    rows, seen = {}, {}
+    for kept in (False, True):
+        trainer = make_trainer(
+            tmp_path / str(kept), "dapo", max_steps=2, temperature=0.1, gradient_checkpointing=True
+        )
+        tg_trl.attach(trainer, tmp_path / str(kept) / "run", buckets=2, bucket_activations=kept)
+        seen[kept] = []
+
+        def spy(model, args, _seen=seen[kept]):  # forwards with grad: the loss's, one per step here
+            if torch.is_grad_enabled():
+                _seen.append(model.is_gradient_checkpointing)
+
+        trainer.model.register_forward_pre_hook(spy)
+        torch.manual_seed(0)
+        trainer.train()
+        assert trainer.model.is_gradient_checkpointing  # restored after every bucket step
+        rows[kept] = load_run(tmp_path / str(kept) / "run").buckets
+    assert seen[False] == [True, True] and seen[True] == [False, True]  # step 0 is the bucket step
+    np.testing.assert_allclose(rows[True].grad_norm, rows[False].grad_norm, rtol=1e-5)
+    np.testing.assert_allclose(rows[True].update_share, rows[False].update_share, rtol=1e-5, atol=1e-7)

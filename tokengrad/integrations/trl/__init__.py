@@ -82,6 +82,7 @@ def attach(
     buckets: Buckets | int = 0,
     attribution: Attribution | int = 0,
     allow_untested_trl: bool = False,
+    bucket_activations: bool = False,
     **recorder_kwargs,
 ) -> "TRLRecording":
     """Record `trainer` (a `trl.GRPOTrainer`, before `train()`) into `run_dir`; returns the recording.
@@ -95,6 +96,9 @@ def attach(
             `tokengrad.record.Attribution` (default method here: the central difference, since TRL's fused
             LM head has no forward-mode derivative).
         allow_untested_trl: try a TRL version outside `TESTED_TRL` instead of refusing it.
+        bucket_activations: on bucket steps, run the loss's forward with gradient checkpointing off, so that
+            the backward and each bucket pass recompute no layer (about one forward saved per pass); costs
+            the activations' memory on those steps. Off by default: the trainer's memory setting holds.
         recorder_kwargs: passed to `tokengrad.Recorder` (budget, output, doctor, layers, resume_step); with
             `doctor=Doctor(halt=True)` a critical finding stops training (`control.should_training_stop`).
     """
@@ -123,7 +127,9 @@ def attach(
         **recorder_kwargs,
     )
     rec.raise_on_halt = False  # doctor=Doctor(halt=True): the callback sets control.should_training_stop
-    recording = TRLRecording(trainer, rec, rule).install()
+    recording = TRLRecording(trainer, rec, rule)
+    recording.bucket_activations = bool(bucket_activations)
+    recording.install()
     announce(rec, "attached to the trainer")
     return recording
 

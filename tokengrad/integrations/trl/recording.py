@@ -8,6 +8,7 @@ and the callback the optimizer-update boundaries and TRL's logs.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import warnings
 
@@ -59,6 +60,7 @@ class TRLRecording:
         self._patched: list[tuple[object, str, object]] = []
         self._fused = None
         self._callback = None
+        self.bucket_activations = False  # attach(bucket_activations=True): no checkpointing on bucket steps
 
     def install(self) -> "TRLRecording":
         t = self.trainer
@@ -211,7 +213,8 @@ class TRLRecording:
             return orig(model, inputs, *a, **k)
         self._inputs, self._pending, self._masks = inputs, None, {}
         try:
-            loss = orig(model, inputs, *a, **k)
+            with self._activations_kept():
+                loss = orig(model, inputs, *a, **k)
         finally:
             self._inputs = None
         if self._pending is None:  # a loss built elsewhere: recording nothing would pass for a run
@@ -219,6 +222,20 @@ class TRLRecording:
         self._track(inputs, *self._pending)  # TRL's masks are known now; backward comes after compute_loss
         self._pending = None
         return loss
+
+    def _activations_kept(self):
+        """attach(bucket_activations=True) on a bucket step: the forward without gradient checkpointing
+        (TRL's own context, as around its generation), so the bucket passes recompute no layer."""
+        model = self.trainer.model
+        if not (
+            self.bucket_activations
+            and self.step.is_bucket_step
+            and getattr(model, "is_gradient_checkpointing", False)
+        ):
+            return contextlib.nullcontext()
+        from trl.models.utils import disable_gradient_checkpointing
+
+        return disable_gradient_checkpointing(model, self.trainer.args.gradient_checkpointing_kwargs)
 
     def _keep(self, name: str, mask):
         if self._pending is not None:
