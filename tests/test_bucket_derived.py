@@ -99,3 +99,18 @@ def test_shares_of_a_derived_bucket_by_hand():
     assert plain["grad_norm"][1] == 0.0 and plain["residual_grad_norm"] == pytest.approx(math.sqrt(5.0))
     with pytest.raises(ValueError, match="derived"):
         bk.bucket_shares([[g1], [g2], [g3]], total, derived=1)
+
+
+def test_a_backward_outside_st_backward_leaves_the_derived_bucket_unknown(tmp_path, batch):
+    ids, mask, adv = batch
+    model = make_model(seed=7)
+    with Recorder(tmp_path / "f", model=model, buckets=Buckets(every=1, edges=EDGES)) as rec:
+        with rec.step(0) as st:
+            logits, lp, _, tgt = forward_logprobs(model, ids)
+            st.track(lp, token_ids=tgt, mask=mask, advantages=adv, logits=logits)
+            st.backward(_loss(lp, logits, adv, mask))
+            (1e-3 * sum(p.pow(2).sum() for p in model.parameters())).backward()  # not seen by the passes
+            st.record_grad_norms()
+    rows = load_run(tmp_path / "f").buckets.set_index("bucket")
+    assert int(rows.drop("residual").grad_norm.isna().sum()) == 1
+    assert math.isnan(rows.loc["residual", "update_share"])

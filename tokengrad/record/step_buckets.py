@@ -28,19 +28,41 @@ class StepBuckets:
         self.rows: list[dict] = []
         self.in_backward = False
         self._fresh: set[int] = set()  # updates whose gradients were empty before their first backward
+        self._ours = False  # a backward of st.backward / the TRL attach is running
+        self._hooks: list | None = None  # post-accumulate-grad hooks that see every backward into .grad
 
     def before_backward(self, passes, params: list[torch.Tensor]) -> None:
         """Called before the backward of `passes` not analysed yet: an update that begins with it begins
         from empty gradients (None or all 0) or its derived bucket is off (g would hold more than its
         passes)."""
+        if _distributed():
+            return
         for uid in {p.update_id for p in passes if not p.bucketed} - set(self.state):
             if all(q.grad is None or not bool(q.grad.any()) for q in params):
                 self._fresh.add(uid)
+        if self._hooks is None:
+            self._hooks = [q.register_post_accumulate_grad_hook(self._accumulated) for q in params]
+        self._ours = True
+
+    def _accumulated(self, _param) -> None:
+        """A gradient reached .grad: from a backward other than ours, g holds more than the passes, so
+        no open update keeps a derived bucket."""
+        if not self._ours:
+            for state in self.state.values():
+                if state.derived is not None:
+                    state.derived_lost = True
+
+    def close(self) -> None:
+        """Remove the gradient hooks (end of step)."""
+        for h in self._hooks or []:
+            h.remove()
+        self._hooks = None
 
     def analyze(self, passes, named_params, loss: torch.Tensor | None = None) -> None:
         """Bucket gradients of the passes not analysed yet (their graphs must still exist). With the `loss`
         their backward ran on, an update shown residual-free (see bucket_analysis) derives one bucket as g
         minus the others instead of a pass of its own."""
+        self._ours = False
         params = [p for _, p in named_params]
         todo = [p for p in passes if not p.bucketed]
         proven = (

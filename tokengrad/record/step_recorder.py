@@ -373,6 +373,7 @@ class StepRecorder:
         for p in self._passes:
             if p.handle is not None:
                 p.handle.remove()
+        self.buckets.close()
         self._passes, self._samples, self._scalars = [], [], {}
 
     def finish(self) -> dict:
@@ -382,6 +383,7 @@ class StepRecorder:
             if p.handle is not None:
                 p.handle.remove()
             p.logprobs = None
+        self.buckets.close()
         if self.attribution is not None:  # the last update's applied change, at the parameters after it
             self.attribution.finish(self._passes)
         self.buckets.state.clear()
