@@ -43,4 +43,4 @@ stage "verl env"
 # printed before the last test run so that pytest's summary closes the output; verl's own time is in it
 echo "[test] $SECONDS s before verl's tests:${STAGES%,}"
 PYTHONPATH="$PWD" .venv-verl/bin/python -m pytest -q -p no:cacheprovider tests/test_verl.py tests/test_verl_rollout.py \
-  tests/test_verl_probe.py "$@"
+  tests/test_verl_probe.py tests/test_verl_conformance.py "$@"
