@@ -54,12 +54,19 @@ def _singleton_groups(t):
     t["samples"]["group_id"] = t["samples"]["sample_id"]
 
 
+def _no_time(t):
+    t["steps"] = t["steps"].drop(columns=["time_step"])
+
+
 def _budgeted(t):
     t["tokens"] = tokens_of(t["samples"], np.random.default_rng(0)).assign(selected_by="sequence")
 
 
 CASES = [  # (edit, run length, detector, the reason it gives)
     (_no_grad_norm, 60, "gradient_spike", "the run records no gradient norm (grad_norm)"),
+    (None, 8, "grad_norm_drift", "8 steps have a gradient, the trend needs 10"),
+    (_no_time, 60, "throughput_decay", "the run records no step time (time_step)"),
+    (None, 8, "throughput_decay", "8 steps record their time, the trend needs 11 (the first left out)"),
     (None, 8, "gradient_spike", "8 steps have a gradient, the robust z needs 10"),
     (
         _no_buckets,

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from tokengrad.doctor.finding import Action, Finding
+from tokengrad.doctor.finding import Action, Finding, NotChecked
 from tokengrad.doctor.registry import detector, fmt, pct, window_medians
 from tokengrad.doctor.stats import confidence_from_p, longest_run, trend
 from tokengrad.doctor.thresholds import TREND_ALPHA
@@ -96,7 +96,9 @@ def nonfinite(view: RunView) -> list[Finding]:
     """A NaN or inf in the loss, the gradient norm or the recorded token tensors (critical)."""
     df = view.steps
     if df.empty:
-        return []
+        raise NotChecked("the run has no committed steps")
+    if not {STEP.loss, STEP.grad_norm, STEP.n_nonfinite} & set(df.columns):
+        raise NotChecked("the run records no loss, grad_norm or n_nonfinite")
     bad: set[int] = set()
     parts = {}
     for col in (STEP.loss, STEP.grad_norm):
@@ -173,7 +175,7 @@ def grad_norm_drift(view: RunView) -> list[Finding]:
     col = view.need(STEP.grad_norm, "gradient norm")
     live = np.isfinite(col[1]) & (col[1] > 0)
     if live.sum() < 10:
-        return []
+        raise NotChecked(f"{int(live.sum())} steps have a gradient, the trend needs 10")
     actions = (
         Action("lower the learning rate; check the weighting rule's largest weights", "arXiv 2505.12929"),
     )
@@ -202,8 +204,10 @@ def throughput_decay(view: RunView) -> list[Finding]:
     """Step wall time grows by half over the run (Mann-Kendall rising; the first step, warm-up, left out):
     info; a warning from 6.28x, twice the 3.14x that machine load alone gave a shipped run."""
     col = view.column(STEP.time_step)
-    if col is None or col[1].size < 11:
-        return []
+    if col is None:
+        raise NotChecked("the run records no step time (time_step)")
+    if col[1].size < 11:
+        raise NotChecked(f"{col[1].size} steps record their time, the trend needs 11 (the first left out)")
     actions = (
         Action("check completion lengths, memory growth and the recorder's time_record", "docs/scale.md"),
         Action("compare with what else ran on the machine: step time follows its load", "docs/doctor.md"),
