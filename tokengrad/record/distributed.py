@@ -22,23 +22,23 @@ import os
 
 import torch
 
-from tokengrad.record.gradnorms import NamesFilter, _accepts, block_name, trainable_params
+from tokengrad.record.gradnorms import NamesFilter, block_name, name_filter, trainable_params
 
 
-def _group_ready() -> bool:
+def group_ready() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
 def rank() -> int:
     """Global rank: from the process group if initialised, else $RANK (set by torchrun/accelerate), else 0."""
-    if _group_ready():
+    if group_ready():
         return torch.distributed.get_rank()
     return int(os.environ.get("RANK", 0))
 
 
 def world_size() -> int:
     """Number of processes: from the process group if initialised, else $WORLD_SIZE, else 1."""
-    if _group_ready():
+    if group_ready():
         return torch.distributed.get_world_size()
     return int(os.environ.get("WORLD_SIZE", 1))
 
@@ -53,13 +53,13 @@ def is_main() -> bool:
 
 
 def barrier() -> None:
-    if _group_ready() and world_size() > 1:
+    if group_ready() and world_size() > 1:
         torch.distributed.barrier()
 
 
-def _collective_device() -> torch.device:
+def collective_device() -> torch.device:
     """NCCL only reduces accelerator tensors; gloo (CPU) reduces CPU tensors."""
-    if _group_ready() and torch.distributed.get_backend() == "nccl":
+    if group_ready() and torch.distributed.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
@@ -73,9 +73,9 @@ def all_reduce(values, op: str = "sum") -> torch.Tensor:
     if op not in ops:
         raise ValueError(f"unknown reduce op {op!r}; known ops: {sorted(ops)}")
     t = torch.as_tensor(values, dtype=torch.float64).reshape(-1)  # [K]
-    if not _group_ready() or world_size() == 1:
+    if not group_ready() or world_size() == 1:
         return t
-    t = t.to(_collective_device())
+    t = t.to(collective_device())
     torch.distributed.all_reduce(t, op=getattr(torch.distributed.ReduceOp, ops[op]))
     return t.cpu()
 
@@ -119,12 +119,12 @@ def global_grad_norms(model: torch.nn.Module, names: NamesFilter = None) -> tupl
         local = [sq.get(b, 0.0) for b in blocks]
         local = all_reduce(local).tolist()
     total = sum(local) ** 0.5
-    wanted = _accepts(names)
+    wanted = name_filter(names)
     return total, {b: v**0.5 for b, v in zip(blocks, local) if wanted(b)}
 
 
 def _union_names(names: list[str]) -> list[str]:
-    if not _group_ready() or world_size() == 1:
+    if not group_ready() or world_size() == 1:
         return names
     gathered: list = [None] * world_size()
     torch.distributed.all_gather_object(gathered, names)

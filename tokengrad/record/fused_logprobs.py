@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from tokengrad.record.stats import CHUNK_ROWS, TokenStats, _check_inputs, _chunk_stats
+from tokengrad.record.stats import CHUNK_ROWS, TokenStats, check_stats_inputs, chunk_stats
 
 
 class _SelectiveLogSoftmax(torch.autograd.Function):
@@ -40,7 +40,7 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
                 x = logits[n, s : s + c]  # [k, V] view
                 k = x.shape[0]
                 m = x.amax(-1).float()  # [k]
-                lp, h, q, u = _chunk_stats(x, ids[n, s : s + k], d[:k], e[:k])
+                lp, h, q, u = chunk_stats(x, ids[n, s : s + k], d[:k], e[:k])
                 logp[n, s : s + k], ent[n, s : s + k], s2[n, s : s + k], unit[n, s : s + k] = lp, h, q, u
                 # kept apart so that backward's z - max stays exact for logits of +-1e4:
                 # log p_y = (z_y - max) - log Z  ->  log Z = (z_y - max) - log p_y
@@ -81,6 +81,6 @@ def logprobs_with_stats(
         logits: [N, T, V] any float dtype; position t scores token_ids[:, t].
         token_ids: [N, T] integer ids.
     """
-    _check_inputs(logits, token_ids, None)
+    check_stats_inputs(logits, token_ids, None)
     logp, ent, s2, unit = _SelectiveLogSoftmax.apply(logits, token_ids, chunk_rows)
     return logp, TokenStats(logp.detach(), logp.detach().exp(), ent, s2, unit)

@@ -26,7 +26,7 @@ def block_name(param_name: str) -> str:
     return ".".join(parts[:-1]) or parts[0]
 
 
-def _accepts(names: NamesFilter) -> Callable[[str], bool]:
+def name_filter(names: NamesFilter) -> Callable[[str], bool]:
     if names is None:
         return lambda _: True
     if isinstance(names, str):
@@ -65,7 +65,7 @@ def grad_norms_for_clip(
     norms = torch._foreach_norm([g.float() if g.dtype != torch.float32 else g for g in grads])  # P x []
     stacked = torch.stack(norms)  # [P]
     sq = stacked.double().pow(2).tolist()  # [P] one sync, then plain floats
-    keep = _accepts(names)
+    keep = name_filter(names)
     blocks: dict[str, float] = {}
     for (n, _), s in zip(with_grad, sq):
         b = block_name(n)

@@ -35,7 +35,7 @@ class TokenStats(NamedTuple):
     logit_grad_unit: torch.Tensor  # [N, T] sqrt((1 - p)^2 + sum_{j != y} p_j^2) = |p - e_y|
 
 
-def _check_inputs(logits: torch.Tensor, token_ids: torch.Tensor, mask: torch.Tensor | None) -> None:
+def check_stats_inputs(logits: torch.Tensor, token_ids: torch.Tensor, mask: torch.Tensor | None) -> None:
     if logits.dim() != 3:
         raise ValueError(f"logits must be [N, T, V], got shape {tuple(logits.shape)}")
     if not logits.is_floating_point():
@@ -72,7 +72,7 @@ def token_stats(
         TokenStats of [N, T] fp32 tensors. Masked-out positions get logprob 0, prob 1, entropy 0,
         sum_p2 1, logit_grad_unit 0 (a certain token), so they are finite and contribute nothing.
     """
-    _check_inputs(logits, token_ids, mask)
+    check_stats_inputs(logits, token_ids, mask)
     N, T, V = logits.shape
     dev = logits.device
     logprob = torch.zeros(N, T, dtype=torch.float32, device=dev)  # [N, T]
@@ -92,12 +92,12 @@ def token_stats(
             x = (
                 logits[n, int(idx[0]) : int(idx[-1]) + 1] if contiguous else logits[n, idx]
             )  # [k, V] view if possible
-            lp, h, s2, u = _chunk_stats(x, token_ids[n, idx], buf_d[:k], buf_e[:k])
+            lp, h, s2, u = chunk_stats(x, token_ids[n, idx], buf_d[:k], buf_e[:k])
             logprob[n, idx], entropy[n, idx], sum_p2[n, idx], unit[n, idx] = lp, h, s2, u
     return TokenStats(logprob, logprob.exp(), entropy, sum_p2, unit)
 
 
-def _chunk_stats(
+def chunk_stats(
     x: torch.Tensor, ids: torch.Tensor, d: torch.Tensor, e: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """logprob, entropy, sum p^2 and |p - e_y| of one [k, V] chunk, through the buffers d and e ([k, V] fp32).

@@ -21,12 +21,12 @@ from typing import Callable, TypeVar
 import torch
 
 from tokengrad.record.distributed import (  # noqa: F401
-    _collective_device,
-    _group_ready,
     all_reduce,
     barrier,
+    collective_device,
     global_grad_norms,
     grads_are_sharded,
+    group_ready,
     is_main,
     local_rank,
     rank,
@@ -40,7 +40,7 @@ def init_from_env(device: torch.device) -> bool:
     """Join the process group that torchrun / accelerate launch describe in the environment ($WORLD_SIZE > 1,
     $MASTER_ADDR, ...) unless one exists: nccl for a CUDA device, gloo for CPU. Returns True when this call
     created it, so the caller ends it (`ending`)."""
-    if world_size() == 1 or _group_ready():
+    if world_size() == 1 or group_ready():
         return False
     if not torch.distributed.is_available():
         raise ValueError(f"WORLD_SIZE={world_size()} but this torch build has no torch.distributed")
@@ -56,7 +56,7 @@ def ending(started: bool):
     try:
         yield
     finally:
-        if started and _group_ready():
+        if started and group_ready():
             torch.distributed.destroy_process_group()
 
 
@@ -89,7 +89,7 @@ def wrap(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     re-broadcast at each forward: ranks may run different numbers of forwards in one update (uneven
     micro-batches), and a collective inside every forward would then wait forever.
     """
-    if not _group_ready() or world_size() == 1:
+    if not group_ready() or world_size() == 1:
         return module
     from torch.nn.parallel import DistributedDataParallel
 
@@ -147,9 +147,9 @@ def rank_scale(local: float) -> float:
 
 def gather_cat(t: torch.Tensor) -> torch.Tensor:
     """Every rank's `t` (same shape on each) concatenated along dim 0 in rank order; `t` in one process."""
-    if not _group_ready() or world_size() == 1:
+    if not group_ready() or world_size() == 1:
         return t
-    dev = _collective_device()
+    dev = collective_device()
     parts = [torch.empty_like(t, device=dev) for _ in range(world_size())]
     torch.distributed.all_gather(parts, t.contiguous().to(dev))
     return torch.cat(parts).to(t.device)
@@ -159,7 +159,7 @@ def gather_rows(tensors: list[torch.Tensor], fill: float = 0.0) -> list[torch.Te
     """Every rank's 2-D tensors ([n_r, T_r] each, n_r the same for all of a rank's tensors, 0 allowed)
     concatenated along rows in rank order, each padded along dim 1 with `fill` to its widest rank's T;
     the tensors themselves in one process."""
-    if not _group_ready() or world_size() == 1:
+    if not group_ready() or world_size() == 1:
         return tensors
     n = tensors[0].shape[0]
     sizes = all_reduce([n] + [t.shape[1] for t in tensors], "max").long().tolist()  # [n_max, T_1 ..]
@@ -186,7 +186,7 @@ def merge_accuracies(mine: dict[str, tuple[float, int]], labels: list[str]) -> d
 def on_main(fn: Callable[[], T]) -> T:
     """fn() on rank 0 only; every rank returns its result, or raises the error it raised (a non-ValueError
     as RuntimeError). The other ranks wait for it, so this is also a barrier. In one process: fn()."""
-    if not _group_ready() or world_size() == 1:
+    if not group_ready() or world_size() == 1:
         return fn()
     box: list = [None]
     error = None

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from tokengrad.integrations.verl.options import BUDGET_ENV, RUN_DIR_ENV, _count
+from tokengrad.integrations.verl.options import BUDGET_ENV, RUN_DIR_ENV, env_count
 
 DEFAULT_RUN_DIR = os.path.join("tokengrad_runs", "openrlhf")
 
@@ -25,4 +25,4 @@ class OpenRLHFOptions:
 
     @classmethod
     def from_env(cls) -> "OpenRLHFOptions":
-        return cls(run_dir=os.environ.get(RUN_DIR_ENV, DEFAULT_RUN_DIR), token_budget=_count(BUDGET_ENV))
+        return cls(run_dir=os.environ.get(RUN_DIR_ENV, DEFAULT_RUN_DIR), token_budget=env_count(BUDGET_ENV))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tokengrad.record.stats import CHUNK_ROWS, TokenStats, _chunk_stats, token_stats
+from tokengrad.record.stats import CHUNK_ROWS, TokenStats, chunk_stats, token_stats
 
 _LOGIT_SCALES = (
     "final_logit_softcapping",
@@ -203,6 +203,6 @@ def _confident_stats(
         if bias is not None:
             z = z + bias.to(z.dtype)
         z = z.float().div_(captured.temperature)
-        _, ent, s2, unit = _chunk_stats(z, ids[s : s + k], d[:k], e[:k])
+        _, ent, s2, unit = chunk_stats(z, ids[s : s + k], d[:k], e[:k])
         out[:, s : s + k] = torch.stack([ent, s2, unit])
     return out[0], out[1], out[2]

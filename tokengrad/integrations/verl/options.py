@@ -13,7 +13,7 @@ PROBE_ENV = "TOKENGRAD_MISMATCH_PROBE_EVERY"  # bypass / fully-async: a no-grad 
 DEFAULT_RUN_DIR = os.path.join("tokengrad_runs", "verl")
 
 
-def _count(name: str) -> int | None:
+def env_count(name: str) -> int | None:
     raw = os.environ.get(name, "").strip()
     if not raw:
         return None
@@ -40,6 +40,6 @@ class VerlOptions:
     def from_env(cls) -> "VerlOptions":
         return cls(
             run_dir=os.environ.get(RUN_DIR_ENV, DEFAULT_RUN_DIR),
-            token_budget=_count(BUDGET_ENV),
-            mismatch_probe_every=_count(PROBE_ENV),
+            token_budget=env_count(BUDGET_ENV),
+            mismatch_probe_every=env_count(PROBE_ENV),
         )

@@ -61,7 +61,7 @@ class KKPuzzle:
 
 
 @functools.lru_cache(maxsize=None)
-def _assignments(n: int) -> tuple[tuple[bool, ...], ...]:
+def assignments(n: int) -> tuple[tuple[bool, ...], ...]:
     # `itertools.product` order (all knights first), so lists of solutions keep the published order.
     return tuple(itertools.product([True, False], repeat=n))
 
@@ -70,17 +70,17 @@ def _assignments(n: int) -> tuple[tuple[bool, ...], ...]:
 def _knight_masks(n: int) -> tuple[int, ...]:
     """Bit a of mask i is set when person i is a knight in assignment a."""
     masks = [0] * n
-    for a, assignment in enumerate(_assignments(n)):
+    for a, assignment in enumerate(assignments(n)):
         for i, knight in enumerate(assignment):
             masks[i] |= int(knight) << a
     return tuple(masks)
 
 
-def _truth_mask(stmt: tuple, knights: tuple[int, ...], full: int) -> int:
+def truth_mask(stmt: tuple, knights: tuple[int, ...], full: int) -> int:
     op, args = stmt[0], stmt[1:]
     if op in ("telling-truth", "lying"):
         return knights[args[0]] if op == "telling-truth" else full ^ knights[args[0]]
-    vals = [_truth_mask(s, knights, full) for s in args]
+    vals = [truth_mask(s, knights, full) for s in args]
     return _COMBINE[op](vals, full)
 
 
@@ -100,11 +100,11 @@ def solve(statements: tuple) -> list[tuple[bool, ...]]:
     full = (1 << (1 << n)) - 1
     consistent = full
     for i, stmt in enumerate(statements):
-        consistent &= full ^ (knights[i] ^ _truth_mask(stmt, knights, full))
-    assignments, solutions = _assignments(n), []
+        consistent &= full ^ (knights[i] ^ truth_mask(stmt, knights, full))
+    every, solutions = assignments(n), []
     while consistent:
         lowest = consistent & -consistent
-        solutions.append(assignments[lowest.bit_length() - 1])
+        solutions.append(every[lowest.bit_length() - 1])
         consistent ^= lowest
     return solutions
 

@@ -47,7 +47,7 @@ from tokengrad.train.tasks.base import (
     parse_int_range,
     register_task,
 )
-from tokengrad.train.tasks.kk import PuzzleList, _assignments, _truth_mask
+from tokengrad.train.tasks.kk import PuzzleList, assignments, truth_mask
 from tokengrad.train.tasks.kk_format import LEAF_ROLE, render_statement
 
 NAMES = ("A", "B", "C", "D", "E")
@@ -73,7 +73,7 @@ def answer_text(assignment: tuple[bool, ...]) -> str:
 
 def holds(stmt: tuple, assignment: tuple[bool, ...]) -> bool:
     """Whether a statement is true under one assignment (the solver's truth masks on one column)."""
-    return bool(_truth_mask(stmt, tuple(int(k) for k in assignment), 1))
+    return bool(truth_mask(stmt, tuple(int(k) for k in assignment), 1))
 
 
 def _claim(leaf: tuple, assignment: tuple[bool, ...]) -> str:
@@ -112,7 +112,7 @@ def trace(statements: tuple, q: float = 0.0, rng: np.random.Generator | None = N
     statement, and checking on); needs `rng`. A try is accepted when every contradiction in it was
     overlooked, which makes its (wrong) assignment the answer."""
     parts = []
-    for assignment in _assignments(len(statements)):
+    for assignment in assignments(len(statements)):
         parts.append(f"try {answer_text(assignment)}")
         for person, stmt in enumerate(statements):
             contradicts = holds(stmt, assignment) != assignment[person]
