@@ -86,8 +86,7 @@ def _nonfinite_steps(view: RunView, col: str) -> set[int]:
     (a step that did not log the value): pandas reads both as NaN, so a NaN loss looked unlogged there.
     `NOT isfinite`, not `isnan`: DuckDB 2.0.1's isnan is false on some NaNs written from numpy (seen on a
     NaN reward), while isfinite is false on every NaN and inf and null on null."""
-    cut = "" if view.upto is None else f" AND {STEP.step} <= {int(view.upto)}"
-    query = f"SELECT DISTINCT {STEP.step} FROM steps WHERE NOT isfinite({col}){cut}"
+    query = f"SELECT DISTINCT {STEP.step} FROM steps WHERE NOT isfinite({col}){view.step_cut('AND')}"
     return set(view.sql(query)[STEP.step].astype(int).tolist())
 
 

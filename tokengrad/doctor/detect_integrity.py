@@ -1,8 +1,8 @@
 """Integrity: the recorded per-token data itself is wrong, not the training. Silent corruptions users met in
 2026 (shared docs, ecosystem-2026 Sec. 2, items 7-9): engine log-probs padded with 0.0 (verifiers PR #2078),
 fake train/rollout gaps on tool tokens (miles PR #2476), per-token weights truncated to 0 (tinker-cloud PR
-#65); plus NaN or missing rewards, a reward that never varies and token counts that disagree with the loss
-mask. Each detector names the steps, samples and tokens; a run without the column it reads is reported as
+#65); token counts that disagree with the loss mask (NaN or constant rewards: doctor/detect_rewards.py).
+Each detector names the steps, samples and tokens; a run without the column it reads is reported as
 "not checked" (NotChecked), never as healthy."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pandas as pd
 from tokengrad.doctor.finding import Action, Finding, NotChecked, TokenEvidence
 from tokengrad.doctor.registry import detector, fmt, pct
 from tokengrad.doctor.view import RunView
-from tokengrad.schema import SAMPLE, STEP, TOK
+from tokengrad.schema import STEP, TOK
 
 # A sequence's log-probs are "constant" when at least CONST_MIN_TOKENS loss tokens hold one value while
 # another log-prob column of the same tokens spans more than CONST_SPREAD nats: a real policy that is sure
@@ -26,8 +26,6 @@ GAP_TRAINER = -1.0
 GAP_WARNING = 0.01
 GAP_CRITICAL = 0.1
 # A reward that never varies: one value over at least this many steps and groups (tokengrad defaults).
-CONST_REWARD_STEPS = 10
-CONST_REWARD_GROUPS = 20
 ZEROED_CRITICAL = 0.5  # share of a step's sequences with IS weight 0 and no mask (tokengrad default)
 _SHOWN = 10  # evidence rows per finding
 _LOGPROBS = (TOK.logprob, TOK.old_logprob, TOK.rollout_logprob, TOK.ref_logprob)
@@ -38,11 +36,6 @@ _TOKEN_ACTION = Action(
 )
 
 
-def _cut(view: RunView, where: str = "WHERE") -> str:
-    """The live doctor's step cut for a samples or steps query (view.sql cuts tokens itself)."""
-    return "" if view.upto is None else f" {where} {STEP.step} <= {int(view.upto)}"
-
-
 def _need_tokens(view: RunView, *cols: str) -> None:
     if not view.has_tokens:
         raise NotChecked("the run has no token rows")
@@ -51,25 +44,6 @@ def _need_tokens(view: RunView, *cols: str) -> None:
             raise NotChecked(f"the tokens table has no {col}")
         if view.sql(f"SELECT count({col}) AS n FROM tokens")["n"].iloc[0] == 0:
             raise NotChecked(f"no token row records {col}")
-
-
-def _rows(df: pd.DataFrame, share_of: str = "count") -> tuple[TokenEvidence, ...]:
-    def pick(r, k):
-        return None if k not in r or pd.isna(r[k]) else int(r[k])
-
-    return tuple(
-        TokenEvidence(
-            step=int(r[STEP.step]),
-            sample_id=pick(r, TOK.sample_id),
-            position=pick(r, TOK.position),
-            token_id=pick(r, TOK.token_id),
-            text=str(r.get(TOK.token) or ""),
-            share_of=share_of,
-            exact=True,
-            rank=i,
-        )
-        for i, (_, r) in enumerate(df.head(_SHOWN).iterrows())
-    )
 
 
 def _flat_sequences(view: RunView, col: str, other: str) -> pd.DataFrame:
@@ -129,7 +103,7 @@ def logprob_constant(view: RunView) -> list[Finding]:
                 last_step=last,
                 message=msg,
                 evidence=evidence,
-                tokens=_rows(flat),
+                tokens=TokenEvidence.from_rows(flat),
                 actions=(_TOKEN_ACTION,),
             )
         )
@@ -194,7 +168,7 @@ def rollout_logprob_gap(view: RunView) -> list[Finding]:
             last_step=last,
             message=msg,
             evidence=evidence,
-            tokens=_rows(toks),
+            tokens=TokenEvidence.from_rows(toks),
             actions=actions,
         )
     ]
@@ -256,108 +230,10 @@ def is_weight_zeroed(view: RunView) -> list[Finding]:
             last_step=last,
             message=msg,
             evidence=evidence,
-            tokens=_rows(zero),
+            tokens=TokenEvidence.from_rows(zero),
             actions=actions,
         )
     ]
-
-
-def _need_rewards(view: RunView) -> None:
-    if view.samples.empty:
-        raise NotChecked("the run has no samples table")
-    if view.sql(f"SELECT count({SAMPLE.reward}) AS n FROM samples{_cut(view)}")["n"].iloc[0] == 0:
-        raise NotChecked("no sample holds a reward")
-
-
-@detector("reward_nonfinite", page="inspector", tables=("samples",), about="data")
-def reward_nonfinite(view: RunView) -> list[Finding]:
-    """A NaN, inf or missing reward among the recorded ones (critical): the advantages of its group are
-    NaN or silently computed without it."""
-    _need_rewards(view)
-    reward = SAMPLE.reward
-    bad = view.sql(
-        f"SELECT {SAMPLE.step}, {SAMPLE.sample_id}, {SAMPLE.group_id}, {reward} IS NULL AS missing "
-        f"FROM samples WHERE ({reward} IS NULL OR NOT isfinite({reward})){_cut(view, 'AND')} "
-        f"ORDER BY {SAMPLE.step}, {SAMPLE.sample_id}"
-    )
-    if bad.empty:
-        return []
-    missing = int(bad["missing"].sum())
-    first = bad.iloc[0]
-    msg = (
-        f"{len(bad)} reward(s) are NaN, inf or missing ({missing} missing) over "
-        f"{bad[STEP.step].nunique()} step(s), first step {int(first[STEP.step])} sample "
-        f"{int(first[SAMPLE.sample_id])}"
-    )
-    evidence = {
-        "statistic": "samples whose reward is NaN, inf or null while others hold one",
-        "values": {
-            "samples": len(bad),
-            "missing": missing,
-            "steps": sorted({int(s) for s in bad[STEP.step]})[:20],
-        },
-    }
-    actions = (Action("check the reward function's failure path (a timeout, a parse error)", "docs/api.md"),)
-    first_step, last_step = int(bad[STEP.step].min()), int(bad[STEP.step].max())
-    return [
-        Finding(
-            id="reward_nonfinite",
-            severity="critical",
-            confidence=1.0,
-            first_step=first_step,
-            last_step=last_step,
-            message=msg,
-            evidence=evidence,
-            tokens=_rows(bad),
-            actions=actions,
-        )
-    ]
-
-
-@detector("reward_constant", tables=("samples",), about="data")
-def reward_constant(view: RunView) -> list[Finding]:
-    """A task's reward is one value over every group of the run (at least 10 steps and 20 groups): a reward
-    function that returns a constant, or a task the policy never (or always) solves."""
-    _need_rewards(view)
-    df = view.samples.dropna(subset=[SAMPLE.reward])
-    if (n := df[STEP.step].nunique()) < CONST_REWARD_STEPS:
-        raise NotChecked(f"{n} steps record rewards, the check needs {CONST_REWARD_STEPS}")
-    task = df[SAMPLE.task].fillna("") if SAMPLE.task in df.columns else pd.Series("", index=df.index)
-    out = []
-    for name, part in df.groupby(task, sort=True):
-        steps = part[STEP.step].nunique()
-        groups = part.groupby([STEP.step, SAMPLE.group_id]).ngroups
-        if part[SAMPLE.reward].nunique() != 1 or steps < CONST_REWARD_STEPS or groups < CONST_REWARD_GROUPS:
-            continue
-        value = float(part[SAMPLE.reward].iloc[0])
-        label = f"task {name!r}" if name else "the run"
-        msg = (
-            f"every reward of {label} is {fmt(value)}: {len(part)} samples in {groups} groups over {steps} "
-            "steps; no group carries a learning signal (a constant reward function, or a task never or "
-            "always solved)"
-        )
-        evidence = {
-            "statistic": "distinct rewards per task over the run",
-            "values": {"task": name, "reward": value, "samples": len(part), "groups": groups, "steps": steps},
-            "thresholds": {"steps": CONST_REWARD_STEPS, "groups": CONST_REWARD_GROUPS},
-        }
-        actions = (Action("call the reward function on a known-good and a known-bad answer", "docs/api.md"),)
-        first, last = int(part[STEP.step].min()), int(part[STEP.step].max())
-        rows = part.drop_duplicates(STEP.step)
-        out.append(
-            Finding(
-                id="reward_constant",
-                severity="warning",
-                confidence=1.0,
-                first_step=first,
-                last_step=last,
-                message=msg,
-                evidence=evidence,
-                tokens=_rows(rows),
-                actions=actions,
-            )
-        )
-    return out
 
 
 @detector("token_count_mismatch", tables=("steps", "tokens"), about="data")

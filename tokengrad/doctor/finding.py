@@ -67,6 +67,28 @@ class TokenEvidence:
     prob: float | None = None
     rank: int = 0
 
+    @classmethod
+    def from_rows(cls, df, share_of: str = "count", shown: int = 10) -> tuple[TokenEvidence, ...]:
+        """The first `shown` rows of a query (step, sample_id, position, token_id, token columns; a missing
+        or null one stays None) as exact evidence, ranked in row order."""
+
+        def pick(r, k):
+            return None if k not in r or r[k] is None or r[k] != r[k] else int(r[k])  # r[k] != r[k]: NaN
+
+        return tuple(
+            cls(
+                step=int(r["step"]),
+                sample_id=pick(r, "sample_id"),
+                position=pick(r, "position"),
+                token_id=pick(r, "token_id"),
+                text=str(r.get("token") or ""),
+                share_of=share_of,
+                exact=True,
+                rank=i,
+            )
+            for i, (_, r) in enumerate(df.head(shown).iterrows())
+        )
+
     def __post_init__(self):
         if self.share_of not in SHARE_OF:
             raise ValueError(f"unknown share_of {self.share_of!r}; known: {sorted(SHARE_OF)}")

@@ -109,6 +109,11 @@ class RunView:
     def has_tokens(self) -> bool:
         return bool(self.run.files("tokens"))
 
+    def step_cut(self, where: str = "WHERE") -> str:
+        """The live doctor's step cut for a steps or samples query ('' without `upto`; `sql` cuts tokens
+        itself): `where` is the keyword that joins it ("WHERE" or "AND")."""
+        return "" if self.upto is None else f" {where} {STEP.step} <= {int(self.upto)}"
+
     def sql(self, query: str, params: list | None = None) -> pd.DataFrame:
         """A DuckDB query over the run's tables; `tokens` is cut at `upto` like the other tables."""
         if self.upto is not None:
