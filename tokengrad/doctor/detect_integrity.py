@@ -110,10 +110,10 @@ def logprob_constant(view: RunView) -> list[Finding]:
     return out
 
 
-@detector("rollout_logprob_gap", page="inspector", tables=("tokens",), about="data")
-def rollout_logprob_gap(view: RunView) -> list[Finding]:
-    """Loss tokens whose rollout log-prob is missing or exactly 0 while the trainer's is below -1 nat:
-    fake train/rollout gaps (tool or env tokens in the loss mask, engine log-probs padded with 0)."""
+def _fake_gaps(view: RunView) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The steps where at least GAP_WARNING of the loss tokens are fake gaps (step, n, fake, share) and the
+    first fake-gap tokens of those steps (evidence rows): a rollout log-prob null, NaN or exactly 0 while
+    the trainer's (old_logprob, else logprob) is below GAP_TRAINER."""
     _need_tokens(view, TOK.rollout_logprob)
     trainer = f"coalesce({TOK.old_logprob}, {TOK.logprob})"
     roll = TOK.rollout_logprob
@@ -126,8 +126,7 @@ def rollout_logprob_gap(view: RunView) -> list[Finding]:
     per["share"] = per["fake"] / per["n"]
     bad = per[per["share"] >= GAP_WARNING]
     if bad.empty:
-        return []
-    worst = bad.loc[bad["share"].idxmax()]
+        return bad, pd.DataFrame()
     where = f"{TOK.step}, {TOK.sample_id}, {TOK.position}"
     toks = view.sql(
         f"SELECT {where}, {TOK.token_id}, {TOK.token}, {roll}, {trainer} AS trainer "
@@ -135,6 +134,18 @@ def rollout_logprob_gap(view: RunView) -> list[Finding]:
         f"ORDER BY {where} LIMIT {_SHOWN}",
         [int(bad[STEP.step].min()), int(bad[STEP.step].max())],
     )
+    return bad, toks
+
+
+@detector("rollout_logprob_gap", page="inspector", tables=("tokens",), about="data")
+def rollout_logprob_gap(view: RunView) -> list[Finding]:
+    """Loss tokens whose rollout log-prob is missing or exactly 0 while the trainer's is below -1 nat:
+    fake train/rollout gaps (tool or env tokens in the loss mask, engine log-probs padded with 0)."""
+    bad, toks = _fake_gaps(view)
+    if bad.empty:
+        return []
+    worst = bad.loc[bad["share"].idxmax()]
+    roll = TOK.rollout_logprob
     missing = int(toks[roll].isna().sum())
     msg = (
         f"{int(bad['fake'].sum())} loss tokens over {len(bad)} step(s) have a rollout log-prob that is "
