@@ -2,20 +2,20 @@
 
 One tokengrad step is one TRL generation batch. Per micro-batch `compute_loss` gives the inputs, the
 wrapped `_get_per_token_logps_and_entropies` the log-probs the loss is built from (coef by the autograd
-hook), `accelerator.backward` the bucket passes, `accelerator.clip_grad_norm_` the norms before clipping,
-and the callback the optimizer-update boundaries and TRL's logs.
+hook), `accelerator.backward` the bucket passes, `accelerator.clip_grad_norm_` the norms before clipping
+(clip.py), and the callback the optimizer-update boundaries and TRL's logs.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
-import warnings
 
 import torch
 from transformers import TrainerCallback
 
 from tokengrad.integrations.trl import rollout
+from tokengrad.integrations.trl.clip import ClipNorms
 from tokengrad.integrations.trl.deepspeed import DeepSpeedNorms, deepspeed_setup
 from tokengrad.integrations.trl.fused import FusedCapture, fused_token_stats
 from tokengrad.integrations.trl.logs import SUMMARY_KEYS, StepLogs, column
@@ -24,17 +24,6 @@ from tokengrad.objective.gradient_scale import token_weights
 from tokengrad.record.recorder import Recorder
 from tokengrad.record.stats import TokenStats
 
-# accelerate's distributed types whose clip_grad_norm_ is torch's clip on the local .grad (DDP: reduced)
-PLAIN_CLIP = (
-    "NO",
-    "MULTI_CPU",
-    "MULTI_GPU",
-    "MULTI_XPU",
-    "MULTI_NPU",
-    "MULTI_MLU",
-    "MULTI_SDAA",
-    "MULTI_MUSA",
-)
 SAMPLE_KEY = "tokengrad_sample_id"  # [B] global completion index, carried through TRL's shuffle and split
 
 
@@ -58,6 +47,7 @@ class TRLRecording:
         self._masks: dict = {}  # TRL's off-policy and entropy masks of this compute_loss call
         self._scored = None  # (prompts, completions, completion_ids, rewards_per_func) of the batch
         self._patched: list[tuple[object, str, object]] = []
+        self.norms = ClipNorms(self)  # the norms before clipping (sets _norms_done)
         self._fused = None
         self._callback = None
         self.bucket_activations = False  # attach(bucket_activations=True): no checkpointing on bucket steps
@@ -76,7 +66,7 @@ class TRLRecording:
         self._patch(
             t, "get_high_entropy_mask", lambda orig, *a, **k: self._keep("entropy_mask", orig(*a, **k))
         )
-        self._patch(t.accelerator, "clip_grad_norm_", self._clip_grad_norm)
+        self.norms.install()
         self._patch(t.accelerator, "backward", self._backward)
         if deepspeed_setup(t) is not None:  # norms through DeepSpeed's API: .grad is partitioned
             DeepSpeedNorms(self).install()
@@ -314,46 +304,6 @@ class TRLRecording:
         orig(loss, **kwargs)
         st.analyze_buckets(loss if plain else None)
 
-    def _clip_grad_norm(self, orig, parameters, max_norm, norm_type=2, **k):
-        """Norms before clipping; where accelerate would only call torch's clip (one process or DDP, no
-        scaler, the model's parameters, L2), clip with the norm just read instead of reading .grad again
-        (bitwise torch's: StepRecorder.clip_recorded_)."""
-        parameters = list(parameters)
-        fresh = self.step is not None and not self._norms_done
-        self._record_norms()  # before clipping changes .grad
-        if fresh and not k and self._plain_clip(parameters, norm_type):
-            return self.step.clip_recorded_(max_norm, self.update_id)
-        return orig(parameters, max_norm, norm_type, **k)
-
-    def _plain_clip(self, parameters: list, norm_type) -> bool:
-        """accelerate's clip_grad_norm_ is unscale_gradients() then torch's clip for this accelerator and
-        these parameters: not FSDP, DeepSpeed or XLA, no gradient scaler, the model's own parameters."""
-        acc, model = self.trainer.accelerator, self.recorder.model
-        kind = str(getattr(acc, "distributed_type", "")).rsplit(".", 1)[-1]
-        return (
-            float(norm_type) == 2.0
-            and kind in PLAIN_CLIP
-            and getattr(acc, "scaler", None) is None
-            and model is not None
-            and len(parameters) == len(own := list(model.parameters()))
-            and all(a is b for a, b in zip(parameters, own))
-        )
-
-    def _record_norms(self) -> None:
-        if self.step is not None and not self._norms_done:
-            self.step.record_grad_norms(self.update_id)
-            self._norms_done = True
-
-    def _on_pre_optimizer_step(self) -> None:
-        if self.step is not None and not self._norms_done:
-            warnings.warn(
-                "tokengrad: the trainer clipped gradients without accelerator.clip_grad_norm_; "
-                "gradient norms are read after clipping",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            self._record_norms()
-
     def _on_step_end(self) -> None:
         self.update_id += 1
         self._norms_done = self._accumulating = False
@@ -371,7 +321,7 @@ class _Callback(TrainerCallback):
         self.recording = recording
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
-        self.recording._on_pre_optimizer_step()
+        self.recording.norms.before_optimizer_step()
 
     def on_step_end(self, args, state, control, **kwargs):
         self.recording._on_step_end()

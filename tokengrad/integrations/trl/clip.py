@@ -1,0 +1,82 @@
+"""Gradient norms before clipping on a TRL recording, and the clip that reuses them.
+
+TRL clips through `accelerator.clip_grad_norm_` once per optimizer update; the hook reads the total and
+per-block norms there, before clipping changes `.grad` (TRL's logged `grad_norm` is the same number).
+Where accelerate's clip is torch's clip alone (one process or DDP, no gradient scaler, the model's own
+parameters, L2), it clips with the norm just read instead of reading `.grad` a second time, leaving the
+gradients bitwise as torch's clip does (`StepRecorder.clip_recorded_`). A trainer that clips some other
+way gets its norms at `on_pre_optimizer_step`, after clipping, with a warning. Under DeepSpeed the norms
+come through DeepSpeed's API instead (deepspeed.py); both readers share the recording's `_norms_done`.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+# accelerate's distributed types whose clip_grad_norm_ is torch's clip on the local .grad (DDP: reduced)
+PLAIN_CLIP = (
+    "NO",
+    "MULTI_CPU",
+    "MULTI_GPU",
+    "MULTI_XPU",
+    "MULTI_NPU",
+    "MULTI_MLU",
+    "MULTI_SDAA",
+    "MULTI_MUSA",
+)
+
+
+class ClipNorms:
+    """Reads the norms before clipping for one TRL recording (installed by TRLRecording): patches
+    `accelerator.clip_grad_norm_` (restored on detach) and backs it up before each optimizer step."""
+
+    def __init__(self, recording):
+        self.recording = recording
+
+    def install(self) -> None:
+        self.recording._patch(self.recording.trainer.accelerator, "clip_grad_norm_", self._clip_grad_norm)
+
+    def _clip_grad_norm(self, orig, parameters, max_norm, norm_type=2, **k):
+        """Norms before clipping; where accelerate would only call torch's clip, clip with the norm just
+        read instead of reading .grad again (bitwise torch's: StepRecorder.clip_recorded_)."""
+        rec = self.recording
+        parameters = list(parameters)
+        fresh = rec.step is not None and not rec._norms_done
+        self.record()  # before clipping changes .grad
+        if fresh and not k and plain_clip(rec.trainer.accelerator, rec.recorder.model, parameters, norm_type):
+            return rec.step.clip_recorded_(max_norm, rec.update_id)
+        return orig(parameters, max_norm, norm_type, **k)
+
+    def record(self) -> None:
+        """The norms of this optimizer update, once."""
+        rec = self.recording
+        if rec.step is not None and not rec._norms_done:
+            rec.step.record_grad_norms(rec.update_id)
+            rec._norms_done = True
+
+    def before_optimizer_step(self) -> None:
+        """The trainer's `on_pre_optimizer_step`: norms not read yet mean it clipped elsewhere (or not at
+        all); read them now, after any clipping, and say so."""
+        rec = self.recording
+        if rec.step is not None and not rec._norms_done:
+            warnings.warn(
+                "tokengrad: the trainer clipped gradients without accelerator.clip_grad_norm_; "
+                "gradient norms are read after clipping",
+                RuntimeWarning,
+                stacklevel=2,  # the trainer callback's on_pre_optimizer_step
+            )
+            self.record()
+
+
+def plain_clip(accelerator, model, parameters: list, norm_type) -> bool:
+    """accelerate's clip_grad_norm_ is unscale_gradients() then torch's clip for this accelerator and
+    these parameters: not FSDP, DeepSpeed or XLA, no gradient scaler, the model's own parameters."""
+    kind = str(getattr(accelerator, "distributed_type", "")).rsplit(".", 1)[-1]
+    return (
+        float(norm_type) == 2.0
+        and kind in PLAIN_CLIP
+        and getattr(accelerator, "scaler", None) is None
+        and model is not None
+        and len(parameters) == len(own := list(model.parameters()))
+        and all(a is b for a, b in zip(parameters, own))
+    )
