@@ -3,14 +3,13 @@
 Every builder takes run-format tables (pandas DataFrames, keyed by run name where several runs overlay)
 or the aggregates of tokengrad.read.queries, and returns a plotly Figure (or an HTML string / DataFrame).
 Modules: liveness (steps without a gradient), smoothing, curves (per-step metrics), gradnorms, buckets
-(bucket analysis), headline (the share of the update by bucket, runs overlaid), probability (gradient
-against token probability), evals, tokens, wordclouds, summary, tables (a figure's data as a table),
-style, export.
+(bucket analysis; bucket_updates: which analysed updates its figures average), headline (the share of
+the update by bucket, runs overlaid), probability (gradient against token probability), evals, tokens,
+wordclouds, summary, tables (a figure's data as a table), style, export.
 """
 
+from tokengrad.figures.bucket_updates import analysed_updates, analysis_note
 from tokengrad.figures.buckets import (
-    analysed_updates,
-    analysis_note,
     bucket_shares,
     bucket_steps,
     make_bucket_dprob_figure,

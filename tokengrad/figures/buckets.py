@@ -6,10 +6,9 @@ weight curve.
     make_bucket_grad_norm_figure(run.buckets)             # |g_B| of each bucket's tokens alone
 
 The buckets table has one row per analysed (step, update, rank) and bucket. Only analysed updates with a
-gradient count (an update whose every bucket norm is 0 had all advantages 0: its shares are undefined, its
-norms are not small values), and the token shares, update shares and norms all come from the same
-updates (one Lopti phase, or all of them), so the figures on a page agree. The figures say which updates
-and how many contributed (analysis_note), and an empty selection says why it is empty.
+gradient count (tokengrad.figures.bucket_updates), and the token shares, update shares and norms all
+come from the same updates (one Lopti phase, or all of them), so the figures on a page agree. The figures
+say which updates and how many contributed (analysis_note), and an empty selection says why it is empty.
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from tokengrad.figures.bucket_updates import analysed_updates, analysis_note, live_rows, live_step_rows
 from tokengrad.figures.style import (
     bucket_colors,
     dashboard_layout,
@@ -53,74 +53,6 @@ RESIDUAL_HELP = (
     "on other tokens); hidden when it is 0"
 )
 RESIDUAL_TOL = 5e-4  # |mean residual share| below this rounds to 0.0% and is hidden
-_UPDATE_KEYS = [BUCKET.step, BUCKET.rank, BUCKET.update_id]
-
-
-def _with_columns(df: pd.DataFrame) -> pd.DataFrame:
-    """Optional columns that were never written added as NaN."""
-    missing = [
-        c
-        for c in (BUCKET.lo, BUCKET.hi, BUCKET.n_tokens, BUCKET.update_id, *_MEAN_COLUMNS)
-        if c not in df.columns
-    ]
-    return df.assign(**{c: (0 if c == BUCKET.update_id else np.nan) for c in missing}) if missing else df
-
-
-def analysed_updates(
-    buckets: pd.DataFrame, step_range: tuple[int, int] | None = None, update_id: int | None = None
-) -> pd.DataFrame:
-    """[step, rank, update_id, live, empty] of every update in the selection that a bucket pass analysed
-    (some bucket's grad_norm recorded); live = some bucket's gradient norm is > 0 (else the update had
-    no gradient and its shares are undefined); empty = no loss token fell in any bucket (a Lopti phase
-    that no token reached). An attribution step without a bucket pass writes bucket rows too, its tokens'
-    update shares summed per bucket (tokengrad.record.step_attribution.bucket_share_rows) but no norms:
-    those updates are not analysed here, as the figures leave them out."""
-    cols = [*_UPDATE_KEYS, "live", "empty"]
-    df = _with_columns(buckets)
-    if step_range is not None:
-        df = df[df[BUCKET.step].between(*step_range)]
-    if update_id is not None:
-        df = df[df[BUCKET.update_id] == update_id]
-    if df.empty:
-        return pd.DataFrame(columns=cols)
-    norms = pd.to_numeric(df[BUCKET.grad_norm], errors="coerce")
-    tokens = pd.to_numeric(df[BUCKET.n_tokens], errors="coerce")
-    by = [df[k] for k in _UPDATE_KEYS]
-    out = pd.DataFrame(
-        {
-            "analysed": norms.notna().groupby(by).any(),
-            "live": norms.fillna(0).gt(0).groupby(by).any(),
-            "empty": tokens.groupby(by).sum(min_count=1).eq(0),  # unknown counts: not empty
-        }
-    )
-    return out[out["analysed"]].drop(columns="analysed").reset_index()[cols]
-
-
-def analysis_note(updates: pd.DataFrame) -> str:
-    """Which analysed updates a bucket figure averages: '3 of 8 analysed updates had a gradient (steps
-    20, 40; updates 0, 1)'. Updates without loss tokens (an empty Lopti phase) are not counted, and
-    said so. An empty selection says why."""
-    if updates.empty:
-        return "no bucket analysis in the selection"
-    empty = updates["empty"] if "empty" in updates else pd.Series(False, index=updates.index)
-    counted, n_empty = updates[~empty.astype(bool)], int(empty.sum())
-    left = (
-        f"; {n_empty} update{'s' if n_empty > 1 else ''} without loss tokens not counted" if n_empty else ""
-    )
-    live = counted[counted["live"].astype(bool)]
-    if live.empty:
-        n_steps = updates[BUCKET.step].nunique()
-        noun = "step" if n_steps == 1 else "steps"
-        why = "every advantage was 0" if not n_empty else "no loss tokens, or every advantage was 0"
-        return f"all {n_steps} analysed {noun} had no gradient ({why})"
-    at = sorted(int(s) for s in live[BUCKET.step].unique())
-    listed = f"step{'s' if len(at) > 1 else ''} {', '.join(map(str, at))}"
-    steps = listed if len(at) <= 6 else f"{len(at)} steps from {at[0]} to {at[-1]}"
-    ups = ", ".join(str(int(u)) for u in sorted(live[BUCKET.update_id].unique()))
-    return (
-        f"{len(live)} of {len(counted)} analysed updates had a gradient ({steps}; "
-        f"update{'s' if ',' in ups else ''} {ups}){left}"
-    )
 
 
 def _ordered(df: pd.DataFrame) -> pd.DataFrame:
@@ -132,27 +64,6 @@ def _ordered(df: pd.DataFrame) -> pd.DataFrame:
         .drop(columns="_r")
         .reset_index(drop=True)
     )
-
-
-def live_rows(
-    buckets: pd.DataFrame, step_range: tuple[int, int] | None = None, update_id: int | None = None
-) -> pd.DataFrame:
-    """The bucket rows of the analysed updates with a gradient in the selection."""
-    updates = analysed_updates(buckets, step_range, update_id)
-    keep = updates.loc[updates["live"], _UPDATE_KEYS]
-    return _with_columns(buckets).merge(keep, on=_UPDATE_KEYS, how="inner")
-
-
-def live_step_rows(
-    buckets: pd.DataFrame, step_range: tuple[int, int] | None = None, update_id: int | None = None
-) -> pd.DataFrame:
-    """The bucket rows of every analysed update of the steps (per rank) with a gradient in the selection:
-    the probability change after a step sits on its last update's rows (record.step_buckets), which may be
-    an update without loss tokens (Lopti's second phase when no token reached it)."""
-    updates = analysed_updates(buckets, step_range, update_id)
-    live = updates.groupby([BUCKET.step, BUCKET.rank])["live"].transform("any").astype(bool)
-    keep = updates.loc[live, _UPDATE_KEYS]
-    return _with_columns(buckets).merge(keep, on=_UPDATE_KEYS, how="inner")
 
 
 def bucket_shares(
