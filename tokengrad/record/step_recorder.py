@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 
 import pyarrow as pa
 import torch
@@ -111,38 +110,18 @@ class StepRecorder:
         (`st.backward(loss)` or `loss.backward()`) before the next update's norms are recorded.
 
         `logprobs`: [N, T] log pi_theta of the sampled tokens, with graph; an autograd hook on it reads
-        the exact loss coefficient coef = dL/d log pi per token. Every other argument, its shape and the
-        columns it fills: docs/api.md, "st.track(logprobs, ...)" (the one reference; shapes and ids are
-        checked by tracked_pass.check_track_inputs). `update_id`: the optimizer update within the step
-        this pass's gradient feeds. `recompute`: () -> these log-probs again (same batch, no dropout),
-        run with substituted parameters on attribution steps only (with `Attribution(entropy=True)`:
-        (log-probs, entropy), differentiable in the parameters).
+        the exact loss coefficient coef = dL/d log pi per token. Every keyword argument but `update_id`
+        and `recompute` is one of the pass's inputs (tracked_pass.PassInputs, checked by build_pass);
+        each one's shape and the columns it fills: docs/api.md, "st.track(logprobs, ...)" (the one
+        reference). `update_id`: the optimizer update within the step this pass's gradient feeds.
+        `recompute`: () -> these log-probs again (same batch, no dropout), run with substituted
+        parameters on attribution steps only (with `Attribution(entropy=True)`: (log-probs, entropy),
+        differentiable in the parameters).
 
         Returns:
             `logprobs` itself (so `lp = st.track(lp, ...)` reads naturally).
         """
-        inputs = PassInputs(
-            token_ids=token_ids,
-            mask=mask,
-            loss_mask=loss_mask,
-            old_logprobs=old_logprobs,
-            ref_logprobs=ref_logprobs,
-            rollout_logprobs=rollout_logprobs,
-            is_weights=is_weights,
-            mask_codes=mask_codes,
-            advantages=advantages,
-            weights=weights,
-            scale_grad=scale_grad,
-            sample_ids=sample_ids,
-            group_ids=group_ids,
-            logits=logits,
-            stats=stats,
-            hidden=hidden,
-            clipped=clipped,
-            policy_versions=policy_versions,
-            trainer_version=trainer_version,
-            extra=extra,
-        )
+        inputs = PassInputs.from_arguments(locals())  # first: locals() holds the arguments only
         t = time.perf_counter()
         # recompute is kept where this step may be attributed: on schedule, or on a spike found in
         # record_grad_norms
@@ -154,32 +133,10 @@ class StepRecorder:
             update_id=int(update_id),
             recompute=recompute if wanted else None,
         )
-        self._watch_coef(p, logprobs)
+        p.watch_coef(paused=lambda: self.buckets.in_backward)  # bucket passes feed coef back in
         self._passes.append(p)
         self._t_record += time.perf_counter() - t
         return logprobs
-
-    def _watch_coef(self, p: TrackedPass, logprobs: torch.Tensor) -> None:
-        """The autograd hook that reads the pass's coef in the backward (removed at the end of the step)."""
-        if logprobs.requires_grad:
-            p.handle = logprobs.register_hook(self._make_hook(p))
-        else:
-            warnings.warn(
-                "tokengrad: tracked logprobs do not require grad; coef will be missing",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-
-    def _make_hook(self, p: TrackedPass):
-        def hook(grad: torch.Tensor):
-            if self.buckets.in_backward:  # bucket passes feed coef back in: leave them alone
-                return None
-            g = grad if p.scale is None else grad * p.scale  # [N, T]
-            c = g.detach()
-            p.coef = c.clone() if p.coef is None else p.coef + c
-            return None if p.scale is None else g
-
-        return hook
 
     # ---- backward and gradients --------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs) -> None:
@@ -371,8 +328,7 @@ class StepRecorder:
     def discard(self) -> None:
         """Drop the step: its hooks removed, nothing of it recorded."""
         for p in self._passes:
-            if p.handle is not None:
-                p.handle.remove()
+            p.unwatch_coef()
         self.buckets.close()
         self._passes, self._samples, self._scalars = [], [], {}
 
@@ -380,8 +336,7 @@ class StepRecorder:
         """Remove hooks, move captured tensors to numpy; row building is deferred to the writer thread."""
         t = time.perf_counter()
         for p in self._passes:
-            if p.handle is not None:
-                p.handle.remove()
+            p.unwatch_coef()
             p.logprobs = None
         self.buckets.close()
         if self.attribution is not None:  # the last update's applied change, at the parameters after it

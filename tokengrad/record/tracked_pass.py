@@ -4,6 +4,8 @@ step ends); `build_pass` makes one from st.track()'s arguments (`PassInputs`, by
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import torch
@@ -35,11 +37,41 @@ class TrackedPass:
     policy_versions: torch.Tensor | None = None  # [N] float64, NaN: unknown (tokens.policy_version)
     trainer_version: int | None = None  # tokens.trainer_version of every row
 
+    def watch_coef(self, paused: Callable[[], bool]) -> None:
+        """Register the autograd hook on `logprobs` that reads coef = dL/d log pi per token in each backward
+        (summed over backwards, times `scale` where given, which the hook also applies to the gradient).
+        `paused()`: a backward whose gradient is not the loss's is running (the bucket passes feed coef
+        back in), which the hook leaves alone."""
+        if not self.logprobs.requires_grad:
+            warnings.warn(  # stacklevel 3: the caller of st.track
+                "tokengrad: tracked logprobs do not require grad; coef will be missing",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return
+
+        def hook(grad: torch.Tensor):
+            if paused():
+                return None
+            g = grad if self.scale is None else grad * self.scale  # [N, T]
+            c = g.detach()
+            self.coef = c.clone() if self.coef is None else self.coef + c
+            return None if self.scale is None else g
+
+        self.handle = self.logprobs.register_hook(hook)
+
+    def unwatch_coef(self) -> None:
+        """Remove the coef hook (at the end of the step, or when it is dropped)."""
+        if self.handle is not None:
+            self.handle.remove()
+
 
 @dataclass(frozen=True, kw_only=True)
 class PassInputs:
-    """st.track()'s keyword arguments as given (docs/api.md, "st.track(logprobs, ...)"): what
-    build_pass checks and records of one pass."""
+    """st.track()'s keyword arguments as given, by name: what build_pass checks and records of one pass.
+    Their shapes are commented here; what each means and the tokens columns it fills: docs/api.md,
+    "st.track(logprobs, ...)" (the one reference). st.track's own `update_id` and `recompute` are not
+    inputs of the pass's rows and are passed to build_pass apart."""
 
     token_ids: torch.Tensor  # [N, T]
     mask: torch.Tensor | None = None  # [N, T]
@@ -61,6 +93,12 @@ class PassInputs:
     policy_versions: torch.Tensor | int | None = None  # [N] or one int
     trainer_version: int | None = None
     extra: dict[str, torch.Tensor] | None = None  # name -> [N, T]
+
+    @classmethod
+    def from_arguments(cls, arguments: dict) -> PassInputs:
+        """The inputs among a call's arguments by name (st.track's `locals()`, which hold every
+        parameter of it under its own name): each field read from the argument of the same name."""
+        return cls(**{f.name: arguments[f.name] for f in fields(cls)})
 
     def tensors(self) -> dict:
         """The arguments check_track_inputs validates (shape, device, dtype), by name: all but the
