@@ -1,4 +1,4 @@
-"""tokengrad.record.tracked_pass: st.track's arguments reach the pass by name (PassInputs), and the coef
+"""tokengrad.record.tracked_pass: st.track's arguments reach the pass by name (PassInputs, built keyword by keyword, no locals()), and the coef
 hook of a TrackedPass against hand-computed gradients."""
 
 import inspect

@@ -106,22 +106,33 @@ class StepRecorder:
         extra: dict[str, torch.Tensor] | None = None,
         recompute=None,
     ) -> torch.Tensor:
-        """Track one backward pass's per-token log-probs; the loss built from them must be backpropagated
-        (`st.backward(loss)` or `loss.backward()`) before the next update's norms are recorded.
-
-        `logprobs`: [N, T] log pi_theta of the sampled tokens, with graph; an autograd hook on it reads
-        the exact loss coefficient coef = dL/d log pi per token. Every keyword argument but `update_id`
-        and `recompute` is one of the pass's inputs (tracked_pass.PassInputs, checked by build_pass);
-        each one's shape and the columns it fills: docs/api.md, "st.track(logprobs, ...)" (the one
-        reference). `update_id`: the optimizer update within the step this pass's gradient feeds.
-        `recompute`: () -> these log-probs again (same batch, no dropout), run with substituted
-        parameters on attribution steps only (with `Attribution(entropy=True)`: (log-probs, entropy),
-        differentiable in the parameters).
-
-        Returns:
-            `logprobs` itself (so `lp = st.track(lp, ...)` reads naturally).
-        """
-        inputs = PassInputs.from_arguments(locals())  # first: locals() holds the arguments only
+        """Track one backward pass's [N, T] log-probs (with graph; a hook reads coef = dL/d log pi per
+        token) and return them; its loss must be backpropagated before the next update's norms are read.
+        Every keyword but `update_id` (the optimizer update this pass feeds) and `recompute` (() -> these
+        log-probs again, for attribution steps; with Attribution(entropy=True) (log-probs, entropy)) is a
+        PassInputs field: shapes and columns in docs/api.md, "st.track(logprobs, ...)"."""
+        inputs = PassInputs(  # by name: the pass's inputs, as PassInputs declares them
+            token_ids=token_ids,
+            mask=mask,
+            loss_mask=loss_mask,
+            old_logprobs=old_logprobs,
+            ref_logprobs=ref_logprobs,
+            rollout_logprobs=rollout_logprobs,
+            is_weights=is_weights,
+            mask_codes=mask_codes,
+            advantages=advantages,
+            weights=weights,
+            scale_grad=scale_grad,
+            sample_ids=sample_ids,
+            group_ids=group_ids,
+            logits=logits,
+            stats=stats,
+            hidden=hidden,
+            clipped=clipped,
+            policy_versions=policy_versions,
+            trainer_version=trainer_version,
+            extra=extra,
+        )
         t = time.perf_counter()
         # recompute is kept where this step may be attributed: on schedule, or on a spike found in
         # record_grad_norms

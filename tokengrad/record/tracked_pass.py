@@ -94,12 +94,6 @@ class PassInputs:
     trainer_version: int | None = None
     extra: dict[str, torch.Tensor] | None = None  # name -> [N, T]
 
-    @classmethod
-    def from_arguments(cls, arguments: dict) -> PassInputs:
-        """The inputs among a call's arguments by name (st.track's `locals()`, which hold every
-        parameter of it under its own name): each field read from the argument of the same name."""
-        return cls(**{f.name: arguments[f.name] for f in fields(cls)})
-
     def tensors(self) -> dict:
         """The arguments check_track_inputs validates (shape, device, dtype), by name: all but the
         statistics and the version numbers, which have checks of their own."""
