@@ -1,5 +1,5 @@
-"""tokengrad.record.tracked_pass: st.track's arguments reach the pass by name (PassInputs, built keyword by keyword, no locals()), and the coef
-hook of a TrackedPass against hand-computed gradients."""
+"""tokengrad.record.tracked_pass: st.track's arguments reach the pass by name (PassInputs, built keyword
+by keyword, no locals()), and the coef hook of a TrackedPass against hand-computed gradients."""
 
 import inspect
 import warnings
