@@ -202,6 +202,58 @@ def _generate_turn(
     return rows
 
 
+@dataclass(frozen=True)
+class _CompletionRows:
+    """The completions while they grow, one row per sample: tokens, loss mask, the sampler's log-probs and
+    the tool calls answered so far."""
+
+    ids: list[list[int]]
+    loss_mask: list[list[int]]
+    logprobs: list[list[float]]
+    calls: list[int]
+
+    @classmethod
+    def empty(cls, n: int) -> _CompletionRows:
+        return cls([[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)], [0] * n)
+
+    def add(self, i: int, ids: list[int], *, logprobs: list[float] | None = None) -> None:
+        """Append tokens to row i: generated ones (with their log-probs) are in the loss; tool output
+        (logprobs None) is not, and has no sampler log-prob (NaN)."""
+        generated = logprobs is not None
+        self.ids[i] += ids
+        self.loss_mask[i] += [int(generated)] * len(ids)
+        self.logprobs[i] += logprobs if generated else [float("nan")] * len(ids)
+
+    def completions(self, prompt_ids: list[list[int]], tokenizer) -> Completions:
+        return Completions(
+            prompt_ids=prompt_ids,
+            completion_ids=self.ids,
+            loss_mask=self.loss_mask,
+            texts=[tokenizer.decode(c, skip_special_tokens=True) for c in self.ids],
+            n_tool_calls=self.calls,
+            rollout_logprobs=self.logprobs,
+        )
+
+
+def _tool_limits(task: Task | None, max_turns: int) -> tuple[str | None, int]:
+    """(the task's tool stop string or None, the most tool calls per completion: the task's
+    `max_tool_calls`, else max_turns)."""
+    stop = getattr(task, "tool_stop", None) if task is not None else None
+    max_calls = getattr(task, "max_tool_calls", None)
+    return stop, max_calls if max_calls is not None else max_turns
+
+
+def _answer_tool(task: Task, tokenizer, rows: _CompletionRows, i: int) -> bool:
+    """Append the tool's reply to row i's text so far (loss_mask 0, one call more); False when the tool
+    replied None, which ends the completion."""
+    reply = task.tool(tokenizer.decode(rows.ids[i], skip_special_tokens=True))
+    if reply is None:
+        return False
+    rows.add(i, tokenizer(reply, add_special_tokens=False).input_ids)
+    rows.calls[i] += 1
+    return True
+
+
 def generate_completions(
     model,
     tokenizer,
@@ -221,13 +273,8 @@ def generate_completions(
     ends the completion.
     """
     prompt_ids = [encode_prompt(tokenizer, p) for p in prompts for _ in range(n_samples)]
-    comp = [[] for _ in prompt_ids]
-    lmask = [[] for _ in prompt_ids]
-    sampled = [[] for _ in prompt_ids]
-    calls = [0] * len(prompt_ids)
-    stop = getattr(task, "tool_stop", None) if task is not None else None
-    max_calls = getattr(task, "max_tool_calls", None)
-    max_calls = max_calls if max_calls is not None else max_turns
+    rows = _CompletionRows.empty(len(prompt_ids))
+    stop, max_calls = _tool_limits(task, max_turns)
     active = list(range(len(prompt_ids)))
     for turn in range(max_turns):
         if not active:
@@ -235,37 +282,19 @@ def generate_completions(
         new = _generate_turn(
             model,
             tokenizer,
-            [prompt_ids[i] + comp[i] for i in active],
+            [prompt_ids[i] + rows.ids[i] for i in active],
             max_new_tokens=max_new_tokens,
             sampling=sampling,
             stop=stop,
         )
         still = []
         for i, (ids, hit_stop, lps) in zip(active, new):
-            comp[i] += ids
-            lmask[i] += [1] * len(ids)
-            sampled[i] += lps
-            if not hit_stop or turn == max_turns - 1 or calls[i] >= max_calls:
-                continue
-            reply = task.tool(tokenizer.decode(comp[i], skip_special_tokens=True))
-            if reply is None:
-                continue
-            info = tokenizer(reply, add_special_tokens=False).input_ids
-            comp[i] += info
-            lmask[i] += [0] * len(info)
-            sampled[i] += [float("nan")] * len(info)
-            calls[i] += 1
-            still.append(i)
+            rows.add(i, ids, logprobs=lps)
+            more = hit_stop and turn < max_turns - 1 and rows.calls[i] < max_calls
+            if more and _answer_tool(task, tokenizer, rows, i):
+                still.append(i)
         active = still
-    texts = [tokenizer.decode(c, skip_special_tokens=True) for c in comp]
-    return Completions(
-        prompt_ids=prompt_ids,
-        completion_ids=comp,
-        loss_mask=lmask,
-        texts=texts,
-        n_tool_calls=calls,
-        rollout_logprobs=sampled,
-    )
+    return rows.completions(prompt_ids, tokenizer)
 
 
 def pack(
