@@ -15,7 +15,8 @@ from tests.test_training_math import tiny as tiny_config
 from tokengrad import load_run
 from tokengrad.train.config import describe_config, make_config
 from tokengrad.train.correction import correction_of
-from tokengrad.train.trainer import Trainer, schedule_of, train, weighting_of
+from tokengrad.train.settings import schedule_of, weighting_of
+from tokengrad.train.trainer import Trainer, train
 from tokengrad.train.updates import GRPOUpdate, reuses_old_logprobs
 
 TOKEN_COLUMNS = ["logprob", "old_logprob", "ref_logprob", "ratio", "coef", "weight"]

@@ -9,6 +9,17 @@
 Three separate steps, each loggable per token: the weighting rule (``tokengrad.objective.weighting``), the
 surrogate (``policy_loss``) and the aggregation (``AGGREGATIONS``: name -> fn(per_token_loss [N, T],
 mask [N, T], max_len) -> scalar).
+
+``policy_loss`` per token (GRPO, arXiv:2402.03300; asymmetric clip, arXiv:2503.14476), with
+r = exp(logprobs - old_logprobs), A' = A * advantage_weight and u = r * ratio_weight:
+
+    s_t = min(u A', clip(u, 1 - eps_low, 1 + eps_high) A')      (u A' when ppo_clip is False)
+    s_t = max(s_t, c A') where A' < 0                           (dual-clip, when clip_ratio_c = c > 0)
+    loss_t = w_t (-s_t * loss_weight + kl_cov_coef * |log r|) + beta * k3(logprobs, ref_logprobs)
+
+then aggregated by ``AGGREGATIONS[aggregation]``. The rule's weights are detached; ``loss_weight`` scales
+the policy-gradient term only. |log r| counts as 0 below fp32 rounding (``ROUNDING``). w_t: the rollout
+correction's importance weight (``_per_token_loss``).
 """
 
 from __future__ import annotations
@@ -118,9 +129,28 @@ def _one(w: Tensor | None) -> Tensor | float:
     return 1.0 if w is None else w.detach()
 
 
-def _check_inputs(
-    logprobs, *, old_logprobs, advantages, mask, norm_mask, ref_logprobs, weights, beta, is_weight
-):
+def _checked_inputs(
+    logprobs,
+    *,
+    old_logprobs,
+    advantages,
+    mask,
+    norm_mask,
+    ref_logprobs,
+    weights,
+    beta,
+    is_weight,
+    aggregation,
+    clip_ratio_c,
+) -> tuple[Aggregation, TokenWeights, Tensor, Tensor]:
+    """``policy_loss``'s inputs resolved (the aggregation by name, the weights and norm_mask defaults,
+    advantages broadcast to [N, T]) and checked: bad input raises a ValueError naming it."""
+    if clip_ratio_c != 0.0 and clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c must be 0 (off) or > 1, got {clip_ratio_c}")
+    agg = get_aggregation(aggregation)
+    weights = weights if weights is not None else TokenWeights()
+    norm_mask = mask if norm_mask is None else norm_mask
+    advantages = broadcast_tokens(advantages.detach(), logprobs, "advantages")  # [N, T]
     check_token_tensors(
         logprobs=logprobs,
         old_logprobs=old_logprobs,
@@ -146,6 +176,7 @@ def _check_inputs(
     )
     if is_weight is not None and bool((is_weight[mask > 0] < 0).any()):
         raise ValueError("is_weight must be >= 0 at tokens inside the mask")
+    return agg, weights, norm_mask, advantages
 
 
 def clipped_surrogate(
@@ -191,15 +222,8 @@ def policy_loss(
     clip_ratio_c: float = 0.0,
     is_weight: Tensor | None = None,
 ) -> LossOutput:
-    """PPO-clip GRPO loss with token weights (arXiv:2402.03300; asymmetric clip, arXiv:2503.14476).
-
-    Per token, with r = exp(logprobs - old_logprobs), A' = A * advantage_weight, u = r * ratio_weight:
-        s_t = min(u A', clip(u, 1 - eps_low, 1 + eps_high) A')      (u A' when ppo_clip is False)
-        s_t = max(s_t, c A') where A' < 0                           (dual-clip, when clip_ratio_c = c > 0)
-        loss_t = w_t (-s_t * loss_weight + kl_cov_coef * |log r|) + beta * k3(logprobs, ref_logprobs)
-    then aggregated by ``AGGREGATIONS[aggregation]``. Weights are detached; ``loss_weight`` scales the
-    policy-gradient term only. |log r| counts as 0 below fp32 rounding (``ROUNDING``). w_t: the rollout
-    correction's importance weight (``_per_token_loss``).
+    """PPO-clip GRPO loss with token weights: loss_t of the module docstring per token, aggregated by
+    ``AGGREGATIONS[aggregation]`` (arXiv:2402.03300; asymmetric clip, arXiv:2503.14476).
 
     Args (tensors [N, T] unless noted; all but ``logprobs`` are detached):
         logprobs, old_logprobs: log pi_theta (carries the gradient) and log pi_old of the sampled tokens.
@@ -216,13 +240,7 @@ def policy_loss(
             ratio on a bad token cannot blow up the loss.
         is_weight: the rollout correction's weight (``rollout_correction.correction_weights``); None = 1.
     """
-    if clip_ratio_c != 0.0 and clip_ratio_c <= 1.0:
-        raise ValueError(f"clip_ratio_c must be 0 (off) or > 1, got {clip_ratio_c}")
-    agg = get_aggregation(aggregation)
-    weights = weights if weights is not None else TokenWeights()
-    norm_mask = mask if norm_mask is None else norm_mask
-    advantages = broadcast_tokens(advantages.detach(), logprobs, "advantages")  # [N, T]
-    _check_inputs(
+    agg, weights, norm_mask, advantages = _checked_inputs(
         logprobs,
         old_logprobs=old_logprobs,
         advantages=advantages,
@@ -232,6 +250,8 @@ def policy_loss(
         weights=weights,
         beta=beta,
         is_weight=is_weight,
+        aggregation=aggregation,
+        clip_ratio_c=clip_ratio_c,
     )
     valid, lp, log_ratio, adv = _on_mask(logprobs, old_logprobs, advantages, mask, weights)
     ratio = log_ratio.exp()  # [N, T]

@@ -14,7 +14,8 @@ One step (GRPO, arXiv 2402.03300, with DAPO's options, arXiv 2503.14476):
   3. update    for each phase the weighting rule declares (one, or Lopti's low-probability tokens then
                the rest, arXiv 2505.12929), each of num_iterations epochs and each of mini_batches row
                subsets: one AdamW update built from grad_accum micro-batches, after gradient clipping
-               (tokengrad.train.updates.GRPOUpdate, built here from the config)       -> time_update
+               (tokengrad.train.updates.GRPOUpdate, built from the config by
+               tokengrad.train.settings)                                              -> time_update
 Every pass goes through the tokengrad Recorder, which writes the run format (see tokengrad.schema).
 
 Under torchrun / accelerate launch (`torchrun --nproc_per_node 2 -m tokengrad.cli train CONFIG`) each process
@@ -38,16 +39,14 @@ from typing import Any, Mapping
 import torch
 from tqdm.auto import tqdm
 
-from tokengrad.objective.advantages import keep_groups
-from tokengrad.objective.weighting import check_rule, get_weighting, rule_meta, rule_params
-from tokengrad.record import Attribution, RunInfo
+from tokengrad.objective.weighting import check_rule
 from tokengrad.record import claim as run_claim
-from tokengrad.record.recorder import Recorder
 from tokengrad.train import batch as tb
 from tokengrad.train import correction
 from tokengrad.train import distributed as dist
 from tokengrad.train.checkpoint import checkpoint_after_step, checkpoint_path, resolve_run_dir, resume_state
 from tokengrad.train.config import TrainConfig, load_config, make_config
+from tokengrad.train.dead_steps import DeadSteps
 from tokengrad.train.doctoring import TrainerDoctor
 from tokengrad.train.models import load_model
 from tokengrad.train.policy import (
@@ -61,9 +60,10 @@ from tokengrad.train.rollout import (
     sampling_kwargs,
     score_completions,
 )
-from tokengrad.train.sampling import Gathered, gather_rollout, rollout_stats, sample_rows, scored
+from tokengrad.train.sampling import Gathered, gather_rollout, rollout_stats, sample_rows
+from tokengrad.train.settings import recorder_of, update_of, weighting_of
 from tokengrad.train.tasks import get_task
-from tokengrad.train.updates import GRPOUpdate, LossSettings, Policy, Schedule, Weighting
+from tokengrad.train.updates import Policy
 
 
 class Trainer:
@@ -101,26 +101,29 @@ class Trainer:
         self.temperature = logprob_temperature(cfg.temperature)
         self._load_policy(resume_state(cfg, self.run_dir) if cfg.resume else None)
         self._draw_problems()
-        self.updates = GRPOUpdate(
-            Policy(
-                model=self.model,
-                forward=self.policy,
-                opt=self.opt,
-                temperature=self.temperature,
-                autocast=self.autocast,
-                device=self.device,
-            ),
-            self.weighting,
-            loss_settings_of(cfg, self.max_len),
-            schedule_of(cfg),
-            correction=self.correction,
-            # log pi_old from the loss pass itself, without a scoring forward, where that is exact
-            reuse_old_logprobs=cfg.reuse_old_logprobs,
-            attribute_entropy=cfg.attribute_entropy,
+        policy = Policy(
+            model=self.model,
+            forward=self.policy,
+            opt=self.opt,
+            temperature=self.temperature,
+            autocast=self.autocast,
+            device=self.device,
+        )
+        self.updates = update_of(
+            cfg, policy, weighting=self.weighting, correction=self.correction, max_len=self.max_len
         )
         self.doctor = TrainerDoctor(cfg.doctor)
-        self.rec = self._make_recorder()
-        self.dead_steps = {"tied": 0, "other": 0}  # steps without a gradient, by cause
+        self.rec = recorder_of(
+            cfg,
+            self.run_dir,
+            model=self.model,
+            tokenizer=self.tok,
+            weighting=self.weighting,
+            temperature=self.temperature,
+            start_step=self.start_step,
+            doctor=self.doctor.options(),
+        )
+        self.dead_steps = DeadSteps()  # steps without a gradient, by cause
         return self
 
     def _load_policy(self, state: dict | None) -> None:
@@ -158,32 +161,6 @@ class Trainer:
         # Dr. GRPO divides by a constant: the most generated tokens a completion can hold.
         self.max_len = cfg.max_new_tokens * (cfg.max_turns if self.task.tool_stop else 1)
 
-    def _make_recorder(self) -> Recorder:
-        """The run's Recorder, with the config's buckets, attribution, budget, doctor and resume step."""
-        cfg = self.cfg
-        return Recorder(
-            self.run_dir,
-            model=self.model,
-            tokenizer=self.tok,
-            config=cfg.to_dict(),
-            info=RunInfo(
-                name=cfg.run_name or self.run_dir.name,
-                model_name=cfg.model,
-                weighting=rule_meta(cfg.weighting, self.weighting.params),
-                temperature=self.temperature,
-            ),
-            buckets=cfg.bucket_every,
-            attribution=Attribution(
-                every=cfg.attribute_every,
-                method=cfg.attribute_method,
-                entropy=cfg.attribute_entropy,
-                on_spike=cfg.attribute_on_spike,
-            ),
-            budget=cfg.token_budget or None,
-            resume_step=self.start_step if cfg.resume else None,  # no checkpoint yet: from step 0
-            doctor=self.doctor.options(),
-        )
-
     # ---- the loop ---------------------------------------------------------------------------------
     def train(self) -> Path:
         cfg = self.cfg
@@ -206,52 +183,45 @@ class Trainer:
                 bar.set_postfix(
                     reward=f"{logged['reward_mean']:.3f}", gnorm=f"{logged.get('grad_norm', math.nan):.3g}"
                 )
-                last = step == cfg.steps - 1
-                if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or last):
+                if self.evaluates_after(step):
                     self.evaluate(step)
-                every = cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0
-                if cfg.checkpoint and (last or every):
-                    # every rank's rows of steps <= step reach disk first; rank 0 writes it
-                    checkpoint_after_step(
-                        self.rec,
-                        self.run_dir,
-                        step,
-                        model=self.model,
-                        tokenizer=self.tok,
-                        optimizer=self.opt,
-                        config=cfg.to_dict(),
-                    )
+                if self.saves_after(step):
+                    self.save(step)
         if dist.is_main():
-            print(self.closing_line(), file=sys.stderr)
+            print(self.dead_steps.closing_line(cfg.steps - self.start_step, self.run_dir), file=sys.stderr)
         return self.run_dir
 
     def halt(self, last: int) -> None:
         """The doctor's clean stop after step `last`: a checkpoint (with checkpoint=true) and one line."""
         if self.cfg.checkpoint and last >= self.start_step:
-            checkpoint_after_step(
-                self.rec,
-                self.run_dir,
-                last,
-                model=self.model,
-                tokenizer=self.tok,
-                optimizer=self.opt,
-                config=self.cfg.to_dict(),
-            )
+            self.save(last)
         f = self.doctor.finding
         where = f"after step {last}" if f is None else f"after step {last}: {f.id}: {f.message}"
         if dist.is_main():
             print(f"tokengrad: the doctor stopped the run {where}", file=sys.stderr)
 
-    def closing_line(self) -> str:
-        """How many steps ran and how many had no gradient, and why."""
-        n = self.cfg.steps - self.start_step
-        tied, other = self.dead_steps["tied"], self.dead_steps["other"]
-        line = f"tokengrad: {n} steps, {tied + other} with zero gradient"
-        if tied:
-            line += f" ({tied} with tied rewards: every group scored alike, so every advantage is 0)"
-        if other:
-            line += f" ({other} with advantages but no gradient: every token clipped or weighted 0)"
-        return line + f"; run in {self.run_dir}"
+    def evaluates_after(self, step: int) -> bool:
+        """Held-out evaluation after every eval_every-th step and the last (eval_every = 0: none)."""
+        n, last = self.cfg.eval_every, step == self.cfg.steps - 1
+        return bool(n) and ((step + 1) % n == 0 or last)
+
+    def saves_after(self, step: int) -> bool:
+        """With checkpoint = true: after every checkpoint_every-th step (0: none) and the last."""
+        n, last = self.cfg.checkpoint_every, step == self.cfg.steps - 1
+        return self.cfg.checkpoint and (last or bool(n) and (step + 1) % n == 0)
+
+    def save(self, step: int) -> None:
+        """The checkpoint after `step`: every rank's rows of steps <= step reach disk first, then rank 0
+        writes it."""
+        checkpoint_after_step(
+            self.rec,
+            self.run_dir,
+            step,
+            model=self.model,
+            tokenizer=self.tok,
+            optimizer=self.opt,
+            config=self.cfg.to_dict(),
+        )
 
     def step(self, step: int) -> dict:
         """One rollout batch and its updates; returns the scalars logged to the steps table."""
@@ -291,8 +261,7 @@ class Trainer:
                 gen_rounds=g.n_rounds,
             )
             logged.update(rollout)  # the gap's metrics: none without a sampler log-prob (greedy, no rows)
-            if not logged.get("grad_norm"):  # 0, or no update at all
-                self.dead_steps["other" if keep_groups(scored(g.scores[..., 0])).any() else "tied"] += 1
+            self.dead_steps.count(logged, g.scores)
             st.log(**logged)
             st.samples(
                 **sample_rows(g, self.cfg.task, self.cfg.group_size),
@@ -376,28 +345,6 @@ class Trainer:
         B, pool = self.cfg.prompts_per_step, self.problems
         first = (step * self.rounds + round_) * B
         return [pool[(first + j) % len(pool)] for j in range(B)][self.share]
-
-
-# ---- the config as the update's settings (components never see the config) ------------------------
-def weighting_of(cfg: TrainConfig) -> Weighting:
-    """The rule and its parameters; a rule that takes the clip range gets the loss's own."""
-    shared = {k: getattr(cfg, k) for k in ("eps_low", "eps_high") if k in rule_params(cfg.weighting)}
-    return Weighting(get_weighting(cfg.weighting), {**shared, **cfg.weighting_params})
-
-
-def loss_settings_of(cfg: TrainConfig, max_len: int) -> LossSettings:
-    return LossSettings(
-        eps_low=cfg.eps_low,
-        eps_high=cfg.eps_high,
-        beta=cfg.beta,
-        aggregation=cfg.aggregation,
-        clip_ratio_c=cfg.clip_ratio_c,
-        max_len=max_len,
-    )
-
-
-def schedule_of(cfg: TrainConfig) -> Schedule:
-    return Schedule(cfg.num_iterations, cfg.mini_batches, cfg.grad_accum, cfg.grad_clip)
 
 
 def _frozen(model, device) -> torch.nn.Module:

@@ -7,7 +7,7 @@
 The step's updates follow the plan (the rule's phases > epochs > mini-batches, tokengrad.train.batch); each
 update is built from grad_accum loss passes (forward, weighting rule, the GRPO loss of
 tokengrad.objective.loss, backward; one `PassResult` each), all tracked by the step's recorder. The settings
-are plain values the trainer takes from its config (`trainer.py`); nothing here reads the config.
+are plain values taken from the trainer's config (`tokengrad.train.settings`); nothing here reads the config.
 
 log pi_old comes from the trainer's no-grad scoring pass, or, when the step is one on-policy update
 (`reuses_old_logprobs`), from the loss pass itself: there pi_theta is pi_old, so its detached log-probs are
