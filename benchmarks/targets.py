@@ -130,7 +130,7 @@ TARGETS = (
         "recorder",
         "recorded / plain step, SmolLM2-135M 8x256, `track(logits=)` / `logprobs_with_stats`",
         "<= 1.01 / <= 1.00",
-        ("bench_recorder.py", "--smollm", "--no-tiny", "--sections", "steps", "--steps", "3"),
+        ("bench_recorder.py", "--smollm", "--no-tiny", "--sections", "steps", "--steps", "5"),
         ("bench_recorder.py", "--smoke"),
         recorder_ratios("[smollm2] step time"),
         recorder_ratios("[tiny] step time"),  # --smoke has no SmolLM2 section
@@ -140,7 +140,7 @@ TARGETS = (
         "training thread blocked per step beyond the softmax statistics and torch's clip_grad_norm_, "
         "norm shared by `st.clip_grad_norm_` (SmolLM2 step)",
         "<= 5 ms",
-        ("bench_recorder.py", "--smollm", "--no-tiny", "--sections", "steps", "--steps", "3"),
+        ("bench_recorder.py", "--smollm", "--no-tiny", "--sections", "steps", "--steps", "5"),
         ("bench_recorder.py", "--smoke"),
         upto(BLOCKED, 5.0, " ms", "[smollm2] step time"),
         upto(BLOCKED, 5.0, " ms", "[tiny] step time"),

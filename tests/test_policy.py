@@ -78,3 +78,81 @@ def test_temperature_divides_the_fp32_logits():
     torch.testing.assert_close(out.stats.prob, want.exp())
     with pytest.raises(ValueError, match="temperature"):
         token_logprobs(forward, ids, attention_mask=ids, prompt_len=1, completion_ids=ids, temperature=0.0)
+
+
+def _grouped_rows(vocab: int, P: int = 7, T: int = 5):
+    """Six rows, two prompts of lengths 5 and 7 (left-padded to P) with three completions each of 3-5
+    tokens (right-padded to T): a GRPO batch of 2 groups of 3."""
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(1, vocab, (5,), generator=g), torch.randint(1, vocab, (7,), generator=g)]
+    ids = torch.zeros(6, P + T, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for i in range(6):
+        p, n = prompts[i // 3], 3 + i % 3
+        ids[i, P - len(p) : P], attn[i, P - len(p) : P] = p, 1
+        ids[i, P : P + n], attn[i, P : P + n] = torch.randint(1, vocab, (n,), generator=g), 1
+    return ids, attn, P
+
+
+def test_shared_prompts_finds_each_rows_prompt():
+    from tokengrad.train.policy import shared_prompts
+
+    ids, attn, P = _grouped_rows(64)
+    first, inverse = shared_prompts(ids, attn, P)
+    assert inverse.tolist() == [0, 0, 0, 1, 1, 1] and first.tolist() == [0, 3]
+    order = torch.tensor([3, 0, 4, 1, 5, 2])  # interleaved groups: the first row of each prompt
+    first, inverse = shared_prompts(ids[order], attn[order], P)
+    assert torch.equal(ids[order][first][inverse, :P], ids[order][:, :P])
+    assert first.tolist() == [1, 0] and inverse.tolist() == [1, 0, 1, 0, 1, 0]  # unique sorts the prompts
+    assert shared_prompts(ids[[0, 3]], attn[[0, 3]], P) is None  # every prompt its own
+    assert shared_prompts(ids, attn, 1) is None
+
+
+def _forward_and_grads(model, ids, attn, P):
+    model.zero_grad()
+    logits, hidden = policy_forward(model, ids, attn, P)  # [n, T, V], [n, T, D]
+    mask = attn[:, P:].float()
+    lp = torch.log_softmax(logits, -1).gather(-1, ids[:, P:, None])[..., 0]  # [n, T]
+    ((lp * mask).sum() + (hidden.pow(2).mean(-1) * mask).sum()).backward()
+    return logits.detach(), hidden.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("family", ["llama", *sorted(FAMILIES)])
+def test_shared_prompt_forward_is_the_whole_row_forward(family, monkeypatch):
+    """Each distinct prompt runs once and its keys/values serve its group: logits, hidden states and the
+    gradient of every parameter (through the prompt's shared activations) are those of whole rows."""
+    import tokengrad.train.policy as policy
+
+    if family == "llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMALL)).eval()
+    else:
+        model = _tiny(family)[0]
+    ids, attn, P = _grouped_rows(64)
+    calls = []
+    shared = policy._hidden_shared_prompt
+    monkeypatch.setattr(policy, "_hidden_shared_prompt", lambda *a, **k: calls.append(1) or shared(*a, **k))
+    got = _forward_and_grads(model, ids, attn, P)
+    assert calls == [1]  # the shared path ran
+    monkeypatch.setattr(policy, "shared_prompts", lambda *a: None)
+    want = _forward_and_grads(model, ids, attn, P)
+    mask = attn[:, P:].bool()
+    torch.testing.assert_close(got[0][mask], want[0][mask], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got[1][mask], want[1][mask], atol=1e-5, rtol=1e-5)
+    for name, g in want[2].items():
+        assert g.abs().max() > 0, name  # every parameter is reached, the prompt's too
+        torch.testing.assert_close(got[2][name], g, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_gradient_checkpointing_runs_whole_rows(monkeypatch):
+    import tokengrad.train.policy as policy
+
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMALL))
+    # transformers 5.25 renamed it activation_checkpointing_enable
+    (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+    model.train()
+    monkeypatch.setattr(
+        policy, "_hidden_shared_prompt", lambda *a, **k: pytest.fail("shared path under checkpointing")
+    )
+    ids, attn, P = _grouped_rows(64)
+    logits, _ = policy_forward(model, ids, attn, P)
+    assert logits.shape == (6, 5, 64)

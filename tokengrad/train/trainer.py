@@ -63,7 +63,7 @@ from tokengrad.train.rollout import (
 from tokengrad.train.sampling import Gathered, gather_rollout, rollout_stats, sample_rows
 from tokengrad.train.settings import recorder_of, update_of, weighting_of
 from tokengrad.train.tasks import get_task
-from tokengrad.train.updates import Policy
+from tokengrad.train.updates import Policy, adamw
 
 
 class Trainer:
@@ -141,7 +141,7 @@ class Trainer:
         if cfg.beta > 0:
             ref = load_model(cfg.model, seed=cfg.seed)[0] if state else copy.deepcopy(self.model)
         self.ref = _frozen(ref, self.device) if cfg.beta > 0 else None
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.opt = adamw(self.model, cfg.lr, cfg.weight_decay)
         self.start_step = 0
         if state:
             self.opt.load_state_dict(state["optimizer"])

@@ -124,6 +124,17 @@ def reuses_old_logprobs(wanted: bool, schedule: Schedule, weighting: Weighting, 
     )
 
 
+def adamw(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW (arXiv 1711.05101) over the model's parameters, fused where torch has the kernel for all of
+    them: one kernel over every tensor instead of a Python loop of small ops per parameter (on CPU the
+    loop is what torch picks by default). TRL's default optimizer (`adamw_torch_fused`) is the same."""
+    params = list(model.parameters())
+    try:
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)
+    except RuntimeError:  # a device or dtype without the fused kernel: torch's default implementation
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+
+
 def applied_updates(opt: torch.optim.Optimizer) -> int:
     """The version of the weights: how many optimizer updates have been applied, read from the optimizer's
     own step count (AdamW keeps one per parameter), so a resumed run continues it from its checkpoint.
