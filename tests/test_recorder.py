@@ -286,3 +286,53 @@ def test_flat_keywords_of_earlier_releases_are_refused_with_their_grouped_form(t
     with pytest.raises(TypeError, match=r"unexpected keyword\(s\) \['bucket_evry'\]"):
         Recorder(tmp_path / "r", bucket_evry=10)
     assert not (tmp_path / "r").exists()
+
+
+def _scaled_step(path, model, batch, scale):
+    """One bucket step of the PPO loss through a GradScaler of `scale` (None: no scaler), unscaled before
+    the clip as torch's AMP recipe says; returns the run."""
+    ids, mask, adv = batch
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=scale or 1.0, enabled=scale is not None)
+    with (
+        Recorder(path, model=model, buckets=Buckets(every=1, edges=(0.0, 0.5, 1.0))) as rec,
+        rec.step(0) as st,
+    ):
+        _, lp, _, tgt = forward_logprobs(model, ids)
+        old, ref = _off_policy(lp)
+        st.track(lp, token_ids=tgt, mask=mask, old_logprobs=old, advantages=adv)
+        loss = ppo_kl_loss(lp, old, ref, adv, mask)
+        if scale is None:
+            st.backward(loss)
+        else:
+            st.backward(scaler.scale(loss), loss_scale=scaler.get_scale())
+            scaler.unscale_(opt)
+        st.clip_grad_norm_(1e9)
+        scaler.step(opt)
+    model.zero_grad()
+    return load_run(path)
+
+
+def test_a_scaled_loss_records_the_unscaled_coef_norms_and_buckets(tmp_path, tiny_model, batch):
+    """st.backward(scaler.scale(loss), loss_scale=...) under a GradScaler of 2^16: coef, the gradient
+    norms and the bucket norms equal the unscaled run's (a power-of-two scale divides out exactly); the
+    scale is logged as steps.loss_scale."""
+    plain = _scaled_step(tmp_path / "plain", tiny_model, batch, None)
+    scaled = _scaled_step(tmp_path / "scaled", tiny_model, batch, 2.0**16)
+    assert scaled.steps.loss_scale.tolist() == [2.0**16] and plain.steps.loss_scale.isna().all()
+    a, b = plain.tokens(), scaled.tokens()
+    assert a.coef.abs().max() > 0
+    torch.testing.assert_close(
+        torch.tensor(b.coef.to_numpy()), torch.tensor(a.coef.to_numpy()), rtol=1e-6, atol=0
+    )
+    assert scaled.steps.grad_norm.tolist() == pytest.approx(plain.steps.grad_norm.tolist(), rel=1e-6)
+    assert scaled.buckets.grad_norm.tolist() == pytest.approx(
+        plain.buckets.grad_norm.tolist(), rel=1e-5, abs=1e-9
+    )
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("inf"), float("nan"), "2"])
+def test_a_bad_loss_scale_is_refused_by_name(tmp_path, tiny_model, bad):
+    with Recorder(tmp_path / "r", model=tiny_model) as rec, rec.step(0) as st:
+        with pytest.raises(ValueError, match="loss_scale must be a finite number > 0"):
+            st.backward(torch.zeros((), requires_grad=True), loss_scale=bad)

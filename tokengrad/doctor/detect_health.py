@@ -92,25 +92,38 @@ def _nonfinite_steps(view: RunView, col: str) -> set[int]:
 
 @detector("nonfinite", tables=("steps",))
 def nonfinite(view: RunView) -> list[Finding]:
-    """A NaN or inf in the loss, the gradient norm or the recorded token tensors (critical)."""
+    """A NaN or inf in the loss, the gradient norm or the recorded token tensors (critical). Under fp16
+    gradient scaling an overflowing update is skipped by the scaler, which lowers its scale and goes on:
+    those steps (non-finite gradient norm, finite loss, `loss_scale` recorded) are told apart, info while
+    the run recovers and critical when the scaler skips every recent update."""
     df = view.steps
     if df.empty:
         raise NotChecked("the run has no committed steps")
     if not {STEP.loss, STEP.grad_norm, STEP.n_nonfinite} & set(df.columns):
         raise NotChecked("the run records no loss, grad_norm or n_nonfinite")
-    bad: set[int] = set()
-    parts = {}
-    for col in (STEP.loss, STEP.grad_norm):
-        if col in df.columns:
-            hit = _nonfinite_steps(view, col)
-            parts[col] = len(hit)
-            bad |= hit
+    hits = {col: _nonfinite_steps(view, col) for col in (STEP.loss, STEP.grad_norm) if col in df.columns}
+    skipped = _scaler_skipped(df, hits)
+    bad = set().union(*hits.values()) - skipped
+    parts = {col: len(hit - skipped) for col, hit in hits.items()}
     if STEP.n_nonfinite in df.columns:
         hit = df[STEP.n_nonfinite].fillna(0).to_numpy(dtype=float) > 0
         parts["n_nonfinite_steps"] = int(hit.sum())
         bad |= set(df[STEP.step].to_numpy()[hit].astype(int).tolist())
-    if not bad:
-        return []
+    if bad:
+        return [_nonfinite_finding(bad, {**parts, "scaler_skipped": len(skipped)})]
+    return [_scaler_finding(df, skipped)] if skipped else []
+
+
+def _scaler_skipped(df, hits: dict[str, set[int]]) -> set[int]:
+    """Steps an fp16 gradient scaler skipped: a loss scale recorded, the gradient norm non-finite, the loss
+    finite (a non-finite loss is the model's, at any scale)."""
+    if STEP.loss_scale not in df.columns or STEP.grad_norm not in hits:
+        return set()
+    scaled = set(df.loc[df[STEP.loss_scale].notna(), STEP.step].astype(int).tolist())
+    return (hits[STEP.grad_norm] & scaled) - hits.get(STEP.loss, set())
+
+
+def _nonfinite_finding(bad: set[int], parts: dict) -> Finding:
     steps = np.array(sorted(bad), dtype=int)
     msg = f"non-finite values at {steps.size} step(s) from step {steps[0]}: " + ", ".join(
         f"{k} {v}" for k, v in parts.items() if v
@@ -122,18 +135,57 @@ def nonfinite(view: RunView) -> list[Finding]:
         ),
         Action("record with Output(on_error='raise') to stop at the first bad step", "docs/api.md"),
     )
-    return [
-        Finding(
-            id="nonfinite",
-            severity="critical",
-            confidence=1.0,
-            first_step=steps[0],
-            last_step=steps[-1],
-            message=msg,
-            evidence=evidence,
-            actions=actions,
-        )
-    ]
+    return Finding(
+        id="nonfinite",
+        severity="critical",
+        confidence=1.0,
+        first_step=steps[0],
+        last_step=steps[-1],
+        message=msg,
+        evidence=evidence,
+        actions=actions,
+    )
+
+
+SCALER_STUCK = 5  # this many last steps all skipped: the gradient overflows at every scale the scaler tries
+
+
+def _scaler_finding(df, skipped: set[int]) -> Finding:
+    steps = np.array(sorted(skipped), dtype=int)
+    last = df[STEP.step].astype(int).sort_values().to_numpy()[-SCALER_STUCK:]
+    stuck = len(last) == SCALER_STUCK and set(last.tolist()) <= skipped
+    lowest = float(df.loc[df[STEP.step].isin(steps), STEP.loss_scale].min())
+    msg = (
+        f"the fp16 gradient scaler skipped {steps.size} of {len(df)} step(s) for a non-finite gradient "
+        f"(from step {steps[0]}, loss scale down to {lowest:g})"
+    )
+    msg += (
+        f": the last {SCALER_STUCK} steps all skipped, no update is being applied"
+        if stuck
+        else "; it lowers its scale and goes on"
+    )
+    action = (
+        "train in bf16, or find the NaN in the forward (log of p = 0 tokens)"
+        if stuck
+        else "nothing: early overflows while the scaler calibrates are expected"
+    )
+    return Finding(
+        id="nonfinite",
+        severity="critical" if stuck else "info",
+        confidence=1.0,
+        first_step=steps[0],
+        last_step=steps[-1],
+        message=msg,
+        evidence={
+            "statistic": "steps skipped by the gradient scaler",
+            "values": {
+                "scaler_skipped": int(steps.size),
+                "steps": steps[:20].tolist(),
+                "loss_scale_min": lowest,
+            },
+        },
+        actions=(Action(action, "docs/api.md"),),
+    )
 
 
 def _growth(name, steps, x, *, ratio, what, unit, actions, transform=None) -> list[Finding]:

@@ -61,6 +61,8 @@ class StepRecorder:
         ] = {}  # update -> torch's total norm, from the same read
         self._t0 = time.perf_counter()
         self._t_record = 0.0
+        # the factor the next backward's loss carries (fp16 gradient scaling): the coef hook divides by it
+        self.loss_scale = 1.0
 
     def _new_attribution(self) -> StepAttribution:
         a = self.rec.attribution
@@ -144,20 +146,36 @@ class StepRecorder:
             update_id=int(update_id),
             recompute=recompute if wanted else None,
         )
-        p.watch_coef(paused=lambda: self.buckets.in_backward)  # bucket passes feed coef back in
+        # bucket passes feed coef back in; a scaled loss's coef is recorded unscaled
+        p.watch_coef(paused=lambda: self.buckets.in_backward, loss_scale=lambda: self.loss_scale)
         self._passes.append(p)
         self._t_record += time.perf_counter() - t
         return logprobs
 
     # ---- backward and gradients --------------------------------------------------------------------
-    def backward(self, loss: torch.Tensor, **kwargs) -> None:
-        """loss.backward(); on bucket steps keeps the graph for the bucket passes, then frees it."""
+    def backward(self, loss: torch.Tensor, loss_scale: float | None = None, **kwargs) -> None:
+        """loss.backward(); on bucket steps keeps the graph for the bucket passes, then frees it.
+        `loss_scale`: the factor `loss` carries, under an fp16 gradient scaler
+        `st.backward(scaler.scale(loss), loss_scale=scaler.get_scale())`; coef is recorded divided by it
+        and the step logs it (steps.loss_scale). Unscale the gradients (`scaler.unscale_(opt)`) before
+        `st.clip_grad_norm_`, as for any clip."""
+        if loss_scale is not None:
+            self.set_loss_scale(loss_scale)
         if not self.is_bucket_step:
             loss.backward(**kwargs)
             return
         self.before_bucket_backward()
         loss.backward(retain_graph=True, **kwargs)
         self.analyze_buckets(loss)
+
+    def set_loss_scale(self, loss_scale: float) -> None:
+        """The fp16 gradient scaler's scale the next backward's loss carries: coef is recorded divided by
+        it, and the step logs it (steps.loss_scale), so that an update the scaler skips for overflow is
+        not read as a non-finite model."""
+        if not (isinstance(loss_scale, (int, float)) and math.isfinite(loss_scale) and loss_scale > 0):
+            raise ValueError(f"loss_scale must be a finite number > 0, got {loss_scale!r}")
+        self.loss_scale = float(loss_scale)
+        self._scalars["loss_scale"] = self.loss_scale
 
     def before_bucket_backward(self) -> None:
         """Before the backward that analyze_buckets(loss) follows: whether an update begins from empty

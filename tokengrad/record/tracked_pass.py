@@ -37,11 +37,12 @@ class TrackedPass:
     policy_versions: torch.Tensor | None = None  # [N] float64, NaN: unknown (tokens.policy_version)
     trainer_version: int | None = None  # tokens.trainer_version of every row
 
-    def watch_coef(self, paused: Callable[[], bool]) -> None:
+    def watch_coef(self, paused: Callable[[], bool], loss_scale: Callable[[], float] = lambda: 1.0) -> None:
         """Register the autograd hook on `logprobs` that reads coef = dL/d log pi per token in each backward
         (summed over backwards, times `scale` where given, which the hook also applies to the gradient).
         `paused()`: a backward whose gradient is not the loss's is running (the bucket passes feed coef
-        back in), which the hook leaves alone."""
+        back in), which the hook leaves alone. `loss_scale()`: the factor the backward's loss carries (an
+        fp16 gradient scaler's), which the recorded coef is divided by (the gradient keeps it)."""
         if not self.logprobs.requires_grad:
             warnings.warn(  # stacklevel 3: the caller of st.track
                 "tokengrad: tracked logprobs do not require grad; coef will be missing",
@@ -54,7 +55,9 @@ class TrackedPass:
             if paused():
                 return None
             g = grad if self.scale is None else grad * self.scale  # [N, T]
-            c = g.detach()
+            c, divisor = g.detach(), loss_scale()
+            if divisor != 1.0:  # a power of two from a gradient scaler: the division is exact
+                c = c / divisor
             self.coef = c.clone() if self.coef is None else self.coef + c
             return None if self.scale is None else g
 

@@ -39,7 +39,7 @@ from tokengrad.schema.columns import (  # noqa: E402, F401
     Column,
 )
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 # Version history: 2 added tokens.update_share / dlogprob_pred / dlogprob / selected_by, steps.n_token_rows
 # and the prob_bins and vocab tables (attribution and budgeted recording); 3 added tokens.rollout_logprob,
 # steps.rollout_mismatch / groups_generated / groups_kept / gen_rounds / ds_grad_norm and meta temperature
@@ -52,7 +52,9 @@ SCHEMA_VERSION = 6
 # mask reason rs_mask (verl's rejection sampling, tokengrad.integrations.verl.rollout), and steps.spike_z /
 # grad_norm_without_top1 / top5 / top20 (the replay of a gradient spike, Attribution(on_spike=True)); 6
 # added tokens.policy_version / trainer_version (which weights sampled a sequence and which scored the
-# row: the staleness of an off-policy token apart from the engine's mismatch, tokengrad.read.rollout_queries).
+# row: the staleness of an off-policy token apart from the engine's mismatch, tokengrad.read.rollout_queries);
+# 7 added steps.loss_scale (fp16 gradient scaling: coef and norms are recorded unscaled, and an update the
+# scaler skipped for overflow is told apart from a non-finite loss).
 
 META_FILE = "meta.json"
 RANKS_DIR = "ranks"

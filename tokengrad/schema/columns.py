@@ -241,6 +241,12 @@ STEPS = [
     _c("weight_max", pa.float64(), "max token weight"),
     _c("lr", pa.float64(), "learning rate"),
     _c("ds_grad_norm", pa.float64(), "DeepSpeed's own global gradient norm (engine.get_global_grad_norm)"),
+    _c(
+        "loss_scale",
+        pa.float64(),
+        "the fp16 gradient scaler's scale the step's backward used (null: no scaler); an update whose "
+        "gradient overflowed at it is skipped by the scaler, which then lowers the scale",
+    ),
     _c("n_tokens", pa.int64(), "loss tokens recorded in the step"),
     _c("n_nonfinite", pa.int64(), "NaN/inf values met in the recorded token tensors"),
     _c("n_token_rows", pa.int64(), "token rows written for the step (fewer than recorded under a budget)"),

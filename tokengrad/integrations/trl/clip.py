@@ -2,9 +2,11 @@
 
 TRL clips through `accelerator.clip_grad_norm_` once per optimizer update; the hook reads the total and
 per-block norms there, before clipping changes `.grad` (TRL's logged `grad_norm` is the same number).
-Where accelerate's clip is torch's clip alone (one process or DDP, no gradient scaler, the model's own
-parameters, L2), it clips with the norm just read instead of reading `.grad` a second time, leaving the
-gradients bitwise as torch's clip does (`StepRecorder.clip_recorded_`). A trainer that clips some other
+Where accelerate's clip is torch's clip alone (one process or DDP, the model's own parameters, L2), it
+clips with the norm just read instead of reading `.grad` a second time, leaving the gradients bitwise as
+torch's clip does (`StepRecorder.clip_recorded_`). Under fp16 with a gradient scaler accelerate unscales
+first; the hook unscales, then reads, so the norms are the true ones (and coef is read unscaled:
+`loss_scale`, recording.py). A trainer that clips some other
 way gets its norms at `on_pre_optimizer_step`, after clipping, with a warning. Under DeepSpeed the norms
 come through DeepSpeed's API instead (deepspeed.py); both readers share the recording's `_norms_done`.
 """
@@ -40,10 +42,16 @@ class ClipNorms:
         """Norms before clipping; where accelerate would only call torch's clip, clip with the norm just
         read instead of reading .grad again (bitwise torch's: StepRecorder.clip_recorded_)."""
         rec = self.recording
+        accelerator = rec.trainer.accelerator
         parameters = list(parameters)
         fresh = rec.step is not None and not rec._norms_done
+        plain = not k and plain_clip(accelerator, rec.recorder.model, parameters, norm_type)
+        if fresh and plain and getattr(accelerator, "scaler", None) is not None:
+            accelerator.unscale_gradients()  # what accelerate's clip does first: the norms are unscaled
+            self.record()
+            return rec.step.clip_recorded_(max_norm, rec.update_id)
         self.record()  # before clipping changes .grad
-        if fresh and not k and plain_clip(rec.trainer.accelerator, rec.recorder.model, parameters, norm_type):
+        if fresh and plain:
             return rec.step.clip_recorded_(max_norm, rec.update_id)
         return orig(parameters, max_norm, norm_type, **k)
 
@@ -68,14 +76,21 @@ class ClipNorms:
             self.record()
 
 
+def loss_scale(accelerator) -> float | None:
+    """The factor accelerate's backward multiplies the loss by: an fp16 gradient scaler's scale, or None
+    (no scaler)."""
+    scaler = getattr(accelerator, "scaler", None)
+    return float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else None
+
+
 def plain_clip(accelerator, model, parameters: list, norm_type) -> bool:
     """accelerate's clip_grad_norm_ is unscale_gradients() then torch's clip for this accelerator and
-    these parameters: not FSDP, DeepSpeed or XLA, no gradient scaler, the model's own parameters."""
+    these parameters: not FSDP, DeepSpeed or XLA, the model's own parameters (with a gradient scaler the
+    caller unscales first, as accelerate would)."""
     kind = str(getattr(accelerator, "distributed_type", "")).rsplit(".", 1)[-1]
     return (
         float(norm_type) == 2.0
         and kind in PLAIN_CLIP
-        and getattr(accelerator, "scaler", None) is None
         and model is not None
         and len(parameters) == len(own := list(model.parameters()))
         and all(a is b for a, b in zip(parameters, own))

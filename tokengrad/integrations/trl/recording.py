@@ -15,7 +15,7 @@ import torch
 from transformers import TrainerCallback
 
 from tokengrad.integrations.trl import rollout
-from tokengrad.integrations.trl.clip import ClipNorms
+from tokengrad.integrations.trl.clip import ClipNorms, loss_scale
 from tokengrad.integrations.trl.deepspeed import DeepSpeedNorms, deepspeed_setup
 from tokengrad.integrations.trl.fused import FusedCapture, fused_token_stats
 from tokengrad.integrations.trl.logs import SUMMARY_KEYS, StepLogs, column
@@ -295,6 +295,9 @@ class TRLRecording:
     # -- backward, gradient norms, optimizer updates -------------------------------------------------
     def _backward(self, orig, loss, **kwargs):
         st = self.step
+        scale = loss_scale(self.trainer.accelerator)
+        if st is not None and scale is not None:  # fp16: accelerate backpropagates scaler.scale(loss)
+            st.set_loss_scale(scale)  # coef is read unscaled
         if st is None or not st.is_bucket_step:
             return orig(loss, **kwargs)
         kwargs.setdefault("retain_graph", True)  # the bucket passes run on the same graph
