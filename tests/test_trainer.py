@@ -195,6 +195,37 @@ def test_packed_left_padded_logprobs_match_each_sequence_alone():
             assert r.mask[i].sum() == len(c)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_a_groups_shared_prompt_is_prefilled_once(monkeypatch, temperature):
+    """G samples of a prompt start from one prefill of it (its keys and values repeated for the group):
+    the same tokens and sampler log-probs as G separate prefills, greedy and sampled with one seed."""
+    import tokengrad.train.rollout as ro
+
+    model, tok = load_model("tiny", seed=0)
+    prompts = ["a", "a much longer prompt than the first"]
+    shared, ran = ro._shared_prefill, []
+    monkeypatch.setattr(ro, "_shared_prefill", lambda *a: ran.append(len(shared(*a))) or shared(*a))
+
+    def completions():
+        torch.manual_seed(1)
+        return generate_completions(
+            model, tok, prompts, n_samples=3, max_new_tokens=8, sampling=sampling_kwargs(temperature, 1.0)
+        )
+
+    got = completions()
+    assert ran == [1]  # one cache handed to generate()
+    monkeypatch.setattr(ro, "_shared_prefill", lambda *a: {})
+    want = completions()
+    assert got.completion_ids == want.completion_ids
+    torch.testing.assert_close(
+        torch.tensor(got.rollout_logprobs),
+        torch.tensor(want.rollout_logprobs),
+        equal_nan=True,
+        atol=1e-6,
+        rtol=0,
+    )
+
+
 def test_sampling_ignores_the_checkpoints_generation_defaults():
     model, tok = load_model("tiny", seed=0)
     greedy = generate_completions(

@@ -117,6 +117,12 @@ def shared_prompts(
     return first, inverse
 
 
+def cache_keyword(module) -> str:
+    """The keyword a model's forward takes its key/value cache by: transformers 5.25 renamed
+    past_key_values to cache (the old name goes in 5.40)."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+
+
 def _hidden_shared_prompt(
     body, input_ids, attention_mask, *, position_ids, prompt_len: int, shared
 ) -> Tensor | None:
@@ -127,8 +133,7 @@ def _hidden_shared_prompt(
     when the body returns no cache that can be repeated (the caller then runs whole rows)."""
     first, inverse = shared
     P = prompt_len
-    # transformers 5.25 renamed past_key_values to cache (the old name goes in 5.40)
-    name = "cache" if "cache" in inspect.signature(body.forward).parameters else "past_key_values"
+    name = cache_keyword(body)
     head = body(
         input_ids=input_ids[first, :P],
         attention_mask=attention_mask[first, :P],
