@@ -210,10 +210,12 @@ def run_trl_buckets(a: argparse.Namespace, out: Path, kept: bool = False) -> tup
     step 0) hold an analysed one (2) and one without (1); returns the timer and the analysed steps.
     `kept`: attach(bucket_activations=True), the bucket step's forward without gradient checkpointing."""
     from tokengrad.integrations.trl import attach
+    from tokengrad.record import Buckets
 
     name = "trl_buckets_kept" if kept else "trl_buckets"
     trainer, timer = trl_trainer(a, out, name, spread=True, steps=max(a.steps, 3))
-    attach(trainer, out / name / "run", buckets=BUCKET_EVERY, bucket_activations=kept)
+    buckets = Buckets(every=BUCKET_EVERY, edges=tuple(a.edges)) if a.edges else BUCKET_EVERY
+    attach(trainer, out / name / "run", buckets=buckets, bucket_activations=kept)
     trainer.train()
     return timer, {int(s) for s in load_run(out / name / "run").buckets.step}
 
@@ -256,6 +258,17 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also time attach(buckets=2, bucket_activations=True): bucket steps without checkpointing",
     )
+    ap.add_argument(
+        "--edges",
+        type=float,
+        nargs="+",
+        help="bucket edges of the bucket runs (default 0 .25 .5 .75 1: 4 buckets, 3 passes)",
+    )
+    ap.add_argument(
+        "--buckets-only",
+        action="store_true",
+        help="time only the bucket runs (trl+buckets, and trl+kept with --bucket-activations)",
+    )
     ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     a = ap.parse_args(argv)
     if a.smoke:
@@ -266,15 +279,17 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(a.threads)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
-        timers = {"ours": None, "trl": None, "trl+recorder": None}
-        timers["ours"], phases = run_ours(a, out)
-        timers["trl"] = run_trl(a, out, attached=False)
-        timers["trl+recorder"] = run_trl(a, out, attached=True)
+        timers, phases = {}, {}
+        if not a.buckets_only:
+            timers["ours"], phases = run_ours(a, out)
+            timers["trl"] = run_trl(a, out, attached=False)
+            timers["trl+recorder"] = run_trl(a, out, attached=True)
         bucket_timer, analysed = run_trl_buckets(a, out)
         kept = run_trl_buckets(a, out, kept=True) if a.bucket_activations else None
     print(
         f"model {a.model}, task {TASK} {TASK_PARAMS}, B={a.prompts} G={a.group} "
-        f"max_new_tokens={a.max_new_tokens}, {a.steps - 1} timed steps each, torch threads {a.threads}"
+        f"max_new_tokens={a.max_new_tokens}, {a.steps - 1} timed steps each, torch threads {a.threads}, "
+        f"bucket edges {tuple(a.edges) if a.edges else 'default (0, .25, .5, .75, 1)'}"
     )
     med = {}
     for name, timer in timers.items():
@@ -284,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
             f"  {name:13s} median step: wall {med[name][0]:7.2f} s, cpu {med[name][1]:7.2f} s   "
             f"(cpu per step: {', '.join(f'{x:.2f}' for x in cpu)})"
         )
-    for num, den in (("ours", "trl"), ("trl+recorder", "trl")):
+    for num, den in (("ours", "trl"), ("trl+recorder", "trl")) if timers else ():
         target = f"   (target cpu <= {TARGET_OURS_TRL})" if num == "ours" else ""
         print(
             f"  ratio {num} / {den}:  cpu {med[num][1] / med[den][1]:.2f}   "
@@ -293,9 +308,11 @@ def main(argv: list[str] | None = None) -> int:
     report_bucket_step(bucket_timer, analysed)
     if kept is not None:
         report_bucket_step(*kept, kept=True)
-    print(
-        "  ours, median wall seconds per phase: " + ", ".join(f"{k[5:]} {v:.2f}" for k, v in phases.items())
-    )
+    if phases:
+        print(
+            "  ours, median wall seconds per phase: "
+            + ", ".join(f"{k[5:]} {v:.2f}" for k, v in phases.items())
+        )
     return 0
 
 
