@@ -41,9 +41,15 @@ def _run(tmp_path, name, init_scale, **overrides):
     return load_run(tmp_path / name / "run"), logged
 
 
-def test_coef_and_norms_are_recorded_unscaled(tmp_path):
+@pytest.mark.parametrize("own_clip", [True, False], ids=["shared-clip", "accelerates-clip"])
+def test_coef_and_norms_are_recorded_unscaled(tmp_path, monkeypatch, own_clip):
     """The same run at loss scale 1 and 2^12: coef, the gradient norms and the bucket norms agree (fp16
-    rounding apart), not by a factor 4096; the recorded norm is TRL's logged grad_norm."""
+    rounding apart), not by a factor 4096; the recorded norm is TRL's logged grad_norm. Also where
+    accelerate's own clip runs (FSDP, say): it does not unscale the gradients a second time."""
+    if not own_clip:
+        from tokengrad.integrations.trl import clip
+
+        monkeypatch.setattr(clip, "plain_clip", lambda *a: False)
     one, logged_one = _run(tmp_path, "one", 1.0)
     big, logged_big = _run(tmp_path, "big", 2.0**12)
     assert big.steps.loss_scale.tolist() == [2.0**12] * 2 and one.steps.loss_scale.tolist() == [1.0] * 2

@@ -40,19 +40,21 @@ class ClipNorms:
 
     def _clip_grad_norm(self, orig, parameters, max_norm, norm_type=2, **k):
         """Norms before clipping; where accelerate would only call torch's clip, clip with the norm just
-        read instead of reading .grad again (bitwise torch's: StepRecorder.clip_recorded_)."""
+        read instead of reading .grad again (bitwise torch's: StepRecorder.clip_recorded_). With an fp16
+        gradient scaler the gradients are unscaled first, as accelerate's clip does, so the norms read
+        are the true ones; accelerate's own clip then runs without unscaling a second time."""
         rec = self.recording
         accelerator = rec.trainer.accelerator
         parameters = list(parameters)
         fresh = rec.step is not None and not rec._norms_done
-        plain = not k and plain_clip(accelerator, rec.recorder.model, parameters, norm_type)
-        if fresh and plain and getattr(accelerator, "scaler", None) is not None:
-            accelerator.unscale_gradients()  # what accelerate's clip does first: the norms are unscaled
-            self.record()
-            return rec.step.clip_recorded_(max_norm, rec.update_id)
+        scaled = fresh and loss_scale(accelerator) is not None
+        if scaled:
+            accelerator.unscale_gradients()
         self.record()  # before clipping changes .grad
-        if fresh and plain:
+        if fresh and not k and plain_clip(accelerator, rec.recorder.model, parameters, norm_type):
             return rec.step.clip_recorded_(max_norm, rec.update_id)
+        if scaled:
+            return _without_unscaling(accelerator, lambda: orig(parameters, max_norm, norm_type, **k))
         return orig(parameters, max_norm, norm_type, **k)
 
     def record(self) -> None:
@@ -74,6 +76,16 @@ class ClipNorms:
                 stacklevel=2,  # the trainer callback's on_pre_optimizer_step
             )
             self.record()
+
+
+def _without_unscaling(accelerator, clip):
+    """Run accelerate's clip with its first step, unscale_gradients(), already done (a second unscale_ of
+    the same gradients is an error in torch's GradScaler)."""
+    accelerator.unscale_gradients = lambda *a, **k: None  # an instance attribute over the method
+    try:
+        return clip()
+    finally:
+        del accelerator.unscale_gradients
 
 
 def loss_scale(accelerator) -> float | None:
