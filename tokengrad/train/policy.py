@@ -117,10 +117,13 @@ def shared_prompts(
     return first, inverse
 
 
-def cache_keyword(module) -> str:
-    """The keyword a model's forward takes its key/value cache by: transformers 5.25 renamed
-    past_key_values to cache (the old name goes in 5.40)."""
-    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+def cache_keyword(module) -> str | None:
+    """The keyword a model's forward takes its key/value cache by (transformers 5.25 renamed
+    past_key_values to cache; the old name goes in 5.40), or None when it takes none."""
+    params = inspect.signature(module.forward).parameters
+    if "use_cache" not in params:
+        return None
+    return next((name for name in ("cache", "past_key_values") if name in params), None)
 
 
 def _hidden_shared_prompt(
@@ -130,10 +133,12 @@ def _hidden_shared_prompt(
     and values (with their graph) are repeated for the rows that share it, then the completions run on
     them. The same function as one pass over whole rows (causal attention: a prompt position never sees
     the completion), with the prompt's share of forward and backward divided by the group size. None
-    when the body returns no cache that can be repeated (the caller then runs whole rows)."""
+    when the body takes or returns no cache that can be repeated (the caller then runs whole rows)."""
     first, inverse = shared
     P = prompt_len
     name = cache_keyword(body)
+    if name is None:  # a body without a key/value cache: the caller runs whole rows
+        return None
     head = body(
         input_ids=input_ids[first, :P],
         attention_mask=attention_mask[first, :P],

@@ -174,10 +174,11 @@ def _shared_prefill(model, ids: Tensor, attn: Tensor) -> dict:
     cache is repeated for its rows, so generate() starts from the last token (the same function: a
     position's keys and values depend only on the tokens up to it). {} when every context is its own."""
     shared = shared_prompts(ids, attn, ids.shape[1])
-    if shared is None:
+    body = model.get_decoder()
+    name = cache_keyword(body)
+    if shared is None or name is None:
         return {}
     first, inverse = shared
-    body = model.get_decoder()
     position_ids = (attn.cumsum(-1) - 1).clamp(min=0)  # [n, L] as policy_forward and generate() number them
     out = body(
         input_ids=ids[first, :-1],
@@ -185,7 +186,6 @@ def _shared_prefill(model, ids: Tensor, attn: Tensor) -> dict:
         position_ids=position_ids[first, :-1],
         use_cache=True,
     )
-    name = cache_keyword(body)
     cache = getattr(out, name, None)
     if not hasattr(cache, "batch_select_indices"):
         return {}
