@@ -77,6 +77,7 @@ ADDED_IN = {
         "grad_norm_without_top20",
     },
     6: {"policy_version", "trainer_version"},
+    7: {"loss_scale"},
 }
 TABLES_ADDED_IN = {"prob_bins": 2, "vocab": 2}  # tables an older run has no files of
 
