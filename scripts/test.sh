@@ -17,12 +17,9 @@ mkdir -p artifacts
 ruff check .
 ruff format --check .
 stage ruff
-# Two workers (pytest-xdist), each test file whole in one worker and in its own order (loadfile): module
-# fixtures (the dashboard server, the browser) are started once per file, as in one process.
-XDIST=(-n 2 --dist loadfile)
-python -m pytest -q -p no:cacheprovider "${XDIST[@]}" "$@"
+python -m pytest -q -p no:cacheprovider "$@"
 stage "default tier"
-python -m pytest -q -p no:cacheprovider "${XDIST[@]}" -m "slow or torchrun or browser or subprocess" \
+python -m pytest -q -p no:cacheprovider -m "slow or torchrun or browser or subprocess" \
   --ignore=tests/test_trl_deepspeed.py "$@" \
   || { rc=$?; [ "$rc" = 5 ] && echo "no tests in the second tier" || exit "$rc"; }
 stage "second tier"
