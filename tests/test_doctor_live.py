@@ -3,6 +3,8 @@ Doctor(halt=True) stops a plain loop at the next step boundary with DoctorHalt."
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -158,8 +160,11 @@ def test_builtin_trainer_stops_cleanly_with_a_checkpoint(tmp_path, capsys, criti
     state = load_trainer_state(run)
     assert state["step"] == steps[-1] and state["data_step"] == steps[-1]  # of the last finished step
     err = capsys.readouterr().err
-    assert f"the doctor stopped the run after step {steps[-1]}: test_critical" in err
-    assert "tokengrad doctor: critical test_critical" in err
+    # the tiny run also truncates every completion: which critical finding the live diagnosis reaches
+    # first (test_critical or truncation) depends on the machine's load; the stop names that one
+    stop = re.search(rf"the doctor stopped the run after step {steps[-1]}: (\w+)", err)
+    assert stop and stop.group(1) in {"test_critical", "truncation"}
+    assert f"tokengrad doctor: critical {stop.group(1)}" in err
 
 
 @pytest.mark.trl
