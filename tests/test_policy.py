@@ -95,7 +95,7 @@ def _grouped_rows(vocab: int, P: int = 7, T: int = 5):
 
 
 def test_shared_prompts_finds_each_rows_prompt():
-    from tokengrad.train.policy import shared_prompts
+    from tokengrad.train.prompt_sharing import shared_prompts
 
     ids, attn, P = _grouped_rows(64)
     first, inverse = shared_prompts(ids, attn, P)
@@ -121,7 +121,7 @@ def _forward_and_grads(model, ids, attn, P):
 def test_shared_prompt_forward_is_the_whole_row_forward(family, monkeypatch):
     """Each distinct prompt runs once and its keys/values serve its group: logits, hidden states and the
     gradient of every parameter (through the prompt's shared activations) are those of whole rows."""
-    import tokengrad.train.policy as policy
+    import tokengrad.train.prompt_sharing as sharing
 
     if family == "llama":
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMALL)).eval()
@@ -129,11 +129,11 @@ def test_shared_prompt_forward_is_the_whole_row_forward(family, monkeypatch):
         model = _tiny(family)[0]
     ids, attn, P = _grouped_rows(64)
     calls = []
-    shared = policy._hidden_shared_prompt
-    monkeypatch.setattr(policy, "_hidden_shared_prompt", lambda *a, **k: calls.append(1) or shared(*a, **k))
+    shared = sharing._hidden_from_cache
+    monkeypatch.setattr(sharing, "_hidden_from_cache", lambda *a, **k: calls.append(1) or shared(*a, **k))
     got = _forward_and_grads(model, ids, attn, P)
     assert calls == [1]  # the shared path ran
-    monkeypatch.setattr(policy, "shared_prompts", lambda *a: None)
+    monkeypatch.setattr(sharing, "shared_prompts", lambda *a: None)
     want = _forward_and_grads(model, ids, attn, P)
     mask = attn[:, P:].bool()
     torch.testing.assert_close(got[0][mask], want[0][mask], atol=1e-5, rtol=1e-5)
@@ -144,14 +144,14 @@ def test_shared_prompt_forward_is_the_whole_row_forward(family, monkeypatch):
 
 
 def test_gradient_checkpointing_runs_whole_rows(monkeypatch):
-    import tokengrad.train.policy as policy
+    import tokengrad.train.prompt_sharing as sharing
 
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMALL))
     # transformers 5.25 renamed it activation_checkpointing_enable
     (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
     model.train()
     monkeypatch.setattr(
-        policy, "_hidden_shared_prompt", lambda *a, **k: pytest.fail("shared path under checkpointing")
+        sharing, "_hidden_from_cache", lambda *a, **k: pytest.fail("shared path under checkpointing")
     )
     ids, attn, P = _grouped_rows(64)
     logits, _ = policy_forward(model, ids, attn, P)

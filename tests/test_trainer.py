@@ -199,12 +199,18 @@ def test_packed_left_padded_logprobs_match_each_sequence_alone():
 def test_a_groups_shared_prompt_is_prefilled_once(monkeypatch, temperature):
     """G samples of a prompt start from one prefill of it (its keys and values repeated for the group):
     the same tokens and sampler log-probs as G separate prefills, greedy and sampled with one seed."""
-    import tokengrad.train.rollout as ro
+    import tokengrad.train.prompt_sharing as sharing
 
     model, tok = load_model("tiny", seed=0)
     prompts = ["a", "a much longer prompt than the first"]
-    shared, ran = ro._shared_prefill, []
-    monkeypatch.setattr(ro, "_shared_prefill", lambda *a: ran.append(len(shared(*a))) or shared(*a))
+    shared, ran = sharing.shared_prefill, []
+
+    def spy(*a):
+        kwargs = shared(*a)
+        ran.append(len(kwargs))
+        return kwargs
+
+    monkeypatch.setattr(sharing, "shared_prefill", spy)
 
     def completions():
         torch.manual_seed(1)
@@ -214,7 +220,7 @@ def test_a_groups_shared_prompt_is_prefilled_once(monkeypatch, temperature):
 
     got = completions()
     assert ran == [1]  # one cache handed to generate()
-    monkeypatch.setattr(ro, "_shared_prefill", lambda *a: {})
+    monkeypatch.setattr(sharing, "shared_prefill", lambda *a: {})
     want = completions()
     assert got.completion_ids == want.completion_ids
     torch.testing.assert_close(

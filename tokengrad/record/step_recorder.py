@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import fields
 
 import pyarrow as pa
 import torch
@@ -113,28 +114,8 @@ class StepRecorder:
         Every keyword but `update_id` (the optimizer update this pass feeds) and `recompute` (() -> these
         log-probs again, for attribution steps; with Attribution(entropy=True) (log-probs, entropy)) is a
         PassInputs field: shapes and columns in docs/api.md, "st.track(logprobs, ...)"."""
-        inputs = PassInputs(  # by name: the pass's inputs, as PassInputs declares them
-            token_ids=token_ids,
-            mask=mask,
-            loss_mask=loss_mask,
-            old_logprobs=old_logprobs,
-            ref_logprobs=ref_logprobs,
-            rollout_logprobs=rollout_logprobs,
-            is_weights=is_weights,
-            mask_codes=mask_codes,
-            advantages=advantages,
-            weights=weights,
-            scale_grad=scale_grad,
-            sample_ids=sample_ids,
-            group_ids=group_ids,
-            logits=logits,
-            stats=stats,
-            hidden=hidden,
-            clipped=clipped,
-            policy_versions=policy_versions,
-            trainer_version=trainer_version,
-            extra=extra,
-        )
+        given = locals()  # first: track's keywords are PassInputs' fields (tests/test_tracked_pass.py)
+        inputs = PassInputs(**{f.name: given[f.name] for f in fields(PassInputs)})
         t = time.perf_counter()
         # recompute is kept where this step may be attributed: on schedule, or on a spike found in
         # record_grad_norms

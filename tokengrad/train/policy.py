@@ -20,7 +20,6 @@ the sampled policy agree.
 from __future__ import annotations
 
 import contextlib
-import inspect
 from typing import Callable, NamedTuple
 
 import torch
@@ -28,6 +27,7 @@ from torch import Tensor
 
 from tokengrad.record.fused_logprobs import logprobs_with_stats
 from tokengrad.record.stats import TokenStats
+from tokengrad.train import prompt_sharing
 
 
 def _softcap(logits: Tensor, cap: float) -> Tensor:
@@ -77,17 +77,13 @@ def policy_forward(
     Only the T positions that predict completion tokens reach the head. Position ids follow the
     attention mask, as in generate(), so left padding does not shift the prompt's positions. The
     model's post-head logit transforms (`LOGIT_TRANSFORMS`) are applied in fp32. Rows that share a
-    prompt (a group's G completions) run it once and read its keys and values (`shared_prompts`): the
-    same function, with the prompt's forward and backward divided by G.
+    prompt (a group's G completions) run it once and read its keys and values
+    (`tokengrad.train.prompt_sharing`): the same function, with the prompt's forward and backward divided
+    by G.
     """
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [n, P + T]
     body = model.get_decoder()
-    shared = shared_prompts(input_ids, attention_mask, prompt_len)
-    h = None
-    if shared is not None and not any(getattr(m, "gradient_checkpointing", False) for m in body.modules()):
-        h = _hidden_shared_prompt(
-            body, input_ids, attention_mask, position_ids=position_ids, prompt_len=prompt_len, shared=shared
-        )
+    h = prompt_sharing.shared_hidden(body, input_ids, attention_mask, position_ids, prompt_len)
     if h is None:
         h = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
         h = h.last_hidden_state[:, prompt_len - 1 : -1]  # [n, T, D]: position t predicts completion token t
@@ -96,68 +92,6 @@ def policy_forward(
         for fn, value in logit_transforms(model):
             logits = fn(logits, value)
     return logits, h
-
-
-def shared_prompts(
-    input_ids: Tensor, attention_mask: Tensor, prompt_len: int
-) -> tuple[Tensor, Tensor] | None:
-    """(first [U], inverse [n]) when the n rows hold only U < n distinct prompts (a GRPO group's G
-    completions share one): row first[u] is prompt u's, row i has prompt inverse[i]. None when every row's
-    prompt is its own, or there is no prompt."""
-    if prompt_len < 2 or input_ids.shape[0] < 2:
-        return None
-    key = torch.cat([input_ids[:, :prompt_len], attention_mask[:, :prompt_len]], 1)  # [n, 2P]
-    distinct, inverse = torch.unique(key, dim=0, return_inverse=True)  # [U, 2P], [n]
-    if distinct.shape[0] == input_ids.shape[0]:
-        return None
-    rows = torch.arange(inverse.numel(), device=inverse.device)
-    first = torch.full((distinct.shape[0],), inverse.numel(), device=inverse.device).scatter_reduce(
-        0, inverse, rows, reduce="amin"
-    )
-    return first, inverse
-
-
-def cache_keyword(module) -> str | None:
-    """The keyword a model's forward takes its key/value cache by (transformers 5.25 renamed
-    past_key_values to cache; the old name goes in 5.40), or None when it takes none."""
-    params = inspect.signature(module.forward).parameters
-    if "use_cache" not in params:
-        return None
-    return next((name for name in ("cache", "past_key_values") if name in params), None)
-
-
-def _hidden_shared_prompt(
-    body, input_ids, attention_mask, *, position_ids, prompt_len: int, shared
-) -> Tensor | None:
-    """[n, T, D] the hidden states `policy_forward` reads, with each distinct prompt run once: its keys
-    and values (with their graph) are repeated for the rows that share it, then the completions run on
-    them. The same function as one pass over whole rows (causal attention: a prompt position never sees
-    the completion), with the prompt's share of forward and backward divided by the group size. None
-    when the body takes or returns no cache that can be repeated (the caller then runs whole rows)."""
-    first, inverse = shared
-    P = prompt_len
-    name = cache_keyword(body)
-    if name is None:  # a body without a key/value cache: the caller runs whole rows
-        return None
-    head = body(
-        input_ids=input_ids[first, :P],
-        attention_mask=attention_mask[first, :P],
-        position_ids=position_ids[first, :P],
-        use_cache=True,
-    )
-    cache = getattr(head, name, None)
-    if not hasattr(cache, "batch_select_indices"):  # a model without a cache to share: one whole pass
-        return None
-    cache.batch_select_indices(inverse)  # [U, ...] -> [n, ...], differentiable indexing
-    tail = body(
-        input_ids=input_ids[:, P:],
-        attention_mask=attention_mask,
-        position_ids=position_ids[:, P:],
-        use_cache=True,
-        **{name: cache},
-    ).last_hidden_state  # [n, T, D]
-    last = head.last_hidden_state[inverse, P - 1 : P]  # [n, 1, D]: the last prompt position
-    return torch.cat([last, tail[:, :-1]], 1)  # [n, T, D]
 
 
 def gather_logprobs(logits: Tensor, token_ids: Tensor) -> Tensor:

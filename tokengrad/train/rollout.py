@@ -32,12 +32,8 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from tokengrad.train.policy import (  # noqa: F401  (gather_logprobs, policy_forward importable from here too)
-    cache_keyword,
-    gather_logprobs,
-    policy_forward,
-    shared_prompts,
-)
+from tokengrad.train import prompt_sharing
+from tokengrad.train.policy import gather_logprobs, policy_forward  # noqa: F401  (importable from here too)
 from tokengrad.train.tasks.base import Problem, Task
 
 
@@ -168,31 +164,6 @@ def _only_our_generation_config(model):
         model.generation_config = saved
 
 
-def _shared_prefill(model, ids: Tensor, attn: Tensor) -> dict:
-    """generate()'s cache keyword, holding the keys and values of every context but its last token, when
-    rows share a context (a group's G samples of one prompt): each distinct context runs once and its
-    cache is repeated for its rows, so generate() starts from the last token (the same function: a
-    position's keys and values depend only on the tokens up to it). {} when every context is its own."""
-    shared = shared_prompts(ids, attn, ids.shape[1])
-    body = model.get_decoder()
-    name = cache_keyword(body)
-    if shared is None or name is None:
-        return {}
-    first, inverse = shared
-    position_ids = (attn.cumsum(-1) - 1).clamp(min=0)  # [n, L] as policy_forward and generate() number them
-    out = body(
-        input_ids=ids[first, :-1],
-        attention_mask=attn[first, :-1],
-        position_ids=position_ids[first, :-1],
-        use_cache=True,
-    )
-    cache = getattr(out, name, None)
-    if not hasattr(cache, "batch_select_indices"):
-        return {}
-    cache.batch_select_indices(inverse)  # [U, ...] -> [n, ...]
-    return {name: cache}
-
-
 @torch.no_grad()
 def _generate_turn(
     model, tokenizer, contexts: list[list[int]], *, max_new_tokens: int, sampling: dict, stop: str | None
@@ -221,7 +192,7 @@ def _generate_turn(
             generation_config=config,
             stopping_criteria=StoppingCriteriaList([criteria]) if criteria else None,
             logits_processor=LogitsProcessorList(procs) if procs else None,
-            **_shared_prefill(model, ids, attn),
+            **prompt_sharing.shared_prefill(model, ids, attn),
         )
     lps = record.finish(out[:, L:]) if record else [[float("nan")] * (out.shape[1] - L)] * len(contexts)
     rows = []
