@@ -44,8 +44,8 @@ for path in (ROOT, ROOT / "benchmarks"):
 
 from measure import SMOKE_HELP, line, reset_peak_rss, run_child, status_kb, use_smoke, verdict  # noqa: E402
 
-from tokengrad.record import bucket_analysis as bk  # noqa: E402
-from tokengrad.record.attribution import directional_logprobs  # noqa: E402
+from tokengrad.record.attribution.shares import directional_logprobs  # noqa: E402
+from tokengrad.record.buckets import analysis as bk  # noqa: E402
 
 
 def make_model(vocab: int, hidden: int, layers: int):
@@ -150,9 +150,9 @@ def scores(model, ids):
 
 
 def entropy_ops(model, ids, grads: dict) -> dict:
-    """Entropy attribution's passes (record/entropy_attribution.py): the backward of the mean entropy, the
+    """Entropy attribution's passes (record/attribution/entropy.py): the backward of the mean entropy, the
     directional pass of log pi along its gradient, and the pass along delta with the entropy rows."""
-    from tokengrad.record.entropy_attribution import logprobs_only, packed
+    from tokengrad.record.attribution.entropy import logprobs_only, packed
 
     params = [p for p in model.parameters()]
     pair = lambda: scores(model, ids)  # noqa: E731

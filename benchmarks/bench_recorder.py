@@ -58,7 +58,7 @@ from recorder_report import BUCKET_STEP_GB, EPS_HIGH, EPS_LOW, report_buckets, r
 
 import tokengrad.record.stats as tg_stats  # noqa: E402  (pass_values calls token_stats from there)
 from tokengrad.record import Buckets  # noqa: E402
-from tokengrad.record import bucket_analysis as bk  # noqa: E402
+from tokengrad.record.buckets import analysis as bk  # noqa: E402
 from tokengrad.record.recorder import Recorder  # noqa: E402
 
 # ---------------------------------------------------------------- models, batch and the two steps

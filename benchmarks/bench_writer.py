@@ -24,8 +24,8 @@ for path in (ROOT, ROOT / "benchmarks"):  # run as a script from a checkout
 
 from measure import SMOKE_HELP, line, use_smoke, verdict  # noqa: E402
 
-from tokengrad.record.rows import TOKEN_VALUE_COLUMNS, CapturedBatch, TokenDecoder, tokens_table  # noqa: E402
-from tokengrad.record.writer import RunWriter  # noqa: E402
+from tokengrad.record.store.rows import TOKEN_VALUE_COLUMNS, CapturedBatch, TokenDecoder, tokens_table  # noqa: E402
+from tokengrad.record.store.writer import RunWriter  # noqa: E402
 
 N, T, G = 8, 256, 4  # sequences, tokens per sequence, group size (as bench_recorder.py)
 V = 49_152  # SmolLM2 vocabulary

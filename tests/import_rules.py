@@ -6,7 +6,9 @@ Layers, bottom up:
   read          tokengrad.read: run directories as pandas / DuckDB (never torch)
   objective     tokengrad.objective: the GRPO objective as pure tensor math
   record        tokengrad.record: recording (torch); writes files through read.layout, the one module that
-                knows the file layout
+                knows the file layout. Its face (the package, Recorder, the step handle and its host
+                verbs, the option groups) sits on its wings (buckets/, attribution/, budget/, store/),
+                which never import the face
   train         tokengrad.train: the built-in trainer
   integrations  tokengrad.integrations: other trainers (TRL, verl) and trackers; never the built-in trainer
   figures       tokengrad.figures: pure Plotly builders (never torch)
@@ -29,6 +31,11 @@ INTEGRATIONS = ["tokengrad.integrations"]
 FIGURES = ["tokengrad.figures"]
 DOCTOR = ["tokengrad.doctor"]
 IMPORTERS = ["tokengrad.importers"]
+# record/'s wings and its face: a wing may import other wings and record/'s shared modules, never the face
+RECORD_WINGS = [f"tokengrad.record.{w}" for w in ("buckets", "attribution", "budget", "store")]
+RECORD_FACE = ["tokengrad.record"] + [
+    f"tokengrad.record.{m}" for m in ("recorder", "step_recorder", "host", "options", "buckets.passes")
+]
 FACE = "tokengrad"  # the package face: lazy names only, imported by nothing inside the package
 
 # module prefix -> tokengrad modules it may import (by prefix). The longest matching prefix wins.

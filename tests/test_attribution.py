@@ -10,7 +10,7 @@ from conftest import TINY_V, forward_logprobs
 
 from tokengrad import Recorder, load_run
 from tokengrad.record import Attribution
-from tokengrad.record.attribution import ATTRIBUTION_METHODS, directional_logprobs
+from tokengrad.record.attribution.shares import ATTRIBUTION_METHODS, directional_logprobs
 
 
 def _model(tied: bool, seed: int = 0):

@@ -10,7 +10,7 @@ from conftest import forward_logprobs, make_model
 
 from tokengrad import Recorder, load_run
 from tokengrad.record import Buckets
-from tokengrad.record import bucket_analysis as bk
+from tokengrad.record.buckets import analysis as bk
 
 EDGES = (0.0, 0.015, 0.016, 1.0)  # a random tiny model puts p ~ 1/64: three buckets with tokens
 

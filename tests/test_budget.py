@@ -278,7 +278,7 @@ def test_budget_work_on_cpu_tensors_runs_on_the_writer_thread(tmp_path, monkeypa
     """The training thread hands CPU tensors over, as when recording every row; the writer computes."""
     import threading
 
-    from tokengrad.record import budget as budget_mod
+    from tokengrad.record.budget import kept_rows as budget_mod
 
     threads = []
     real = budget_mod.budget_step

@@ -1,4 +1,4 @@
-"""The claim on a run directory (tokengrad.record.claim): one process and one Recorder per rank at a time,
+"""The claim on a run directory (record/store/claim.py): one process and one Recorder per rank at a time,
 taken by the trainer before its model loads, released on exit, stale claims broken or named."""
 
 from __future__ import annotations

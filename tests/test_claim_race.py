@@ -1,4 +1,4 @@
-"""Processes racing for one run directory's claim (tokengrad.record.claim): exactly one owner per race, also
+"""Processes racing for one run directory's claim (record/store/claim.py): exactly one owner per race, also
 when every racer finds the same stale claim (a dead pid, a pid now another process's, another boot's) and
 tries to break it at once.
 
@@ -21,7 +21,7 @@ from collections import Counter
 import pytest
 
 from tokengrad.read import claim_file
-from tokengrad.record import claim
+from tokengrad.record.store import claim
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="fork, /proc")
 

@@ -152,7 +152,7 @@ def test_the_torch_free_names_equal_the_real_registries():
     from tokengrad.objective.loss import AGGREGATIONS
     from tokengrad.objective.rollout_correction import MODES
     from tokengrad.objective.weighting import WEIGHTINGS, rule_params
-    from tokengrad.record.attribution import ATTRIBUTION_METHODS
+    from tokengrad.record.attribution.shares import ATTRIBUTION_METHODS
     from tokengrad.train import names
     from tokengrad.train.models import MODELS
 

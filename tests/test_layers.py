@@ -16,6 +16,8 @@ from import_rules import (
     ALLOWED,
     FACE,
     LOADED_FORBIDDEN,
+    RECORD_FACE,
+    RECORD_WINGS,
     THIRD_PARTY_FORBIDDEN,
     matches,
     rule_for,
@@ -75,6 +77,42 @@ def test_every_module_has_a_rule():
 def test_no_import_crosses_a_layer():
     bad = [v for p in SOURCES if module_name(p) != FACE for v in violations(p)]
     assert not bad, "imports against tests/import_rules.py:\n" + "\n".join(bad)
+
+
+def face_imports(path: Path) -> list[str]:
+    """The imports of record/'s face in a module (the package: `from tokengrad.record import`)."""
+    names = [(line, name) for line, name in imports_of(path)]
+    return [
+        f"{path.relative_to(REPO)}:{line} imports {name}"
+        for line, name in names
+        if any(name == f or (f != "tokengrad.record" and matches(name, f)) for f in RECORD_FACE)
+    ]
+
+
+def test_no_wing_imports_the_face():
+    wings = [p for p in SOURCES if any(matches(module_name(p), w) for w in RECORD_WINGS)]
+    wings = [p for p in wings if module_name(p) not in RECORD_FACE]
+    assert len(wings) >= 12, "record/'s wings not found"
+    bad = [v for p in wings for v in face_imports(p)]
+    assert not bad, "a wing of record/ imports its face:\n" + "\n".join(bad)
+
+
+def test_the_wing_check_can_fail(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("from tokengrad.record import Recorder\nfrom tokengrad.record.buckets.step import x\n")
+    probe2 = tmp_path / "probe2.py"
+    probe2.write_text("def f():\n    from tokengrad.record.step_recorder import StepRecorder\n")
+    global REPO
+    saved, REPO = REPO, tmp_path
+    try:
+        assert len(face_imports(probe)) == 1 and len(face_imports(probe2)) == 1
+    finally:
+        REPO = saved
+
+
+def test_record_top_level_stays_small():
+    top = sorted(p.name for p in (REPO / "tokengrad" / "record").glob("*.py"))
+    assert len(top) <= 12, f"tokengrad/record/ holds {len(top)} modules at its top level: {top}"
 
 
 def test_the_static_check_can_fail(tmp_path):

@@ -131,7 +131,7 @@ def test_newer_schema_version_is_refused(tmp_path, tiny_model):
 
 
 def test_writer_failure_counts_rows_and_training_goes_on(tmp_path, tiny_model, monkeypatch):
-    import tokengrad.record.writer as w
+    import tokengrad.record.store.writer as w
 
     real = w.pq.write_table
 
@@ -150,7 +150,7 @@ def test_writer_failure_counts_rows_and_training_goes_on(tmp_path, tiny_model, m
 
 
 def test_writer_failure_can_raise(tmp_path, tiny_model, monkeypatch):
-    import tokengrad.record.writer as w
+    import tokengrad.record.store.writer as w
 
     monkeypatch.setattr(w.pq, "write_table", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
     with warnings.catch_warnings():
@@ -228,8 +228,8 @@ def test_resume_step_drops_rows_recorded_after_the_checkpoint(tmp_path, tiny_mod
 
 
 def test_queued_bundles_are_committed_together_and_read_exactly(tmp_path):
-    from tokengrad.record.rows import scalar_table
-    from tokengrad.record.writer import RunWriter
+    from tokengrad.record.store.rows import scalar_table
+    from tokengrad.record.store.writer import RunWriter
 
     (tmp_path / "q").mkdir()
     (tmp_path / "q" / "meta.json").write_text(json.dumps({"schema_version": schema.SCHEMA_VERSION}))

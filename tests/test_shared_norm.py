@@ -65,7 +65,7 @@ def test_clip_with_norm_scales_like_torch_and_nan_poisons():
 
 def test_zero_coef_bucket_is_skipped_and_rows_unchanged(tmp_path, batch, monkeypatch):
     """Half the sequences have advantage 0: the bucket holding only their tokens gets no backward pass."""
-    import tokengrad.record.bucket_analysis as bk
+    import tokengrad.record.buckets.analysis as bk
 
     ids, mask, _ = batch
     adv = torch.tensor([1.0, 0.0, 0.0, -1.5])

@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers")
 from tokengrad.doctor import diagnose  # noqa: E402
 from tokengrad.read import load_run  # noqa: E402
 from tokengrad.record import Attribution, Recorder  # noqa: E402
-from tokengrad.record.spike_replay import SpikeWatch, top_tokens  # noqa: E402
+from tokengrad.record.attribution.spike_replay import SpikeWatch, top_tokens  # noqa: E402
 
 N, L, V = 6, 9, 48  # sequences, sequence length, vocabulary; completion = tokens 1..L-1
 T = L - 1

@@ -1,6 +1,6 @@
 """Entropy: which tokens' updates moved the mean token entropy (Attribution(entropy=True)), by probability
 bucket x advantage sign, by position, the predicted against the measured change per step, and the tokens
-that drained the most (tokengrad.read.entropy_queries; record/entropy_attribution.py for the formulas)."""
+that drained the most (tokengrad.read.entropy_queries; record/attribution/entropy.py for the formulas)."""
 
 from __future__ import annotations
 

@@ -44,7 +44,7 @@ def analysed_updates(
     (some bucket's grad_norm recorded); live = some bucket's gradient norm is > 0 (else the update had
     no gradient and its shares are undefined); empty = no loss token fell in any bucket (a Lopti phase
     that no token reached). An attribution step without a bucket pass writes bucket rows too, its tokens'
-    update shares summed per bucket (tokengrad.record.step_attribution.bucket_share_rows) but no norms:
+    update shares summed per bucket (tokengrad.record.attribution.step.bucket_share_rows) but no norms:
     those updates are not analysed here, as the figures leave them out."""
     cols = [*UPDATE_KEYS, "live", "empty"]
     df = with_columns(buckets)

@@ -1,4 +1,4 @@
-"""Entropy attribution figures (record/entropy_attribution.py) from tokengrad.read.entropy_queries frames:
+"""Entropy attribution figures (record/attribution/entropy.py) from tokengrad.read.entropy_queries frames:
 
     make_entropy_quadrant_figure(entropy_quadrants(run))   # probability bucket x advantage sign
     make_entropy_position_figure(entropy_by_position(run))  # along the completion

@@ -1,4 +1,4 @@
-"""Where an importer's rows go: one RunWriter per source rank (tokengrad.record.writer), tables conformed to
+"""Where an importer's rows go: one RunWriter per source rank (record/store/writer.py), tables conformed to
 the run format (tokengrad.schema), and a meta.json that says where the run came from and which columns and
 tables the source did not record.
 
@@ -23,8 +23,8 @@ import pyarrow as pa
 
 from tokengrad import schema
 from tokengrad._version import __version__
-from tokengrad.record.run_meta import write_meta, write_status
-from tokengrad.record.writer import RunWriter
+from tokengrad.record.store.run_meta import write_meta, write_status
+from tokengrad.record.store.writer import RunWriter
 
 # The tables an importer fills; the others (layers, buckets, evals, prob_bins, vocab) need the gradient or
 # an evaluation loop, which no dump holds.

@@ -1,5 +1,5 @@
 """The claim file of a run's rank (ranks/rankRRR.lock): what it holds and whether the process it names still
-runs. Written by tokengrad.record.claim, read there and by tokengrad.read.status. Standard library only.
+runs. Written by tokengrad.record.store.claim, read there and by tokengrad.read.status. Standard library only.
 
 A claim names its process by pid, host name, the process's start time (field 22 of /proc/PID/stat, clock
 ticks since boot) and the machine's boot id (/proc/sys/kernel/random/boot_id). A pid alone is not enough:

@@ -1,4 +1,4 @@
-"""Queries over the entropy attribution columns (Attribution(entropy=True); record/entropy_attribution.py),
+"""Queries over the entropy attribution columns (Attribution(entropy=True); record/attribution/entropy.py),
 in DuckDB like tokengrad.read.queries:
 
     entropy_drainers(run, steps=(100, 200), k=20)   # the tokens whose gradients drained the most entropy

@@ -89,7 +89,7 @@ def mismatch_update_share(run, tau: float, *, step_range: tuple[int, int] | None
     """Per optimizer update of the attribution steps: [step, update_id, n_tokens, n_scored, n_mismatched,
     token_share, update_share] where the mismatched tokens are the loss tokens with |d| > tau, token_share
     is their share of the scored tokens and update_share the sum of their tokens' update_share: the share
-    of the update they made (tokengrad.record.attribution; the shares of all loss tokens plus the bucket
+    of the update they made (record/attribution/shares.py; the shares of all loss tokens plus the bucket
     residual sum to 1, so this can exceed 1 or be negative when other tokens pull the other way).
 
     Under a token budget (Recorder(budget=K)) only the kept token rows are in the table, so n_tokens,

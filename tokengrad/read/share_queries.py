@@ -24,7 +24,7 @@ def attributed_steps(run) -> int:
 
 
 # ---- update shares (attribution steps) and the exact aggregates of budgeted runs ---------------------
-# update_share_t = coef_t <grad log pi_t, g> / |g|^2 (tokengrad.record.attribution): the share of any set
+# update_share_t = coef_t <grad log pi_t, g> / |g|^2 (record/attribution/shares.py): the share of any set
 # of tokens is the sum of its tokens' shares. Summed over several updates, a partition's shares are
 # divided by the number of updates that have shares, so the column is its mean share of one update.
 PARTITIONS = ("prob", "entropy_quantile", "adv_sign", "position")

@@ -4,7 +4,7 @@ into the run format (`tokengrad.schema`). Needs torch; never imports the trainer
     from tokengrad.record import Recorder, logprobs_with_stats, token_stats
 """
 
-from tokengrad.record.budget import Budget
+from tokengrad.record.budget.kept_rows import Budget
 from tokengrad.record.fused_logprobs import logprobs_with_stats
 from tokengrad.record.options import Attribution, Buckets, Doctor, DoctorHalt, Output, RunInfo
 from tokengrad.record.recorder import Recorder

@@ -1,6 +1,6 @@
 """The Recorder's option groups: what a run is called (`RunInfo`), the probability-bucket analysis
 (`Buckets`), per-token attribution of the update (`Attribution`), where rows go (`Output`); the token budget
-is `tokengrad.record.budget.Budget`. Each group also takes a plain number where that says enough:
+is `tokengrad.record.budget.kept_rows.Budget`. Each group also takes a plain number where that says enough:
 `Recorder(dir, buckets=10, attribution=5, budget=65536)`.
 
 The flat keywords of earlier releases (`bucket_every=`, `attribute_every=`, `token_budget=`, ...) are
@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tokengrad import schema
-from tokengrad.record.attribution import ATTRIBUTION_METHODS
-from tokengrad.record.bucket_analysis import validate_edges
-from tokengrad.record.budget import Budget
+from tokengrad.record.attribution.shares import ATTRIBUTION_METHODS
+from tokengrad.record.buckets.analysis import validate_edges
+from tokengrad.record.budget.kept_rows import Budget
 
 ON_ERROR = ("count", "raise")
 
@@ -67,11 +67,11 @@ class Attribution:
     forward-mode AD), `eps` its step (None: automatic); `applied`: also attribute the update the optimizer
     applied (one parameter-sized copy); `entropy`: also each token's share of the change of the mean token
     entropy (`entropy_share`), `dentropy_pred` / `dentropy` and the step's entropy change and Cov(log pi, A)
-    (record/entropy_attribution.py: one more backward and one more directional pass per update;
+    (record/attribution/entropy.py: one more backward and one more directional pass per update;
     `recompute()` must then return the pair (log-probs, entropy)). `on_spike`: also attribute a step whose
     pre-clip gradient norm is a spike by the doctor's rule (robust z > 3.5 against the steps so far, read in
     `record_grad_norms` before the optimizer step) and replay it without its top-1/5/20 culprit tokens
-    (steps.grad_norm_without_top{k} and spike_z; record/spike_replay.py)."""
+    (steps.grad_norm_without_top{k} and spike_z; record/attribution/spike_replay.py)."""
 
     every: int = 0
     method: str = "jvp"

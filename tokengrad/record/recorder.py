@@ -29,9 +29,9 @@ import torch
 
 from tokengrad import schema
 from tokengrad.read import layout
-from tokengrad.record import claim, run_meta
 from tokengrad.record import distributed as dist
-from tokengrad.record.budget import Budget
+from tokengrad.record.attribution.spike_replay import SpikeWatch
+from tokengrad.record.budget.kept_rows import Budget
 from tokengrad.record.gradnorms import NamesFilter
 from tokengrad.record.options import (
     Attribution,
@@ -46,10 +46,10 @@ from tokengrad.record.options import (
     as_doctor,
     refuse_flat_keywords,
 )
-from tokengrad.record.rows import TokenDecoder, scalar_table
-from tokengrad.record.spike_replay import SpikeWatch
 from tokengrad.record.step_recorder import StepRecorder
-from tokengrad.record.writer import Rows, RunWriter
+from tokengrad.record.store import claim, run_meta
+from tokengrad.record.store.rows import TokenDecoder, scalar_table
+from tokengrad.record.store.writer import Rows, RunWriter
 
 MAX_STEP = 2**31 - 1  # the step column is int32
 
@@ -65,11 +65,11 @@ class Recorder:
         info: `RunInfo`: the run's name, the model's name, the weighting rule, the sampling temperature.
         buckets: `Buckets(every, edges)`, or N: the probability-bucket analysis every N steps (0 = never).
         attribution: `Attribution(every, method, eps, applied, entropy, on_spike)`, or N: each token's exact
-            share of the update every N steps (passes tracked with `recompute=`; record/step_attribution.py);
+            share of the update every N steps (passes tracked with `recompute=`; record/attribution/step.py);
             `on_spike` also on gradient-norm spikes, with the replay without the top culprits.
         budget: `Budget(k, ...)`, or k: at most k token rows per step and rank (None = all): whole sampled
             sequences plus the largest |update_share| (else gradient norm) tokens, flagged in
-            `selected_by`; steps, buckets, prob_bins and vocab stay exact over all tokens (record/budget.py).
+            `selected_by`; steps, buckets, prob_bins and vocab stay exact over all tokens (budget/).
         output: `Output(on_error, compact_every, trackers)`: writer failures, compaction, live trackers.
         doctor: `Doctor(halt, on_finding, min_confidence, ...)` or True: the detectors of tokengrad.doctor
             on committed steps, off the training thread (rank 0); alerts to the trackers and `on_finding`;

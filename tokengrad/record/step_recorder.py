@@ -17,19 +17,19 @@ import pyarrow as pa
 import torch
 
 from tokengrad import schema
-from tokengrad.record.bucket_rows import BucketState
-from tokengrad.record.budget import BudgetedStep, capture_pass
-from tokengrad.record.budget_aggregates import vocab_table
+from tokengrad.record.attribution.spike_replay import replay_spike
+from tokengrad.record.attribution.step import StepAttribution, bucket_share_rows
+from tokengrad.record.buckets.rows import BucketState
+from tokengrad.record.buckets.step import StepBuckets
+from tokengrad.record.budget.aggregates import vocab_table
+from tokengrad.record.budget.kept_rows import BudgetedStep, capture_pass
 from tokengrad.record.checks import RESERVED, as_ids, check_scalars, safe_texts
 from tokengrad.record.distributed import global_grad_norms, grads_are_sharded
 from tokengrad.record.gradnorms import clip_with_norm_, grad_norms_for_clip, trainable_params
-from tokengrad.record.rows import sample_rows, scalar_table, steps_row, tokens_table
-from tokengrad.record.spike_replay import replay_spike
 from tokengrad.record.stats import TokenStats
-from tokengrad.record.step_attribution import StepAttribution, bucket_share_rows
-from tokengrad.record.step_buckets import StepBuckets
+from tokengrad.record.store.rows import sample_rows, scalar_table, steps_row, tokens_table
+from tokengrad.record.store.writer import Rows
 from tokengrad.record.tracked_pass import PassInputs, TrackedPass, build_pass
-from tokengrad.record.writer import Rows
 
 _NUMERIC_STEP_COLUMNS = {
     f.name

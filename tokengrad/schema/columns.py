@@ -155,7 +155,7 @@ STEPS = [
             pa.float64(),
             f"on-spike steps: |g - sum_t coef_t grad log pi_t| over the {k} loss tokens of largest "
             "|update_share| (the spiking update's pre-clip norm without their loss terms, the other tokens' "
-            "coef held; record/spike_replay.py)",
+            "coef held; record/attribution/spike_replay.py)",
         )
         for k in REPLAY_K
     ),

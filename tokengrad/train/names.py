@@ -19,7 +19,7 @@ REGISTRIES = {
     "weighting": ("tokengrad.objective.weighting", "WEIGHTINGS"),
     "aggregation": ("tokengrad.objective.loss", "AGGREGATIONS"),
     "adv_scale": ("tokengrad.objective.advantages", "ADVANTAGE_SCALES"),
-    "attribute_method": ("tokengrad.record.attribution", "ATTRIBUTION_METHODS"),
+    "attribute_method": ("tokengrad.record.attribution.shares", "ATTRIBUTION_METHODS"),
     "rollout_correction": ("tokengrad.objective.rollout_correction", "MODES"),
 }
 

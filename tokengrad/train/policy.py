@@ -113,7 +113,7 @@ def directional_logprobs(
 ) -> Tensor | tuple[Tensor, Tensor]:
     """[n, T] the same log-probs as `token_logprobs` by the plain route (gather minus logsumexp): the fused
     pass is a custom autograd.Function without a forward-mode rule, and per-token attribution takes a
-    directional derivative of this (record/attribution.py). The two routes agree to rounding. With
+    directional derivative of this (record/attribution/shares.py). The two routes agree to rounding. With
     `entropy`, the pair (log-probs, entropy of softmax(z / T)) [n, T] each, for entropy attribution."""
     with autocast():
         logits, _ = policy_forward(model, input_ids, attention_mask, prompt_len)  # [n, T, V]

@@ -40,7 +40,7 @@ import torch
 from tqdm.auto import tqdm
 
 from tokengrad.objective.weighting import check_rule
-from tokengrad.record import claim as run_claim
+from tokengrad.record.store import claim as run_claim
 from tokengrad.train import batch as tb
 from tokengrad.train import correction
 from tokengrad.train import distributed as dist

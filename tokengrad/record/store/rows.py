@@ -45,7 +45,7 @@ TOKEN_VALUE_COLUMNS = (
 )
 # Columns where NaN means "no value", written as null and not counted in n_nonfinite: no sampler log-prob
 # for a tool-output token; a share of an update with no gradient (|g|^2 = 0 or <grad H, g> = 0: the ratio
-# is undefined, record/attribution.py), as on a step whose every advantage is 0.
+# is undefined, record/attribution/shares.py), as on a step whose every advantage is 0.
 NAN_IS_NULL = frozenset({"rollout_logprob", "is_weight", "update_share", "entropy_share"})
 # tokens.masked_by of a bit code (bit i: schema.MASK_REASONS[i]); code 0 (kept) is null
 MASK_LABELS = [None] + [

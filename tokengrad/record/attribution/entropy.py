@@ -8,7 +8,7 @@ log-probs, g = sum_t coef_t grad log pi_t (+ a residual from terms not built on 
     <grad H, g> = sum_t coef_t <grad log pi_t, grad H> + <grad H, residual>,
     entropy_share_t = coef_t <grad log pi_t, grad H> / <grad H, g>,   sum_t entropy_share_t + residual = 1
 
-(the update_share identity of record/attribution.py with grad H in place of g). A gradient step -eta g
+(the update_share identity of record/attribution/shares.py with grad H in place of g). A gradient step -eta g
 changes H by -eta <grad H, g> to first order; entropy_share says which tokens' gradients that change is
 made of. Cost per update: one backward of H (a forward with graph per pass and its backward into one
 parameter-sized buffer, freed after the update's shares) and one directional pass of log pi along grad H
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tokengrad.record.attribution import Recompute, directional_logprobs
+from tokengrad.record.attribution.shares import Recompute, directional_logprobs
 
 
 # ---- the (log pi, H) pair through the [N, T] directional pass ------------------------------------------
@@ -125,7 +125,7 @@ class _Update:
 
 
 class EntropyAttribution:
-    """The entropy half of one step's attribution (record/step_attribution.py calls it for every pass)."""
+    """The entropy half of one step's attribution (record/attribution/step.py calls it for every pass)."""
 
     def __init__(self, model: torch.nn.Module, method: str, eps: float | None, world: int):
         self.model, self.method, self.eps, self.world = model, method, eps, world

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tokengrad import schema
 from tokengrad._version import __version__
-from tokengrad.record.writer import atomic_write_json
+from tokengrad.record.store.writer import atomic_write_json
 
 # meta.json keys that say which run a directory holds: a Recorder that is not resuming refuses a directory
 # whose run differs in one of them (re-opening the same run to append is fine).

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tokengrad import schema
-from tokengrad.record import bucket_analysis as bk
+from tokengrad.record.buckets import analysis as bk
 
 
 @dataclass

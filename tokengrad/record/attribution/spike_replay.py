@@ -4,9 +4,9 @@ schedule does not say so, and the step's gradient norm without its top-k culprit
 Watch. `SpikeWatch` keeps the pre-clip total gradient norms of the steps recorded so far; inside
 `record_grad_norms`, before the optimizer step, an update whose norm has a modified z-score above 3.5
 against them (the doctor's rule, tokengrad/doctor/spike_rule.py: Iglewicz & Hoaglin 1993) is a spike, and
-its step is attributed then (record/step_attribution.py: each token's exact update_share).
+its step is attributed then (record/attribution/step.py: each token's exact update_share).
 
-Replay. The update's gradient is g = sum_t coef_t grad log pi_t + residual (record/attribution.py; coef the
+Replay. The update's gradient is g = sum_t coef_t grad log pi_t + residual (attribution/shares.py; coef the
 autograd value dL/dlog pi_t). With S_k the k loss tokens of largest |update_share| (the doctor's culprits,
 in its order: |share| descending, then sample_id, position),
 
@@ -30,7 +30,7 @@ from collections import deque
 import torch
 
 from tokengrad.doctor.spike_rule import SPIKE_MIN_STEPS, is_spike, robust_z
-from tokengrad.record.entropy_attribution import logprobs_only
+from tokengrad.record.attribution.entropy import logprobs_only
 from tokengrad.schema import REPLAY_K  # the columns grad_norm_without_top1 / top5 / top20
 
 WATCH_WINDOW = 1000  # the reference: the last 1000 steps with a gradient (a bounded median per step)

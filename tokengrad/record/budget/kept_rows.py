@@ -29,14 +29,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tokengrad.record.budget_aggregates import (
+from tokengrad.record.budget.aggregates import (
     finite_columns,
     prob_bin_rows,
     sign_index,
     step_aggregates,
     vocab_arrays,
 )
-from tokengrad.record.rows import CapturedBatch
+from tokengrad.record.store.rows import CapturedBatch
 
 ALL, SEQUENCE = 0, 1  # codes of rows.SELECTED_BY; 2.. are the ranking's
 

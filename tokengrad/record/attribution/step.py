@@ -29,10 +29,10 @@ import warnings
 import torch
 
 from tokengrad import schema
-from tokengrad.record import bucket_analysis as bk
-from tokengrad.record.attribution import ATTRIBUTION_METHODS, directional_logprobs, token_update_shares
+from tokengrad.record.attribution.entropy import EntropyAttribution, logprobs_only, unpacked
+from tokengrad.record.attribution.shares import ATTRIBUTION_METHODS, directional_logprobs, token_update_shares
+from tokengrad.record.buckets import analysis as bk
 from tokengrad.record.distributed import grads_are_sharded
-from tokengrad.record.entropy_attribution import EntropyAttribution, logprobs_only, unpacked
 from tokengrad.record.gradnorms import trainable_params
 
 # |log pi recomputed - log pi tracked| above this: recompute() is not the tracked pass
@@ -42,7 +42,7 @@ CONSISTENCY_TOL = 1e-2
 class StepAttribution:
     """Attribution of one step's updates. `model`: the recorder's model; `method`: a name of
     ATTRIBUTION_METHODS; `applied`: also attribute the applied update delta (one parameter copy);
-    `entropy`: also the entropy columns (record/entropy_attribution.py; recompute() returns the pair)."""
+    `entropy`: also the entropy columns (record/attribution/entropy.py; recompute() returns the pair)."""
 
     def __init__(
         self,

@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from tokengrad import schema
-from tokengrad.record import bucket_analysis as bk
-from tokengrad.record.bucket_rows import BucketState, bucket_rows
+from tokengrad.record.buckets import analysis as bk
+from tokengrad.record.buckets.rows import BucketState, bucket_rows
 
 
 def _distributed() -> bool:

@@ -1,4 +1,4 @@
-"""The exact aggregates of a budgeted step (tokengrad.record.budget), over every loss token before any row
+"""The exact aggregates of a budgeted step (budget/kept_rows.py), over every loss token before any row
 is dropped: the steps table's token statistics, the per-step probability-bin histogram (`prob_bins`) and
 the per-step vocabulary table (`vocab`), as tokengrad.read.queries computes them from full token tables.
 
