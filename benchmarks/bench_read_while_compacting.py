@@ -34,7 +34,8 @@ def write(run_dir: str, grace: float | None) -> None:
     import torch
 
     from tokengrad import Recorder
-    from tokengrad.record import Output, writer
+    from tokengrad.record import Output
+    from tokengrad.record.store import writer
 
     if grace is not None:
         writer.RETIRE_GRACE_S = grace

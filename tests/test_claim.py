@@ -16,7 +16,8 @@ from tests.test_reliability import record_step
 from tests.test_trainer import tiny
 from tokengrad import Recorder, load_run
 from tokengrad.read import claim_file
-from tokengrad.record import RunInfo, claim
+from tokengrad.record import RunInfo
+from tokengrad.record.store import claim
 from tokengrad.train import trainer
 
 

@@ -16,7 +16,8 @@ import torch
 
 from tokengrad import Recorder, faults, load_run, schema
 from tokengrad.read import layout
-from tokengrad.record import Output, RunInfo, writer
+from tokengrad.record import Output, RunInfo
+from tokengrad.record.store import writer
 from tokengrad.record.store.rows import scalar_table
 
 N, T = 2, 5  # two sequences of five tokens per step; the second one masks its last two
