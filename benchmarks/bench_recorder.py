@@ -291,7 +291,7 @@ def bench_buckets(su: Setup, n_buckets: int, reps: int, tmp: Path) -> dict:
             nonempty = int(torch.unique(bk.bucket_index(lp.detach().exp(), edges)).numel())
             loss.backward(retain_graph=True)  # what st.backward does on a bucket step ...
             with sp("analyze"):
-                st.analyze_buckets()  # ... followed by this
+                st.bucket_passes.analyze()  # ... followed by this
             with sp("norms_and_shares"):
                 st.record_grad_norms()
             su.opt.step()

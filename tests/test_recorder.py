@@ -248,17 +248,17 @@ def test_tokens_tracked_in_two_updates_count_once(tmp_path, tiny_model, batch):
 def test_a_skipped_bucket_analysis_leaves_the_gradient_and_writes_no_bucket_gradients(
     tmp_path, tiny_model, batch
 ):
-    """StepRecorder.skip_bucket_analysis (the trainer's step in which some rank has no rows): a scheduled
+    """st.bucket_passes.skip (the trainer's step in which some rank has no rows): a scheduled
     bucket step records no bucket gradients, and its gradient is the plain backward's."""
     ids, mask, adv = batch
     norms = {}
     for skip in (False, True):
         tiny_model.zero_grad()
         with Recorder(tmp_path / str(skip), model=tiny_model, buckets=1) as rec, rec.step(0) as st:
-            assert st.is_bucket_step
+            assert st.bucket_passes.scheduled
             if skip:
-                st.skip_bucket_analysis()
-            assert st.is_bucket_step is not skip
+                st.bucket_passes.skip()
+            assert st.bucket_passes.scheduled is not skip
             logits, lp, _, tgt = forward_logprobs(tiny_model, ids)
             st.track(lp, token_ids=tgt, mask=mask, advantages=adv, logits=logits)
             st.backward(-(lp * adv[:, None] * mask).sum() / mask.sum())

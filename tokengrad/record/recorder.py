@@ -293,7 +293,7 @@ class Recorder:
     def _halts_on(self, st) -> bool:
         """A step with a NaN/inf loss or gradient norm under Doctor(halt=True)."""
         doctor = self.live_doctor
-        return doctor is not None and doctor.options.halt and st.nonfinite()
+        return doctor is not None and doctor.options.halt and st.host.nonfinite()
 
     def discard_step(self) -> None:
         """Drop the open step without recording it (an interrupted step: a resume runs it again)."""

@@ -9,7 +9,6 @@ that update.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import fields
 
@@ -19,13 +18,14 @@ import torch
 from tokengrad import schema
 from tokengrad.record.attribution.spike_replay import replay_spike
 from tokengrad.record.attribution.step import StepAttribution, bucket_share_rows
-from tokengrad.record.buckets.rows import BucketState
+from tokengrad.record.buckets.passes import BucketPasses
 from tokengrad.record.buckets.step import StepBuckets
 from tokengrad.record.budget.aggregates import vocab_table
 from tokengrad.record.budget.kept_rows import BudgetedStep, capture_pass
 from tokengrad.record.checks import RESERVED, as_ids, check_scalars, safe_texts
 from tokengrad.record.distributed import global_grad_norms, grads_are_sharded
-from tokengrad.record.gradnorms import clip_with_norm_, grad_norms_for_clip, trainable_params
+from tokengrad.record.gradnorms import grad_norms_for_clip, trainable_params
+from tokengrad.record.host import HostHooks
 from tokengrad.record.stats import TokenStats
 from tokengrad.record.store.rows import sample_rows, scalar_table, steps_row, tokens_table
 from tokengrad.record.store.writer import Rows
@@ -39,29 +39,32 @@ _NUMERIC_STEP_COLUMNS = {
 
 
 class StepRecorder:
-    """One step of a `Recorder` (`rec.step(i)`): each backward pass (`track`), each update's gradient norms
-    (`record_grad_norms`, `clip_grad_norm_`), the scheduled bucket analysis and attribution, the step's
-    scalars (`log`) and samples (`samples`). Its end (the `with` block, `rec.end_step()`) hands the rows
-    to the writer; Ctrl-C drops them. `bucket_step`, `attribute_step`: this step's schedule (both need the
-    recorder's model)."""
+    """One step of a `Recorder` (`rec.step(i)`), the handle a user's loop holds: each backward pass
+    (`track`, `backward`), each update's gradient norms (`record_grad_norms`, `clip_grad_norm_`), the
+    step's scalars (`log`), samples (`samples`) and probability change (`record_prob_change`). Its end
+    (the `with` block: `finish`, or `discard` on Ctrl-C) hands the rows to the writer.
+
+    Two objects hold the verbs of hosts that run the backward themselves: `bucket_passes` (the scheduled
+    bucket analysis around a host's own backward, record/buckets/passes.py) and `host` (loss scale,
+    norms read elsewhere, clip with the recorded norms, non-finite check; record/host.py).
+    `bucket_step`, `attribute_step`: this step's schedule (both need the recorder's model)."""
 
     def __init__(self, recorder, step: int, bucket_step: bool, attribute_step: bool = False):
         self.rec = recorder
         self.step = step
-        self.is_bucket_step = bucket_step and recorder.model is not None
+        self.bucket_passes = BucketPasses(self, bucket_step)  # the bucket-pass verbs of a host's backward
+        self.host = HostHooks(self)  # the verbs of a host that owns the backward, clip or scaler
         self.attribution = self._new_attribution() if attribute_step and recorder.model is not None else None
         self._spike: dict = {}  # the replay columns of the step's largest spiking update (spike_replay.py)
-        self._passes: list[TrackedPass] = []
-        self._scalars: dict = {}
+        self.passes: list[TrackedPass] = []
+        self.scalars: dict = {}
         self._samples: list[dict] = []
-        self._layer_rows: list[dict] = []
+        self.layer_rows: list[dict] = []
         self.buckets = StepBuckets(recorder.bucket_edges, step, recorder.rank)
-        self._update_norms: dict[int, float] = {}
-        self._clip_total: dict[
-            int, torch.Tensor | None
-        ] = {}  # update -> torch's total norm, from the same read
+        self.update_norms: dict[int, float] = {}
+        self.clip_totals: dict[int, torch.Tensor | None] = {}  # update -> torch's total norm, same read
         self._t0 = time.perf_counter()
-        self._t_record = 0.0
+        self.record_seconds = 0.0  # time spent recording (steps.time_record), bucket passes included
         # the factor the next backward's loss carries (fp16 gradient scaling): the coef hook divides by it
         self.loss_scale = 1.0
 
@@ -121,7 +124,7 @@ class StepRecorder:
         # record_grad_norms
         wanted = self.attribution is not None or self.rec.spike_watch is not None
         p = build_pass(
-            len(self._passes),
+            len(self.passes),
             logprobs,
             inputs,
             update_id=int(update_id),
@@ -129,8 +132,8 @@ class StepRecorder:
         )
         # bucket passes feed coef back in; a scaled loss's coef is recorded unscaled
         p.watch_coef(paused=lambda: self.buckets.in_backward, loss_scale=lambda: self.loss_scale)
-        self._passes.append(p)
-        self._t_record += time.perf_counter() - t
+        self.passes.append(p)
+        self.record_seconds += time.perf_counter() - t
         return logprobs
 
     # ---- backward and gradients --------------------------------------------------------------------
@@ -141,52 +144,13 @@ class StepRecorder:
         and the step logs it (steps.loss_scale). Unscale the gradients (`scaler.unscale_(opt)`) before
         `st.clip_grad_norm_`, as for any clip."""
         if loss_scale is not None:
-            self.set_loss_scale(loss_scale)
-        if not self.is_bucket_step:
+            self.host.set_loss_scale(loss_scale)
+        if not self.bucket_passes.scheduled:
             loss.backward(**kwargs)
             return
-        self.before_bucket_backward()
+        self.bucket_passes.before_backward()
         loss.backward(retain_graph=True, **kwargs)
-        self.analyze_buckets(loss)
-
-    def set_loss_scale(self, loss_scale: float) -> None:
-        """The fp16 gradient scaler's scale the next backward's loss carries: coef is recorded divided by
-        it, and the step logs it (steps.loss_scale), so that an update the scaler skips for overflow is
-        not read as a non-finite model."""
-        if not (isinstance(loss_scale, (int, float)) and math.isfinite(loss_scale) and loss_scale > 0):
-            raise ValueError(f"loss_scale must be a finite number > 0, got {loss_scale!r}")
-        self.loss_scale = float(loss_scale)
-        self._scalars["loss_scale"] = self.loss_scale
-
-    def before_bucket_backward(self) -> None:
-        """Before the backward that analyze_buckets(loss) follows: whether an update begins from empty
-        gradients (so that one bucket can be derived as g minus the others)."""
-        if not grads_are_sharded(self.rec.model):
-            self.buckets.before_backward(self._passes, [p for _, p in trainable_params(self.rec.model)])
-
-    def analyze_buckets(self, loss: torch.Tensor | None = None) -> None:
-        """Bucket gradients of the passes tracked since the last call (their graphs must still exist);
-        `loss`, the tensor their backward ran on, lets a residual-free update skip one bucket's pass."""
-        t = time.perf_counter()
-        self.buckets.analyze(self._passes, trainable_params(self.rec.model), loss=loss)
-        self._t_record += time.perf_counter() - t
-
-    def skip_bucket_analysis(self) -> None:
-        """No bucket analysis this step after all, though it was scheduled: under several processes the
-        buckets are all-reduced, so a step in which some rank trains on no rows records none."""
-        self.is_bucket_step = False
-
-    def take_open_buckets(self, update_id: int) -> BucketState | None:
-        """Hand over the bucket gradients of an update that has no optimizer step yet, for an update that
-        spans steps (TRL accumulating over generation batches); `continue_buckets` on the next step."""
-        return self.buckets.state.pop(update_id, None)
-
-    def continue_buckets(self, analyze: bool, state: BucketState | None, update_id: int = 0) -> None:
-        """Carry on an update begun in the previous step: its bucket analysis goes on (with the gradients
-        `take_open_buckets` took) or stays off, whatever this step's own schedule says."""
-        self.is_bucket_step = analyze and self.rec.model is not None
-        if state is not None:
-            self.buckets.state[update_id] = state
+        self.bucket_passes.analyze(loss)
 
     def record_grad_norms(self, update_id: int = 0) -> float:
         """Total and per-block gradient norms of the update, read before clipping; returns the total."""
@@ -196,15 +160,15 @@ class StepRecorder:
         named = trainable_params(self.rec.model)
         if grads_are_sharded(self.rec.model):  # FSDP: each rank holds a shard; sum squared norms over ranks
             total, blocks = global_grad_norms(self.rec.model, self.rec.layers)
-            self._clip_total[update_id] = None
+            self.clip_totals[update_id] = None
         else:  # one process or DDP (already all-reduced): read locally
-            total, blocks, self._clip_total[update_id] = grad_norms_for_clip(named, self.rec.layers)
+            total, blocks, self.clip_totals[update_id] = grad_norms_for_clip(named, self.rec.layers)
         spiked = self._watch_spike(total)
         if self.attribution is not None:  # shares along g, read before clipping changes .grad
-            self.attribution.on_gradient(self._passes, update_id, total * total)
+            self.attribution.on_gradient(self.passes, update_id, total * total)
         if spiked:  # the same gradient without its top-k culprit tokens
             self._replay(update_id, total, named)
-        self.add_grad_norms(total, blocks, update_id)
+        self.host.add_grad_norms(total, blocks, update_id)
         if update_id in self.buckets.state:
             self.buckets.finish_update(
                 update_id, [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in named]
@@ -212,14 +176,14 @@ class StepRecorder:
         if self.attribution is not None and not self.buckets.has_rows(update_id):
             device = named[0][1].device if named else "cpu"
             self.buckets.rows += bucket_share_rows(
-                self._passes,
+                self.passes,
                 update_id,
                 edges=self.rec.bucket_edges,
                 step=self.step,
                 rank=self.rec.rank,
                 device=device,
             )
-        self._t_record += time.perf_counter() - t
+        self.record_seconds += time.perf_counter() - t
         return total
 
     def _watch_spike(self, total: float) -> bool:
@@ -236,16 +200,9 @@ class StepRecorder:
     def _replay(self, update_id: int, total: float, named: list) -> None:
         if self._spike and self._spike["norm"] >= total:  # the step's largest spiking update is kept
             return
-        mine = [p for p in self._passes if p.update_id == update_id]
+        mine = [p for p in self.passes if p.update_id == update_id]
         cols = replay_spike(mine, named, self.attribution.world, self.rec.spike_watch)
         self._spike = {"norm": total, "spike_z": self.rec.spike_watch.z(total), **cols}
-
-    def add_grad_norms(self, total: float, blocks: dict[str, float], update_id: int = 0) -> None:
-        """Record norms read elsewhere (e.g. through DeepSpeed's API, where `.grad` is partitioned)."""
-        self._update_norms[update_id] = total
-        rows = [{"layer": schema.TOTAL_LAYER, "grad_norm": total}]
-        rows += [{"layer": b, "grad_norm": v} for b, v in blocks.items()]
-        self._layer_rows += [dict(r, step=self.step, rank=self.rec.rank, update_id=update_id) for r in rows]
 
     def clip_grad_norm_(self, max_norm: float, update_id: int = 0) -> float:
         """record_grad_norms() then clip with the same norm, reading the gradients once: the gradients end
@@ -253,25 +210,8 @@ class StepRecorder:
         norm is taken from the per-parameter norms the recorder reads). Returns the total norm before
         clipping."""
         total = self.record_grad_norms(update_id)
-        self.clip_recorded_(max_norm, update_id)
+        self.host.clip_recorded_(max_norm, update_id)
         return total
-
-    def clip_recorded_(self, max_norm: float, update_id: int = 0) -> torch.Tensor:
-        """Clip the gradients of the update whose norms `record_grad_norms` just read, as
-        `torch.nn.utils.clip_grad_norm_` would, without reading them again where torch's total norm came
-        from that read (float32 gradients on one device, not sharded); returns torch's total norm."""
-        grads = [p.grad for _, p in trainable_params(self.rec.model) if p.grad is not None]
-        clip_total = self._clip_total.get(update_id)
-        if clip_total is not None:
-            clip_with_norm_(grads, max_norm, clip_total)
-            return clip_total
-        if grads_are_sharded(self.rec.model):  # each rank clips its shard with the global norm
-            clip_total = torch.tensor(
-                self._update_norms[update_id], device=grads[0].device if grads else "cpu"
-            )
-            clip_with_norm_(grads, max_norm, clip_total)
-            return clip_total
-        return torch.nn.utils.clip_grad_norm_([p for _, p in trainable_params(self.rec.model)], max_norm)
 
     def record_prob_change(self, new_logprobs: torch.Tensor, sample_ids: torch.Tensor | None = None) -> None:
         """After the step's updates: mean change of probability and correct ratio per pi_old bucket (AR-Lopti,
@@ -288,19 +228,12 @@ class StepRecorder:
         no gradient analysis).
         """
         rows_ids = as_ids(sample_ids, new_logprobs.shape[0], new_logprobs.device)
-        self.buckets.prob_change(self._passes, new_logprobs, rows_ids)
+        self.buckets.prob_change(self.passes, new_logprobs, rows_ids)
 
     # ---- scalars and samples -----------------------------------------------------------------------
     def log(self, **scalars) -> None:
         """Per-step scalars (loss, reward_mean, kl, lr, time_*, or any new name -> an extra column)."""
-        self._scalars.update(check_scalars(scalars, _NUMERIC_STEP_COLUMNS))
-
-    def nonfinite(self) -> bool:
-        """Whether the step logged a NaN/inf loss or gradient norm: with Doctor(halt=True) the recorder then
-        diagnoses the step as soon as it is on disk, so the next step boundary halts (a live diagnosis
-        alone could land a step or two later)."""
-        values = [self._scalars.get("loss"), self._scalars.get("grad_norm"), *self._update_norms.values()]
-        return any(isinstance(v, float) and not math.isfinite(v) for v in values)
+        self.scalars.update(check_scalars(scalars, _NUMERIC_STEP_COLUMNS))
 
     def samples(
         self,
@@ -337,49 +270,49 @@ class StepRecorder:
     # ---- end of step -------------------------------------------------------------------------------
     def discard(self) -> None:
         """Drop the step: its hooks removed, nothing of it recorded."""
-        for p in self._passes:
+        for p in self.passes:
             p.unwatch_coef()
         self.buckets.close()
-        self._passes, self._samples, self._scalars = [], [], {}
+        self.passes, self._samples, self.scalars = [], [], {}
 
     def finish(self) -> dict:
         """Remove hooks, move captured tensors to numpy; row building is deferred to the writer thread."""
         t = time.perf_counter()
-        for p in self._passes:
+        for p in self.passes:
             p.unwatch_coef()
             p.logprobs = None
         self.buckets.close()
         if self.attribution is not None:  # the last update's applied change, at the parameters after it
-            self.attribution.finish(self._passes)
+            self.attribution.finish(self.passes)
         self.buckets.state.clear()
-        scalars, tables = dict(self._scalars), {}
+        scalars, tables = dict(self.scalars), {}
         if self.attribution is not None:  # the step's entropy change and Cov(log pi, A), before sampling
             for k, v in self.attribution.scalars().items():
                 scalars.setdefault(k, v)
         step, rank, decode = self.step, self.rec.rank, self.rec.decode
-        if self.rec.budget is not None and self._passes:
+        if self.rec.budget is not None and self.passes:
             # kept rows and exact aggregates: computed now on an accelerator, on the writer thread on the CPU
-            kept = BudgetedStep(self._passes, self.rec.budget, step, rank, self.rec.bucket_edges)
+            kept = BudgetedStep(self.passes, self.rec.budget, step, rank, self.rec.bucket_edges)
             n_token_rows = kept.n_rows
             captured = lambda: kept.result().batches
             step_scalars = lambda: {**kept.result().scalars, **scalars}  # logged scalars win
             tables["prob_bins"] = lambda: scalar_table("prob_bins", kept.result().prob_bins)
             tables["vocab"] = lambda: vocab_table(step, rank, kept.result().vocab, decode)
         else:
-            batches = [capture_pass(p) for p in self._passes]
+            batches = [capture_pass(p) for p in self.passes]
             n_token_rows = sum(int(c.mask.sum()) for c in batches)
             captured, step_scalars = (lambda: batches), (lambda: scalars)
         scalars.setdefault("n_token_rows", n_token_rows)
-        self._t_record += time.perf_counter() - t
+        self.record_seconds += time.perf_counter() - t
         scalars.setdefault("time_step", time.perf_counter() - self._t0)
-        scalars.setdefault("time_record", self._t_record)
-        if self._update_norms:
-            scalars.setdefault("grad_norm", max(self._update_norms.values()))
-        scalars.setdefault("n_updates", len({p.update_id for p in self._passes}) or None)
+        scalars.setdefault("time_record", self.record_seconds)
+        if self.update_norms:
+            scalars.setdefault("grad_norm", max(self.update_norms.values()))
+        scalars.setdefault("n_updates", len({p.update_id for p in self.passes}) or None)
         scalars.update({k: v for k, v in self._spike.items() if k != "norm"})
-        if self.rec.spike_watch is not None and self._update_norms:
-            self.rec.spike_watch.add(max(self._update_norms.values()))
-        layer_rows, bucket_rows, sample_rows = self._layer_rows, self.buckets.rows, self._samples
+        if self.rec.spike_watch is not None and self.update_norms:
+            self.rec.spike_watch.add(max(self.update_norms.values()))
+        layer_rows, bucket_rows, sample_rows = self.layer_rows, self.buckets.rows, self._samples
         # Rows(build, n): built on the writer thread; n counts them exactly if building fails there
         return {
             "tokens": Rows(lambda: tokens_table(step, rank, captured(), decode), n_token_rows),

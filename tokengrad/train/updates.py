@@ -182,7 +182,7 @@ class GRPOUpdate:
         if n_updates == 0:
             return UpdateStats(loss=None, grad_norm=None, n_updates=0, kl=None)
         if any_idle:  # the bucket all-reduces need every rank's buckets
-            st.skip_bucket_analysis()
+            st.bucket_passes.skip()
         version = applied_updates(self.policy.opt)  # update k runs at version + k
         losses, kls, norms = [], [], []
         for update_id in range(n_updates):
@@ -191,7 +191,7 @@ class GRPOUpdate:
             losses.append(sum(p.loss for p in passes))
             kls += [p.kl for p in passes]
             norms.append(self.clip_and_step(st, update_id))
-        if st.is_bucket_step:  # how the step's updates moved the probabilities of its loss tokens
+        if st.bucket_passes.scheduled:  # how the step's updates moved the probabilities of its loss tokens
             st.record_prob_change(self.score_rows(self.policy.model, b), sample_ids=b.sample_ids)
         loss_sum, kl, n_kl = dist.all_reduce([sum(losses), sum(kls), len(kls)]).tolist()
         return UpdateStats(

@@ -4,7 +4,7 @@ TRL clips through `accelerator.clip_grad_norm_` once per optimizer update; the h
 per-block norms there, before clipping changes `.grad` (TRL's logged `grad_norm` is the same number).
 Where accelerate's clip is torch's clip alone (one process or DDP, the model's own parameters, L2), it
 clips with the norm just read instead of reading `.grad` a second time, leaving the gradients bitwise as
-torch's clip does (`StepRecorder.clip_recorded_`). Under fp16 with a gradient scaler accelerate unscales
+torch's clip does (`st.host.clip_recorded_`). Under fp16 with a gradient scaler accelerate unscales
 first; the hook unscales, then reads, so the norms are the true ones (and coef is read unscaled:
 `loss_scale`, recording.py). A trainer that clips some other
 way gets its norms at `on_pre_optimizer_step`, after clipping, with a warning. Under DeepSpeed the norms
@@ -40,7 +40,7 @@ class ClipNorms:
 
     def _clip_grad_norm(self, orig, parameters, max_norm, norm_type=2, **k):
         """Norms before clipping; where accelerate would only call torch's clip, clip with the norm just
-        read instead of reading .grad again (bitwise torch's: StepRecorder.clip_recorded_). With an fp16
+        read instead of reading .grad again (bitwise torch's: st.host.clip_recorded_). With an fp16
         gradient scaler the gradients are unscaled first, as accelerate's clip does, so the norms read
         are the true ones; accelerate's own clip then runs without unscaling a second time."""
         rec = self.recording
@@ -52,7 +52,7 @@ class ClipNorms:
             accelerator.unscale_gradients()
         self.record()  # before clipping changes .grad
         if fresh and not k and plain_clip(accelerator, rec.recorder.model, parameters, norm_type):
-            return rec.step.clip_recorded_(max_norm, rec.update_id)
+            return rec.step.host.clip_recorded_(max_norm, rec.update_id)
         if scaled:
             return _without_unscaling(accelerator, lambda: orig(parameters, max_norm, norm_type, **k))
         return orig(parameters, max_norm, norm_type, **k)

@@ -90,7 +90,7 @@ class DeepSpeedNorms:
         boundary = engine.is_gradient_accumulation_boundary()
         if boundary and rec.step is not None and not rec._norms_done:
             total, blocks = full_grad_norms(engine.module, rec.recorder.layers)
-            rec.step.add_grad_norms(total, blocks, rec.update_id)
+            rec.step.host.add_grad_norms(total, blocks, rec.update_id)
             rec._norms_done = True
         out = orig(*a, **k)
         if boundary and rec.step is not None:

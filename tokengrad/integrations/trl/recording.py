@@ -146,11 +146,12 @@ class TRLRecording:
         carried = None
         if self.step is not None:
             if self._accumulating:  # the optimizer update spans generation batches: its buckets go on
-                carried = (self.step.is_bucket_step, self.step.take_open_buckets(self.update_id))
+                passes = self.step.bucket_passes
+                carried = (passes.scheduled, passes.take_open(self.update_id))
             self.recorder.end_step()
         self.step = self.recorder.begin_step(self._rollout_index())
         if carried is not None:
-            self.step.continue_buckets(*carried, update_id=0)
+            self.step.bucket_passes.carry_on(*carried, update_id=0)
         self.next_step = self.step.step + 1
         self.update_id, self._norms_done, self._scored = 0, False, None
         self._logs = StepLogs(self._logs.logged_step)
@@ -219,7 +220,7 @@ class TRLRecording:
         model = self.trainer.model
         if not (
             self.bucket_activations
-            and self.step.is_bucket_step
+            and self.step.bucket_passes.scheduled
             and getattr(model, "is_gradient_checkpointing", False)
         ):
             return contextlib.nullcontext()
@@ -297,15 +298,15 @@ class TRLRecording:
         st = self.step
         scale = loss_scale(self.trainer.accelerator)
         if st is not None and scale is not None:  # fp16: accelerate backpropagates scaler.scale(loss)
-            st.set_loss_scale(scale)  # coef is read unscaled
-        if st is None or not st.is_bucket_step:
+            st.host.set_loss_scale(scale)  # coef is read unscaled
+        if st is None or not st.bucket_passes.scheduled:
             return orig(loss, **kwargs)
         kwargs.setdefault("retain_graph", True)  # the bucket passes run on the same graph
         plain = deepspeed_setup(self.trainer) is None  # DeepSpeed partitions .grad: no bucket is derived
         if plain:
-            st.before_bucket_backward()
+            st.bucket_passes.before_backward()
         orig(loss, **kwargs)
-        st.analyze_buckets(loss if plain else None)
+        st.bucket_passes.analyze(loss if plain else None)
 
     def _on_step_end(self) -> None:
         self.update_id += 1

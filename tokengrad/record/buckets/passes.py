@@ -1,0 +1,63 @@
+"""The bucket passes of a step, as a host calls them around its own backward (`st.bucket_passes`).
+
+A plain loop never needs these: `st.backward(loss)` runs them. A host that calls `loss.backward()` itself
+(TRL through accelerate, the built-in trainer's micro-batches) brackets each backward with `before_backward`
+and `analyze`, and says when a scheduled analysis cannot run (`skip`) or when an update spans two steps
+(`take_open`, then `carry_on` in the next step).
+
+    passes = st.bucket_passes
+    if passes.scheduled:
+        passes.before_backward()
+        loss.backward(retain_graph=True)
+        passes.analyze(loss)
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from tokengrad.record.buckets.rows import BucketState
+from tokengrad.record.distributed import grads_are_sharded
+from tokengrad.record.gradnorms import trainable_params
+
+
+class BucketPasses:
+    """The bucket-analysis verbs of one open step (its `StepRecorder`, `step`). `scheduled`: whether this
+    step analyses its buckets (on schedule and the recorder has the model)."""
+
+    def __init__(self, step, scheduled: bool):
+        self.step = step
+        self.scheduled = scheduled and step.rec.model is not None
+
+    def before_backward(self) -> None:
+        """Before the backward that `analyze(loss)` follows: whether an update begins from empty gradients
+        (so that one bucket can be derived as g minus the others)."""
+        model = self.step.rec.model
+        if not grads_are_sharded(model):
+            self.step.buckets.before_backward(self.step.passes, [p for _, p in trainable_params(model)])
+
+    def analyze(self, loss: torch.Tensor | None = None) -> None:
+        """Bucket gradients of the passes tracked since the last call (their graphs must still exist);
+        `loss`, the tensor their backward ran on, lets a residual-free update skip one bucket's pass."""
+        t = time.perf_counter()
+        self.step.buckets.analyze(self.step.passes, trainable_params(self.step.rec.model), loss=loss)
+        self.step.record_seconds += time.perf_counter() - t
+
+    def skip(self) -> None:
+        """No bucket analysis this step after all, though it was scheduled: under several processes the
+        buckets are all-reduced, so a step in which some rank trains on no rows records none."""
+        self.scheduled = False
+
+    def take_open(self, update_id: int) -> BucketState | None:
+        """Hand over the bucket gradients of an update that has no optimizer step yet, for an update that
+        spans steps (TRL accumulating over generation batches); `carry_on` on the next step."""
+        return self.step.buckets.state.pop(update_id, None)
+
+    def carry_on(self, analyze: bool, state: BucketState | None, update_id: int = 0) -> None:
+        """Carry on an update begun in the previous step: its bucket analysis goes on (with the gradients
+        `take_open` took) or stays off, whatever this step's own schedule says."""
+        self.scheduled = analyze and self.step.rec.model is not None
+        if state is not None:
+            self.step.buckets.state[update_id] = state
