@@ -50,7 +50,7 @@ def train_one(out: Path, lr: float, seed: int, steps: int, every: int) -> Path:
         return run_dir
     t0 = time.perf_counter()
     over = dict(steps=steps, attribute_every=every, eval_every=0, eval_at_start=False, bucket_every=0)
-    tokengrad.train(
+    tokengrad.train.run(
         str(CONFIG), run_dir=str(run_dir), lr=lr, seed=seed, progress=False, resume=meta.exists(), **over
     )
     print(f"{run_dir}: {time.perf_counter() - t0:.0f} s", flush=True)

@@ -73,7 +73,7 @@ def make_run(name: str, out: Path, overrides: dict) -> tuple[Path, float]:
     run_dir = out / name
     shutil.rmtree(run_dir, ignore_errors=True)
     t0 = time.perf_counter()
-    tokengrad.train(
+    tokengrad.train.run(
         str(ROOT / "configs" / config), run_dir=str(run_dir), run_name=name, **(fixed | overrides)
     )
     shutil.rmtree(checkpoint_path(run_dir), ignore_errors=True)

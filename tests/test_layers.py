@@ -110,6 +110,26 @@ def test_the_wing_check_can_fail(tmp_path):
         REPO = saved
 
 
+HOSTS = sorted(
+    p.name for p in (REPO / "tokengrad" / "integrations").iterdir() if (p / "__init__.py").exists()
+)
+
+
+def test_no_host_imports_another_host():
+    """What two hosts share lives in tokengrad/integrations/host.py; a host package never imports another."""
+    assert {"trl", "verl", "openrlhf"} <= set(HOSTS)
+    bad = []
+    for host in HOSTS:
+        others = [f"tokengrad.integrations.{h}" for h in HOSTS if h != host]
+        for p in sorted((REPO / "tokengrad" / "integrations" / host).rglob("*.py")):
+            bad += [
+                f"{p.relative_to(REPO)}:{line} imports {name}"
+                for line, name in imports_of(p)
+                if any(matches(name, o) for o in others)
+            ]
+    assert not bad, "a host package imports another host's package:\n" + "\n".join(bad)
+
+
 def test_record_top_level_stays_small():
     top = sorted(p.name for p in (REPO / "tokengrad" / "record").glob("*.py"))
     assert len(top) <= 12, f"tokengrad/record/ holds {len(top)} modules at its top level: {top}"

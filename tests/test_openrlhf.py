@@ -254,7 +254,7 @@ def test_is_weights_and_masks_are_those_the_loss_applied(run_dir, level, mode, b
     zero = (want == 0).numpy()
     if mode == "mask":
         assert zero.any() and not zero.all(), "the band must drop some tokens and keep others"
-        # the shared rule (tokengrad.integrations.verl.rollout.mask_codes): is_sequence_mask where the
+        # the shared rule (tokengrad.integrations.host.mask_codes): is_sequence_mask where the
         # weights zero all of the sequence's tokens, is_token_mask where they zero some
         whole = torch.cat(
             [

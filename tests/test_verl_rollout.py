@@ -21,6 +21,7 @@ from verl.workers.config import ActorConfig  # noqa: E402
 from verl.workers.utils import losses  # noqa: E402
 
 from tokengrad import load_run  # noqa: E402
+from tokengrad.integrations import host  # noqa: E402
 from tokengrad.integrations import verl as tg_verl  # noqa: E402
 from tokengrad.integrations.verl import rollout  # noqa: E402
 
@@ -206,7 +207,7 @@ def test_mask_codes_name_each_reason():
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]], dtype=torch.bool)
     w = torch.tensor([[1.0, 0.0, 1.5, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
     rs = torch.tensor([[0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 1, 1]], dtype=torch.bool)
-    code = rollout.mask_codes(mask, w, rs)
+    code = host.mask_codes(mask, w, rs)
     bit = {n: 1 << i for i, n in enumerate(("is_sequence_mask", "is_token_mask", "off_policy_mask"))}
     rs_bit = 1 << 4
     assert code.tolist() == [
@@ -220,9 +221,9 @@ def test_bypass_is_recognised_with_unscored_tokens():
     """An engine's NaN (TRL #6166) copied into old_log_probs still reads as bypass; any real gap does not."""
     mask = torch.tensor([[1, 1, 1, 0]], dtype=torch.bool)
     mu = torch.tensor([[-0.5, float("nan"), -1.2, 0.0]])
-    assert rollout.is_bypass(mu.clone(), mu, mask)
-    assert not rollout.is_bypass(mu + torch.tensor([[0.0, 0.0, 1e-6, 0.0]]), mu, mask)
-    assert not rollout.is_bypass(torch.tensor([[-0.5, -0.7, -1.2, 0.0]]), mu, mask)
+    assert host.is_bypass(mu.clone(), mu, mask)
+    assert not host.is_bypass(mu + torch.tensor([[0.0, 0.0, 1e-6, 0.0]]), mu, mask)
+    assert not host.is_bypass(torch.tensor([[-0.5, -0.7, -1.2, 0.0]]), mu, mask)
 
 
 def test_driver_wrapper_returns_verls_result_unchanged():

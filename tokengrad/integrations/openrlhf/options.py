@@ -1,14 +1,14 @@
 """The plugin's options. OpenRLHF builds its Ray actors itself and never calls tokengrad, so the options reach
 every worker as environment variables: the launcher (tokengrad.integrations.openrlhf.launch) passes every
 TOKENGRAD_* variable of its own environment to the job's runtime env. The names and their parsing are the
-verl plugin's (tokengrad.integrations.verl.options), so one setting means the same in both."""
+verl plugin's (tokengrad.integrations.host), so one setting means the same in both."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 
-from tokengrad.integrations.verl.options import BUDGET_ENV, RUN_DIR_ENV, env_count
+from tokengrad.integrations.host import BUDGET_ENV, RUN_DIR_ENV, env_count
 
 DEFAULT_RUN_DIR = os.path.join("tokengrad_runs", "openrlhf")
 

@@ -6,7 +6,7 @@ actor's forward, `actor_loss_fn` (a `PolicyLoss`, openrlhf/models/loss.py), Deep
 Each loss call is one pass of the open step; torch's global optimizer-step hook marks the update, and the
 step is ended when that training step returns, with OpenRLHF's own `actor_grad_norm` (DeepSpeed's
 pre-clip global norm) as `ds_grad_norm`. The rollout side (the engine's log-probs, the IS weights the loss
-applied, the masks) and the step's gap metrics are the verl plugin's (tokengrad.integrations.verl.rollout).
+applied, the masks) and the step's gap metrics are shared with the verl plugin (tokengrad.integrations.host).
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ import threading
 
 import torch
 
+from tokengrad.integrations import host
 from tokengrad.integrations.openrlhf.options import OpenRLHFOptions
-from tokengrad.integrations.verl import rollout
-from tokengrad.integrations.verl.losses import SAMPLE_STRIDE
 from tokengrad.record import RunInfo
 from tokengrad.record.recorder import Recorder
 
@@ -70,7 +69,7 @@ class OpenRLHFRecording:
         self.step = None
         self.next_step = 0
         self._rows = 0
-        self._parts: list[rollout.MicroBatch] = []  # the step's rollout tensors, for its metrics
+        self._parts: list[host.MicroBatch] = []  # the step's rollout tensors, for its metrics
         self._updated = False  # an optimizer update happened during the open step
         self._lock = threading.Lock()
         from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -86,11 +85,11 @@ class OpenRLHFRecording:
                 self.step = self.recorder.begin_step(self.next_step)
                 self._rows, self._parts = 0, []
             dev = log_probs.device
-            entry = {} if rollout_log_probs is None else {rollout.ROLLOUT_KEY: rollout_log_probs.detach()}
-            part = rollout.micro_batch(entry, old_log_probs, action_mask, is_weights)
+            engine = None if rollout_log_probs is None else rollout_log_probs.detach()
+            part = host.micro_batch(old_log_probs, action_mask, is_weights, rollout=engine)
             self._parts.append(part)
             n = log_probs.shape[0]
-            first = self.recorder.rank * SAMPLE_STRIDE + self._rows
+            first = self.recorder.rank * host.SAMPLE_STRIDE + self._rows
             self._rows += n
             self.step.track(
                 log_probs,
@@ -121,7 +120,7 @@ class OpenRLHFRecording:
             self.next_step += 1
 
     def _end_step(self) -> None:
-        self.step.log(**rollout.step_metrics(self._parts))
+        self.step.log(**host.step_metrics(self._parts))
         self.recorder.end_step()
         self.step, self._parts, self._updated = None, [], False
 

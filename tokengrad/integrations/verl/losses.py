@@ -32,6 +32,7 @@ import warnings
 
 import torch
 
+from tokengrad.integrations import host
 from tokengrad.integrations.verl import rollout
 from tokengrad.integrations.verl import settings as verl_settings
 from tokengrad.integrations.verl.options import VerlOptions
@@ -45,7 +46,6 @@ LOSS_PREFIX = "tokengrad"
 # micro-batch's fields (rollout.ENTRY_KEYS: response ids, the engine's log-probs, rejection and probe masks),
 # the run's settings and temperature (settings.py) and the token entropies [B, T] (None when not computed)
 _ENTRY: contextvars.ContextVar = contextvars.ContextVar("tokengrad_verl_entry", default=None)
-SAMPLE_STRIDE = 1 << 32  # sample_id = rank * SAMPLE_STRIDE + row: unique over ranks within a step
 
 
 def loss_name(rule: str | None) -> str:
@@ -208,7 +208,7 @@ class VerlRecording:
         self.step = None
         self.next_step = 0
         self._rows = 0
-        self._parts: list[rollout.MicroBatch] = []  # the step's rollout tensors, for its metrics
+        self._parts: list[host.MicroBatch] = []  # the step's rollout tensors, for its metrics
         self._entropy = [0.0, 0]  # the step's summed loss-token entropy and its token count
         self._lock = threading.Lock()
         from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -234,7 +234,7 @@ class VerlRecording:
                 self._rows, self._parts, self._entropy = 0, [], [0.0, 0]
             n, t = log_prob.shape
             found = _ENTRY.get() or {}
-            entry = {k: rollout.padded(v, t) for k, v in found.get("tensors", {}).items()}
+            entry = {k: host.padded(v, t) for k, v in found.get("tensors", {}).items()}
             self._add_entropy(found.get("entropy"), response_mask)
             ids = entry.get("responses")
             if ids is None or tuple(ids.shape) != (n, t):
@@ -248,7 +248,7 @@ class VerlRecording:
                 {k: v.to(dev) for k, v in entry.items()}, old_log_prob, response_mask, is_weights
             )
             self._parts.append(part)
-            first = self.recorder.rank * SAMPLE_STRIDE + self._rows
+            first = self.recorder.rank * host.SAMPLE_STRIDE + self._rows
             self._rows += n
             sid = torch.arange(first, first + n, device=dev)  # [B]
             self.step.track(
@@ -276,7 +276,7 @@ class VerlRecording:
 
     def _end_step(self) -> None:
         total, n = self._entropy
-        self.step.log(**rollout.step_metrics(self._parts), **({"entropy_mean": total / n} if n else {}))
+        self.step.log(**host.step_metrics(self._parts), **({"entropy_mean": total / n} if n else {}))
         self.recorder.end_step()
         self.step, self._parts = None, []
 

@@ -7,23 +7,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-RUN_DIR_ENV = "TOKENGRAD_RUN_DIR"
-BUDGET_ENV = "TOKENGRAD_TOKEN_BUDGET"  # token rows per step and rank (the Recorder's budget=K); unset = all
+from tokengrad.integrations.host import BUDGET_ENV, RUN_DIR_ENV, env_count
+
 PROBE_ENV = "TOKENGRAD_MISMATCH_PROBE_EVERY"  # bypass / fully-async: a no-grad forward every N actor updates
 DEFAULT_RUN_DIR = os.path.join("tokengrad_runs", "verl")
-
-
-def env_count(name: str) -> int | None:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"${name} must be a positive whole number, got {raw!r}") from None
-    if value < 1:
-        raise ValueError(f"${name} must be a positive whole number, got {raw!r}")
-    return value
 
 
 @dataclass(frozen=True)

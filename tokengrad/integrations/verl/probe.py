@@ -21,9 +21,10 @@ import functools
 
 import torch
 
+from tokengrad.integrations.host import same
 from tokengrad.integrations.verl.losses import LOSS_PREFIX
 from tokengrad.integrations.verl.options import VerlOptions
-from tokengrad.integrations.verl.rollout import PROBE_KEY, ROLLOUT_KEY, same
+from tokengrad.integrations.verl.rollout import PROBE_KEY, ROLLOUT_KEY
 
 _UPDATES: dict[int, int] = {}  # id(worker) -> tokengrad bypass updates seen in this process
 
