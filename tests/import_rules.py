@@ -48,7 +48,8 @@ ALLOWED = {
     "tokengrad.objective": GROUND + OBJECTIVE,
     # doctor.live only when doctor= is set; doctor.spike_rule (numpy only) for Attribution(on_spike=True)
     "tokengrad.record": GROUND + LAYOUT + RECORD + ["tokengrad.doctor.live", "tokengrad.doctor.spike_rule"],
-    "tokengrad.train": GROUND + OBJECTIVE + RECORD + TRAIN,
+    # train reads its own run's metadata back (resume) through read/'s one reader of meta.json
+    "tokengrad.train": GROUND + OBJECTIVE + RECORD + TRAIN + ["tokengrad.read.meta_file"],
     "tokengrad.integrations": GROUND + OBJECTIVE + RECORD + INTEGRATIONS + READ,
     "tokengrad.figures": GROUND + READ + FIGURES,
     "tokengrad.doctor": GROUND + READ + DOCTOR,

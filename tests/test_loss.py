@@ -157,7 +157,7 @@ def test_kl_cov_penalty_value():
 
 
 @pytest.mark.parametrize("aggregation", ["grpo", "dapo", "dr_grpo"])
-def test_lopti_phases_with_full_norm_mask_sum_to_single_update(aggregation):
+def test_lopti_phases_with_full_loss_mask_sum_to_single_update(aggregation):
     # at the same parameters, the phase losses normalised by the full mask add up to the one-update loss
     g = torch.Generator().manual_seed(1)
     lp = -torch.rand(4, 6, generator=g, dtype=F64) * 3
@@ -168,7 +168,7 @@ def test_lopti_phases_with_full_norm_mask_sum_to_single_update(aggregation):
     phases = phase_masks(weights, mask)
     assert len(phases) == 2
     total = sum(
-        policy_loss(lp, old, adv, p, weights, norm_mask=mask, aggregation=aggregation).loss for p in phases
+        policy_loss(lp, old, adv, p, weights, loss_mask=mask, aggregation=aggregation).loss for p in phases
     )
     single = policy_loss(lp, old, adv, mask, aggregation=aggregation).loss
     assert total.item() == pytest.approx(single.item(), abs=1e-12)

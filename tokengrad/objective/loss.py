@@ -3,7 +3,7 @@
     from tokengrad.objective.loss import policy_loss, phase_masks
     weights = get_weighting("lopti")(TokenBatch(logprobs, old, adv, mask))
     for phase in phase_masks(weights, mask):                      # one update per phase
-        out = policy_loss(logprobs, old, adv, phase, weights, norm_mask=mask, aggregation="dapo")
+        out = policy_loss(logprobs, old, adv, phase, weights, loss_mask=mask, aggregation="dapo")
         out.loss.backward()
 
 Three separate steps, each loggable per token: the weighting rule (``tokengrad.objective.weighting``), the
@@ -119,7 +119,7 @@ def k3_kl(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
 
 def phase_masks(weights: TokenWeights, mask: Tensor) -> list[Tensor]:
     """The loss masks of a step's updates, in order: ``[mask]``, or ``mask * phase`` per phase
-    (Lopti). Pass each as ``mask`` and the full mask as ``norm_mask`` to ``policy_loss``."""
+    (Lopti). Pass each as ``mask`` and the full mask as ``loss_mask`` to ``policy_loss``."""
     if weights.phases is None:
         return [mask]
     return [mask * phase for phase in weights.phases]  # each [N, T]
@@ -135,7 +135,7 @@ def _checked_inputs(
     old_logprobs,
     advantages,
     mask,
-    norm_mask,
+    loss_mask,
     ref_logprobs,
     weights,
     beta,
@@ -143,20 +143,20 @@ def _checked_inputs(
     aggregation,
     clip_ratio_c,
 ) -> tuple[Aggregation, TokenWeights, Tensor, Tensor]:
-    """``policy_loss``'s inputs resolved (the aggregation by name, the weights and norm_mask defaults,
+    """``policy_loss``'s inputs resolved (the aggregation by name, the weights and loss_mask defaults,
     advantages broadcast to [N, T]) and checked: bad input raises a ValueError naming it."""
     if clip_ratio_c != 0.0 and clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c must be 0 (off) or > 1, got {clip_ratio_c}")
     agg = get_aggregation(aggregation)
     weights = weights if weights is not None else TokenWeights()
-    norm_mask = mask if norm_mask is None else norm_mask
+    loss_mask = mask if loss_mask is None else loss_mask
     advantages = broadcast_tokens(advantages.detach(), logprobs, "advantages")  # [N, T]
     check_token_tensors(
         logprobs=logprobs,
         old_logprobs=old_logprobs,
         advantages=advantages,
         mask=mask,
-        norm_mask=norm_mask,
+        loss_mask=loss_mask,
         ref_logprobs=ref_logprobs,
         loss_weight=weights.loss_weight,
         ratio_weight=weights.ratio_weight,
@@ -176,7 +176,7 @@ def _checked_inputs(
     )
     if is_weight is not None and bool((is_weight[mask > 0] < 0).any()):
         raise ValueError("is_weight must be >= 0 at tokens inside the mask")
-    return agg, weights, norm_mask, advantages
+    return agg, weights, loss_mask, advantages
 
 
 def clipped_surrogate(
@@ -217,7 +217,7 @@ def policy_loss(
     ref_logprobs: Tensor | None = None,
     aggregation: str = "grpo",
     max_len: int | None = None,
-    norm_mask: Tensor | None = None,
+    loss_mask: Tensor | None = None,
     ppo_clip: bool = True,
     clip_ratio_c: float = 0.0,
     is_weight: Tensor | None = None,
@@ -234,18 +234,18 @@ def policy_loss(
         beta, ref_logprobs: k3 KL to a frozen reference; kl is reported whenever ref_logprobs is given.
         aggregation, max_len: ``AGGREGATIONS`` key ("grpo" | "dapo" | "dr_grpo") and dr_grpo's constant
             (default T).
-        norm_mask: tokens in the aggregation's denominator (default ``mask``): Lopti passes the full mask
+        loss_mask: tokens in the aggregation's denominator (default ``mask``): Lopti passes the full mask
             so each phase is normalised like the single GRPO update (the AR-Lopti code, arXiv:2505.12929).
         clip_ratio_c: dual-clip c > 1 (arXiv:1912.09729; verl 3, AR-Lopti's scripts 10), 0 = off: a huge
             ratio on a bad token cannot blow up the loss.
         is_weight: the rollout correction's weight (``rollout_correction.correction_weights``); None = 1.
     """
-    agg, weights, norm_mask, advantages = _checked_inputs(
+    agg, weights, loss_mask, advantages = _checked_inputs(
         logprobs,
         old_logprobs=old_logprobs,
         advantages=advantages,
         mask=mask,
-        norm_mask=norm_mask,
+        loss_mask=loss_mask,
         ref_logprobs=ref_logprobs,
         weights=weights,
         beta=beta,
@@ -268,7 +268,7 @@ def policy_loss(
         is_weight=is_weight,
         valid=valid,
     )
-    norm = norm_mask.to(per_token.dtype)  # [N, T]
+    norm = loss_mask.to(per_token.dtype)  # [N, T]
     loss = agg(per_token, norm, max_len)
     pg_loss = agg(torch.where(valid, pg, 0.0), norm, max_len)
     metrics = _metrics(

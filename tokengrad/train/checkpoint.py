@@ -18,7 +18,6 @@ up during a save leaves the previous checkpoint in place and no partial folder: 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import pickle
 import shutil
@@ -29,6 +28,7 @@ from pathlib import Path
 import torch
 
 from tokengrad.faults import fault_point
+from tokengrad.read import meta_file
 from tokengrad.train import distributed as dist
 from tokengrad.train import durable
 from tokengrad.train.config import TrainConfig, make_config
@@ -317,19 +317,18 @@ def resume_state(cfg: TrainConfig, run_dir: Path) -> dict | None:
 def _finished(run_dir: Path) -> bool:
     """meta.json says the run finished (an unreadable one: not finished)."""
     try:
-        meta = json.loads((run_dir / "meta.json").read_text())
+        return meta_file.finished(meta_file.read_meta(run_dir, follow_links_out=True))
     except (OSError, ValueError):
         return False
-    return isinstance(meta, dict) and meta.get("finished") is True
 
 
 def _meta_config(run_dir: Path) -> dict:
     try:
-        meta = json.loads((run_dir / "meta.json").read_text())
-    except ValueError as err:
-        raise ValueError(f"cannot resume {run_dir}: its meta.json is not valid JSON ({err})") from None
-    config = meta.get("config") if isinstance(meta, dict) else None
-    if not isinstance(config, dict):
+        meta = meta_file.read_meta(run_dir, follow_links_out=True)
+    except meta_file.MetaError as err:
+        raise ValueError(f"cannot resume {run_dir}: {err}") from None
+    config = meta_file.config(meta)
+    if not isinstance(meta.get("config"), dict):
         raise ValueError(f"cannot resume {run_dir}: its meta.json holds no config object")
     return config
 

@@ -277,7 +277,7 @@ class GRPOUpdate:
             u.phase[rows],
             w,
             ref_logprobs=b.ref_logprobs[rows] if b.ref_logprobs is not None else None,
-            norm_mask=loss_mask,
+            loss_mask=loss_mask,
             ppo_clip=rule.ppo_clip,
             is_weight=None if b.is_weights is None else b.is_weights[rows].expand_as(logprobs),
             **asdict(self.loss),

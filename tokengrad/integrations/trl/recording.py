@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from transformers import TrainerCallback
@@ -25,6 +27,18 @@ from tokengrad.record.recorder import Recorder
 from tokengrad.record.stats import TokenStats
 
 SAMPLE_KEY = "tokengrad_sample_id"  # [B] global completion index, carried through TRL's shuffle and split
+
+
+@dataclass(kw_only=True)
+class ScoredPass:
+    """What TRL's log-prob call of one compute_loss gave, kept until the loss returns (TRL's masks are known
+    then): the [B, T] log-probs with their graph, their statistics, the LM head's input and a function that
+    scores the same micro-batch again (attribution steps)."""
+
+    logprobs: torch.Tensor  # [B, T]
+    stats: TokenStats | None
+    hidden: torch.Tensor | None  # [B, T, D]
+    recompute: Callable[[], torch.Tensor]
 
 
 class TRLRecording:
@@ -43,7 +57,7 @@ class TRLRecording:
         self._norms_done = False
         self._logs = StepLogs()
         self._inputs = None  # compute_loss inputs while TRL computes the loss
-        self._pending = None  # the tracked log-probs of this compute_loss call, tracked when it returns
+        self._pending: ScoredPass | None = None  # this compute_loss call's log-probs, tracked when it returns
         self._masks: dict = {}  # TRL's off-policy and entropy masks of this compute_loss call
         self._scored = None  # (prompts, completions, completion_ids, rewards_per_func) of the batch
         self._patched: list[tuple[object, str, object]] = []
@@ -210,7 +224,7 @@ class TRLRecording:
             self._inputs = None
         if self._pending is None:  # a loss built elsewhere: recording nothing would pass for a run
             self._refuse_untracked()
-        self._track(inputs, *self._pending)  # TRL's masks are known now; backward comes after compute_loss
+        self._track(inputs, self._pending)  # TRL's masks are known now; backward comes after compute_loss
         self._pending = None
         return loss
 
@@ -248,7 +262,8 @@ class TRLRecording:
             stats = fused_token_stats(logps, entropies, captured, ids, mask)
             # attribution steps score the same micro-batch again with substituted parameters
             again = lambda: orig(model, input_ids, attention_mask, logits_to_keep, *a, **k)[0]  # noqa: E731
-            self._pending = (logps, stats, captured.head_input, again)
+            hidden = captured.head_input
+            self._pending = ScoredPass(logprobs=logps, stats=stats, hidden=hidden, recompute=again)
             self._inputs = None  # one tracked pass per compute_loss call
         return out
 
@@ -260,9 +275,8 @@ class TRLRecording:
             self.step = None
         raise RuntimeError(nothing_tracked(self.trainer))
 
-    def _track(
-        self, inp, logps: torch.Tensor, stats: TokenStats | None, hidden: torch.Tensor | None, recompute=None
-    ) -> None:
+    def _track(self, inp, scored: ScoredPass) -> None:
+        logps = scored.logprobs  # [B, T]
         mask = inp["completion_mask"]  # [B, T]
         loss_mask = rollout.loss_mask(inp)  # [B, T]
         old = inp.get("old_per_token_logps")
@@ -285,11 +299,11 @@ class TRLRecording:
             scale_grad=weights,
             sample_ids=sid,
             group_ids=None if sid is None else sid // self.trainer.num_generations,
-            stats=stats,
-            hidden=hidden,
+            stats=scored.stats,
+            hidden=scored.hidden,
             clipped=clipped_tokens(self.clip, logps, old, adv, loss_mask),
             update_id=self.update_id,
-            recompute=recompute,
+            recompute=scored.recompute,
         )
         self._accumulating = True
 
