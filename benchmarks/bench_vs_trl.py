@@ -56,8 +56,8 @@ TARGET_OURS_TRL = 0.75  # issue 25: built-in trainer step / TRL step, same setti
 TARGET_BUCKET_STEP = 1.5  # issue 38: TRL step with bucket analysis / recorded step without
 BUCKET_EVERY = 2
 from tokengrad.train.config import make_config  # noqa: E402
+from tokengrad.train.generation import render_prompt  # noqa: E402
 from tokengrad.train.models import load_model  # noqa: E402
-from tokengrad.train.rollout import render_prompt  # noqa: E402
 from tokengrad.train.tasks import get_task  # noqa: E402
 from tokengrad.train.trainer import Trainer  # noqa: E402
 

@@ -9,7 +9,7 @@ The global batch of every step is the same in both commands; each rank trains on
 prompt groups. Because the loss is a mean over equally sized slices and DDP averages gradients, the
 update (and the recorded grad_norm) of the 2-process run equals the 1-process run on the whole batch.
 Rollouts are synthetic (random completions with a toy reward) to keep the example short and
-deterministic; swap `make_rollout` for real generation.
+deterministic; swap `make_batch` for real generation.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ PROMPT_LEN, COMPLETION_LEN = 6, 10
 N_PROMPTS, GROUP = 4, 4  # B prompts x G completions = the global batch of N = 16 sequences
 
 
-def make_rollout(step: int) -> dict:
+def make_batch(step: int) -> dict:
     """Global batch of `step`: ids [N, P + T], completion mask [N, T], rewards [B, G]
     (stand-in for generation).
 
@@ -106,7 +106,7 @@ def main(run_dir: str, steps: int = 2, lr: float = 1e-2) -> None:
     with Recorder(run_dir, model=model, tokenizer=tok, config={"steps": steps, "lr": lr}) as rec:
         for step in range(steps):
             with rec.step(step) as st:
-                train_step(st, ddp, opt, make_rollout(step))
+                train_step(st, ddp, opt, make_batch(step))
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 

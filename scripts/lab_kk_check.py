@@ -76,8 +76,8 @@ def run_control(args) -> None:
 
 def control(seed: int, seconds: float, out: Path) -> dict:
     """SFT continuation of lab-kk for `seconds`; held-out accuracy by people count before and after."""
+    from tokengrad.train.generation import evaluate, render_prompt
     from tokengrad.train.models import load_model
-    from tokengrad.train.rollout import evaluate, render_prompt
     from tokengrad.train.sft import SFTConfig, supervised_train
     from tokengrad.train.tasks import get_task
 

@@ -47,6 +47,7 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout
 
 from transformers import AutoModelForCausalLM  # noqa: E402
 
+from tokengrad.train.generation import evaluate, generate_completions, render_prompt, sampling_kwargs  # noqa: E402
 from tokengrad.train.lab import (  # noqa: E402
     ADD_CONFIG,
     ADD_WORDS,
@@ -57,7 +58,6 @@ from tokengrad.train.lab import (  # noqa: E402
     make_word_tokenizer,
     set_generation_ids,
 )
-from tokengrad.train.rollout import evaluate, generate_completions, render_prompt, sampling_kwargs  # noqa: E402
 from tokengrad.train.sft import SFTConfig, supervised_train  # noqa: E402
 from tokengrad.train.tasks import get_task  # noqa: E402
 

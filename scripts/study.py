@@ -151,8 +151,8 @@ def accuracy(results: dict) -> float:
 def run_control(seed: int, seconds: float, out: Path, overrides: dict, organism: str = "add") -> dict:
     """SFT continuation of the lab model on its sloppy teacher for `seconds`; held-out accuracy
     before/after."""
+    from tokengrad.train.generation import evaluate, render_prompt
     from tokengrad.train.models import load_model
-    from tokengrad.train.rollout import evaluate, render_prompt
     from tokengrad.train.sft import SFTConfig, supervised_train
     from tokengrad.train.tasks import get_task
 

@@ -11,9 +11,9 @@ import torch
 
 import tokengrad
 from tokengrad import load_run
+from tokengrad.train.generation import encode_prompt, render_prompt
 from tokengrad.train.lab import ADD_CONFIG, ADD_WORDS, make_lab_model, make_word_tokenizer
 from tokengrad.train.models import MODELS, load_model
-from tokengrad.train.rollout import encode_prompt, render_prompt
 from tokengrad.train.sft import SFTConfig, encode_examples, lr_at, sft_loss, supervised_train
 from tokengrad.train.tasks import get_task
 from tokengrad.train.tasks.base import is_held_out
@@ -118,7 +118,7 @@ def test_lab_add_model_resolves_offline():
     assert model.generation_config.eos_token_id == tok.eos_token_id
     # the warm start gets some problems right and stops with end-of-sequence
     task = get_task("lab_add", digits=4)
-    from tokengrad.train.rollout import evaluate
+    from tokengrad.train.generation import evaluate
 
     acc = evaluate(
         model,
@@ -136,7 +136,7 @@ def test_lab_add_sits_on_the_sloppy_teachers_plateau():
     # The organism's design (scripts/make_lab_model.py): fitted to a teacher that keeps each carry with
     # probability 1 - 0.6, the model writes a carry with probability ~0.4, so greedy decoding drops carries
     # while sampling gets one-carry problems right ~40 % of the time: RL has signal and room.
-    from tokengrad.train.rollout import evaluate, generate_completions, sampling_kwargs
+    from tokengrad.train.generation import evaluate, generate_completions, sampling_kwargs
 
     model, tok = load_model("lab-add")
     task = get_task("lab_add", digits=4)

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+from tokengrad.train.generation import encode_prompt, evaluate, render_prompt
 from tokengrad.train.lab import KK_WORDS, make_word_tokenizer
 from tokengrad.train.models import MODELS, load_model
-from tokengrad.train.rollout import encode_prompt, evaluate, render_prompt
 from tokengrad.train.tasks import get_task
 from tokengrad.train.tasks.kk import solve
 from tokengrad.train.tasks.lab_kk import (
@@ -192,7 +192,7 @@ def test_lab_kk_model_loads_and_sits_on_the_sloppy_plateau():
     model, tok = load_model("lab-kk")
     assert isinstance(model, torch.nn.Module) and len(tok) == 4 + 28
     assert model.generation_config.eos_token_id == tok.eos_token_id
-    from tokengrad.train.rollout import generate_completions, sampling_kwargs
+    from tokengrad.train.generation import generate_completions, sampling_kwargs
 
     # The teacher overlooks a contradiction with q = 0.6 > 0.5, so a model that fits it decodes greedily
     # to "ok" after every check and accepts the first try, all knights: its greedy accuracy is the share

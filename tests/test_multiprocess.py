@@ -249,7 +249,7 @@ progress = false
 def replay(sampled: list[list[dict]]):
     """A generate_completions stand-in returning, call by call (step by step), the ranks' samples joined in
     rank order: the global batch of that step."""
-    from tokengrad.train.rollout import Completions, encode_prompt
+    from tokengrad.train.generation import Completions, encode_prompt
 
     steps = iter(zip(*sampled))
 

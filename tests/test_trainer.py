@@ -14,15 +14,15 @@ from tokengrad import load_run, schema
 from tokengrad.cli.train import cli_train
 from tokengrad.objective.loss import micro_batch_share
 from tokengrad.objective.weighting import WEIGHTINGS
-from tokengrad.train.models import load_model
-from tokengrad.train.rollout import (
+from tokengrad.train.generation import (
     gather_logprobs,
     generate_completions,
-    make_rollout,
+    make_generation_batch,
     policy_forward,
     render_prompt,
     sampling_kwargs,
 )
+from tokengrad.train.models import load_model
 from tokengrad.train.tasks import Problem
 from tokengrad.train.trainer import train
 
@@ -183,7 +183,7 @@ def test_packed_left_padded_logprobs_match_each_sequence_alone():
         max_new_tokens=6,
         sampling=sampling_kwargs(1.0, 1.0),
     )
-    r = make_rollout(comps, task, problems, tok)
+    r = make_generation_batch(comps, task, problems, tok)
     assert r.prompt_len == max(len(p) for p in comps.prompt_ids) and r.rewards.shape == (2, 2)
     with torch.no_grad():
         logits, hidden = policy_forward(model, r.input_ids, r.attention_mask, r.prompt_len)

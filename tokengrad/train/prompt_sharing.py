@@ -3,7 +3,7 @@ keys and values depend only on its own tokens (causal attention), so each distin
 cache is repeated for the rows that share it.
 
     h = shared_hidden(body, ids, attn, position_ids, P)     # the loss forward (tokengrad.train.policy)
-    kwargs = shared_prefill(model, ids, attn)               # generate()'s cache (tokengrad.train.rollout)
+    kwargs = shared_prefill(model, ids, attn)               # generate()'s cache (tokengrad.train.generation)
 
 Both return nothing to share (None, {}) where every row's prompt is its own, under gradient checkpointing
 (its recompute runs whole rows) and for a body that takes no key/value cache; the caller runs whole rows.

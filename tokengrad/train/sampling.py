@@ -23,14 +23,14 @@ from torch import Tensor
 
 from tokengrad.objective.advantages import compute_advantages, keep_groups
 from tokengrad.train import distributed as dist
-from tokengrad.train.rollout import Completions, Rollout, make_rollout
+from tokengrad.train.generation import Completions, GenerationBatch, make_generation_batch
 
 # round k -> (this rank's completions, its problems, (rewards [b, G], correct [b, G]))
 RoundFn = Callable[[int], "tuple[Completions, list, tuple[Tensor, Tensor]]"]
 
 
 class Gathered(NamedTuple):
-    rollout: Rollout  # this rank's rows of every round, concatenated (prompt-major within a round)
+    rollout: GenerationBatch  # this rank's rows of every round, concatenated (prompt-major within a round)
     sample_ids: Tensor  # [n] global id of each of this rank's rows
     group_ids: Tensor  # [n] global group id of each row
     in_update: Tensor  # [n] bool: the row's group is in the update batch
@@ -77,7 +77,7 @@ def gather_rollout(
     )
     problems = [pr for p in parts for pr in p[1]]
     rewards, correct = torch.cat([p[2] for p in parts]), torch.cat([p[3] for p in parts])
-    rollout = make_rollout(comps, task, problems, tokenizer, scores=(rewards, correct))
+    rollout = make_generation_batch(comps, task, problems, tokenizer, scores=(rewards, correct))
     group_ids = mine.repeat_interleave(G)  # [n]
     return Gathered(
         rollout=rollout,

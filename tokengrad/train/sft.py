@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from tokengrad.train.rollout import encode_prompt, gather_logprobs, pack, policy_forward
+from tokengrad.train.generation import encode_prompt, gather_logprobs, pack, policy_forward
 
 Examples = Callable[[int], list[tuple[str, str]]]  # step -> (prompt text, target completion text) pairs
 

@@ -48,17 +48,17 @@ from tokengrad.train.checkpoint import checkpoint_after_step, checkpoint_path, r
 from tokengrad.train.config import TrainConfig, load_config, make_config
 from tokengrad.train.dead_steps import DeadSteps
 from tokengrad.train.doctoring import TrainerDoctor
-from tokengrad.train.models import load_model
-from tokengrad.train.policy import (
-    logprob_temperature,
-    policy_forward,
-)
-from tokengrad.train.rollout import (
+from tokengrad.train.generation import (
     evaluate,
     generate_completions,
     render_prompt,
     sampling_kwargs,
     score_completions,
+)
+from tokengrad.train.models import load_model
+from tokengrad.train.policy import (
+    logprob_temperature,
+    policy_forward,
 )
 from tokengrad.train.sampling import Gathered, gather_rollout, rollout_stats, sample_rows
 from tokengrad.train.settings import recorder_of, update_of, weighting_of

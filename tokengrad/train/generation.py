@@ -1,12 +1,15 @@
-"""Rollouts: sample G completions per prompt (with tool turns), score them, and pack them into tensors.
+"""Generation: sample G completions per prompt (with tool turns), score them, and pack them into a generation
+batch of tensors.
 
     comps = generate_completions(model, tok, prompts, n_samples=G, max_new_tokens=256,
                                  sampling=sampling_kwargs(1.0, 1.0), task=task, max_turns=3)
-    rollout = make_rollout(comps, task, problems, tok)                    # rewards [B, G], tensors [N, ...]
+    batch = make_generation_batch(comps, task, problems, tok)   # rewards [B, G], tensors [N, ...]
 
 The log-probs of the trained policy come from `tokengrad.train.policy`; generation here also records, per
 generated token, the log-prob under the distribution the sampler actually drew from (after temperature
-and top-p, from the logits generate() computed, e.g. under bf16 autocast): `rollout_logprobs`.
+and top-p, from the logits generate() computed, e.g. under bf16 autocast): `rollout_logprobs`. "Rollout"
+names only the sampling engine's side (its log-probs, their gap to the trainer's); what one step trains on
+is a generation batch.
 
 Layout of a packed sequence: left-padded prompt (P tokens), then the completion, right-padded (T tokens),
 so every completion starts at column P. Tool output is part of the completion but has loss_mask 0: the
@@ -47,7 +50,9 @@ class Completions:
     rollout_logprobs: list[list[float]]  # N rows: sampler's log-prob of each token (NaN: tool output, greedy)
 
 
-class Rollout(NamedTuple):
+class GenerationBatch(NamedTuple):
+    """One step's generated rows, packed: what the loss forward and the recorder read."""
+
     input_ids: Tensor  # [N, P + T] prompt left-padded, completion right-padded
     attention_mask: Tensor  # [N, P + T] 1 = real token
     prompt_len: int  # P
@@ -333,13 +338,13 @@ def score_completions(comps: Completions, task: Task, problems: list[Problem]) -
     return rewards, correct
 
 
-def make_rollout(
+def make_generation_batch(
     comps: Completions,
     task: Task,
     problems: list[Problem],
     tokenizer,
     scores: tuple[Tensor, Tensor] | None = None,
-) -> Rollout:
+) -> GenerationBatch:
     """Score every completion with the task's verifiable reward (or take `scores` = (rewards, correct), each
     [B, G], already computed) and pack the batch."""
     rewards, correct = scores if scores is not None else score_completions(comps, task, problems)
@@ -349,7 +354,21 @@ def make_rollout(
     sampled = torch.full((len(comps.texts), T), float("nan"))  # [N, T]
     for i, lps in enumerate(comps.rollout_logprobs):
         sampled[i, : len(lps)] = torch.tensor(lps, dtype=torch.float)
-    return Rollout(*packed, rewards, correct, list(problems), comps.texts, comps.n_tool_calls, sampled)
+    input_ids, attention_mask, prompt_len, completion_ids, mask, loss_mask = packed
+    return GenerationBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        prompt_len=prompt_len,
+        completion_ids=completion_ids,
+        mask=mask,
+        loss_mask=loss_mask,
+        rewards=rewards,
+        correct=correct,
+        problems=list(problems),
+        texts=comps.texts,
+        n_tool_calls=comps.n_tool_calls,
+        rollout_logprobs=sampled,
+    )
 
 
 def evaluate(
