@@ -29,7 +29,7 @@ else
   echo "[setup] tokengrad already installed"
 fi
 
-# OpenRLHF's source for tests/test_openrlhf.py: its wheel unpacked into a cache, not installed (docs/openrlhf.md)
+# OpenRLHF's source for tests/integrations/openrlhf/test_openrlhf.py: its wheel unpacked into a cache, not installed (docs/openrlhf.md)
 bash scripts/openrlhf_env.sh
 
 if command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ]; then

@@ -20,12 +20,12 @@ stage ruff
 python -m pytest -q -p no:cacheprovider "$@"
 stage "default tier"
 python -m pytest -q -p no:cacheprovider -m "slow or torchrun or browser or subprocess" \
-  --ignore=tests/test_trl_deepspeed.py "$@" \
+  --ignore=tests/integrations/trl/test_trl_deepspeed.py "$@" \
   || { rc=$?; [ "$rc" = 5 ] && echo "no tests in the second tier" || exit "$rc"; }
 stage "second tier"
 # DeepSpeed engines change process-wide state (ZeRO-3 swaps torch's linear for its own autograd function,
 # accelerate keeps the DeepSpeed plugin): their tests get a process of their own.
-python -m pytest -q -p no:cacheprovider -m "slow" tests/test_trl_deepspeed.py "$@" \
+python -m pytest -q -p no:cacheprovider -m "slow" tests/integrations/trl/test_trl_deepspeed.py "$@" \
   || { rc=$?; [ "$rc" = 5 ] && echo "no DeepSpeed engine tests" || exit "$rc"; }
 stage deepspeed
 deactivate
@@ -35,12 +35,12 @@ bash scripts/trl_oldest_env.sh
 stage "trl-oldest env"
 # shellcheck disable=SC2046  # one test file per word
 PYTHONPATH="$PWD" .venv-trl-oldest/bin/python -m pytest -q -p no:cacheprovider \
-  -m "not torchrun and not browser and not subprocess" $(ls tests/test_trl*.py | grep -v deepspeed) "$@" \
+  -m "not torchrun and not browser and not subprocess" $(ls tests/integrations/trl/test_trl*.py | grep -v deepspeed) "$@" \
   || { rc=$?; [ "$rc" = 5 ] && echo "no TRL tests selected" || exit "$rc"; }
 stage "trl oldest"
 bash scripts/verl_env.sh
 stage "verl env"
 # printed before the last test run so that pytest's summary closes the output; verl's own time is in it
 echo "[test] $SECONDS s before verl's tests:${STAGES%,}"
-PYTHONPATH="$PWD" .venv-verl/bin/python -m pytest -q -p no:cacheprovider tests/test_verl.py tests/test_verl_rollout.py \
-  tests/test_verl_probe.py tests/test_verl_conformance.py "$@"
+PYTHONPATH="$PWD" .venv-verl/bin/python -m pytest -q -p no:cacheprovider tests/integrations/verl/test_verl.py tests/integrations/verl/test_verl_rollout.py \
+  tests/integrations/verl/test_verl_probe.py tests/integrations/verl/test_verl_conformance.py "$@"

@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-# tokengrad.figures.export.STATIC_FORMATS (tests/test_export.py holds them equal): named here so that
+# tokengrad.figures.export.STATIC_FORMATS (tests/figures/test_export.py holds them equal): named here so that
 # --help answers without importing plotly and pandas, which the figure modules import after parsing
 FORMATS = ("png", "svg", "pdf")
 

@@ -9,7 +9,7 @@
     view.has_token_columns("masked", "masked_by")   # the tokens table has these columns
 
 Detectors name every column through tokengrad.schema (`view.need(STEP.kl)`, f"SELECT {TOK.prob} ..."), so
-a renamed column fails tests/test_doctor_columns.py instead of silently turning a detector off.
+a renamed column fails tests/doctor/test_doctor_columns.py instead of silently turning a detector off.
 
 Every table is cut at `upto` (the last committed step the live doctor has seen), so a detector looking at a
 running run sees exactly the steps written so far.

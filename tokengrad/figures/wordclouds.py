@@ -125,7 +125,7 @@ def _per_word_cloud():
     """wordcloud.WordCloud whose layout and drawing open a fonts.WordFont where the library opens its one
     font file (`ImageFont.truetype(self.font_path, size)`): the library's own two methods, run with
     ImageFont bound to a namespace that makes WordFonts, so every word is measured and drawn in its own
-    font (tests/test_wordcloud_fonts.py checks the glyphs drawn)."""
+    font (tests/figures/test_wordcloud_fonts.py checks the glyphs drawn)."""
     from PIL import ImageFont
     from wordcloud import WordCloud
     from wordcloud import wordcloud as library

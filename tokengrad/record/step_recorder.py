@@ -117,7 +117,7 @@ class StepRecorder:
         Every keyword but `update_id` (the optimizer update this pass feeds) and `recompute` (() -> these
         log-probs again, for attribution steps; with Attribution(entropy=True) (log-probs, entropy)) is a
         PassInputs field: shapes and columns in docs/api.md, "st.track(logprobs, ...)"."""
-        given = locals()  # first: track's keywords are PassInputs' fields (tests/test_tracked_pass.py)
+        given = locals()  # first: track's keywords are PassInputs' fields (tests/record/test_tracked_pass.py)
         inputs = PassInputs(**{f.name: given[f.name] for f in fields(PassInputs)})
         t = time.perf_counter()
         # recompute is kept where this step may be attributed: on schedule, or on a spike found in

@@ -3,7 +3,7 @@
 `tokengrad train --help` lists them and config validation checks a name (and a weighting rule's parameters)
 against them before the trainer's modules are imported, so both answer at once instead of after seconds of
 torch and transformers imports. BUILTIN is what each registry holds right after its module is imported
-(tests/test_config.py asserts that it equals the real registries, so it cannot drift). Once a registry's
+(tests/train/test_config.py asserts that it equals the real registries, so it cannot drift). Once a registry's
 module is loaded, which anything registering into it must have done (a plugin's decorator is imported from
 there), its live entries are read instead, so plugins' names count too.
 """

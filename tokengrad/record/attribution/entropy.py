@@ -22,7 +22,7 @@ dentropy_t = H_t(theta + delta) - H_t(theta) (H_t(theta) from the forwards of th
 Per update we also keep the batch covariance Cov(log pi, A) over the loss tokens (means over the update's
 tokens, as Clip-Cov / KL-Cov, arXiv 2505.22617, and CW-GRPO, arXiv 2605.11538, compute it): for a tabular
 softmax policy the first-order entropy change is -Cov_{a~pi}(log pi(a), delta z_a), which is
--eta Cov(log pi, A) under natural policy gradient (arXiv 2505.22617; tests/test_entropy_attribution.py
+-eta Cov(log pi, A) under natural policy gradient (arXiv 2505.22617; tests/record/test_entropy_attribution.py
 checks it, and the vanilla form -eta Cov(log pi, pi A)).
 
 Under DDP the gradient g is the rank average, so a rank's shares are divided by the world size W (as

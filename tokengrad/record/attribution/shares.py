@@ -16,7 +16,7 @@ along g: `directional_logprobs(model, recompute, g)` evaluates it by
 - "central_difference": (log pi(theta + h v) - log pi(theta - h v)) / 2h with h = eps |theta| / |v|, two
   plain forwards that work with any kernel. Its error is truncation (h^2 / 6) d^3 log pi[v, v, v] ~ eps^2
   plus rounding ~ u / eps (u the unit roundoff of the parameter dtype), relative to the largest entry.
-  Measured on tiny random Llamas (tests/test_attribution.py) against the JVP, in fp32: 0.7-1.2 % off at
+  Measured on tiny random Llamas (tests/record/test_attribution.py) against the JVP, in fp32: 0.7-1.2 % off at
   eps = 1e-3, 7e-4 to 1e-3 at 3e-4, 1e-4 at 1e-4, rising again below 3e-5 from rounding. The default
   eps = 0.02 u^(1/3) (1e-4 in fp32) sits at that minimum and scales with the dtype as the balance of the
   two terms does. It allocates one parameter-sized copy per forward.
