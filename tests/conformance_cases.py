@@ -1,8 +1,9 @@
 """The doctor's conformance table: each pathology and the finding every producer must get for it.
 
-tests/doctor/test_doctor_conformance.py makes each case through the built-in trainer, the TRL attach and a plain
-Recorder loop; tests/integrations/verl/test_verl_conformance.py through the verl plugin (in .venv-verl). Both read this one
-table, so a producer cannot pass with its own expectation. Plain Python: no torch, no trl, no verl.
+tests/doctor/test_doctor_conformance.py makes each case through the built-in trainer, the TRL attach and a
+plain Recorder loop; tests/integrations/verl/test_verl_conformance.py through the verl plugin (in .venv-verl).
+Both read this one table, so a producer cannot pass with its own expectation. Plain Python: no torch,
+no trl, no verl.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from streamlit.testing.v1 import AppTest
-
 from test_app import APP, N_STEPS, _write, good_root  # noqa: F401 - good_root is a fixture
+
 from tokengrad import schema
 from tokengrad.figures.style import MAX_TOKEN_CHARS
 from tokengrad.figures.tokens import display_token

@@ -77,6 +77,7 @@ def test_an_interrupted_export_leaves_no_partial_file_under_a_final_name(tmp_pat
 
 def test_an_interrupted_publish_leaves_no_event_file(tmp_path, monkeypatch):
     from test_reliability import record
+
     from tokengrad.cli import main
     from tokengrad.integrations.trackers import backends
     from tokengrad.integrations.trackers.backends import Scalar

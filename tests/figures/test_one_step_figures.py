@@ -5,8 +5,8 @@ attribution steps' share-only bucket rows nor a Lopti phase that no token reache
 import numpy as np
 import pandas as pd
 import pytest
-
 from test_training_math import tiny
+
 from tokengrad import load_run
 from tokengrad.schema import BIN, BUCKET, STEP
 

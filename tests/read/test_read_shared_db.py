@@ -83,6 +83,10 @@ def test_a_forked_child_exits_cleanly(two_runs):
         """
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1]
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[1],
     )
     assert out.returncode == 0 and out.stdout.split() == ["0", "0"], out.stdout + out.stderr

@@ -7,8 +7,8 @@ import threading
 import warnings
 
 import pytest
-
 from test_reliability import TOKENS_PER_STEP, record_step
+
 from tokengrad import Recorder, faults, load_run
 from tokengrad.read import runs
 from tokengrad.record import Output, RunInfo

@@ -11,9 +11,9 @@ import sys
 import time
 
 import pytest
-
 from test_reliability import record_step
 from test_trainer import tiny
+
 from tokengrad import Recorder, load_run
 from tokengrad.read import claim_file
 from tokengrad.record import RunInfo

@@ -11,9 +11,9 @@ import time
 
 import pytest
 import torch
-
 from test_kills import CONFIG, REPO, assert_each_step_once, train
 from test_reliability import record_step
+
 from tokengrad import Recorder, faults, load_run
 from tokengrad.record import RunInfo
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 from letters_task import LettersTask  # noqa: F401  (registers the "letters" task)
-
 from test_training_math import tiny as tiny_config
+
 from tokengrad import load_run
 from tokengrad.train.config import describe_config, make_config
 from tokengrad.train.correction import correction_of

@@ -231,7 +231,7 @@ def test_off_by_default_records_no_weights(tmp_path):
 @pytest.mark.trl
 @pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
 def test_builtin_loss_equals_trls_loss_on_trls_tensors(tmp_path, monkeypatch, mode):
-    """TRL's own correction and loss (driven by a stand-in engine, see tests/integrations/trl/test_trl_rollout.py) against the
+    """TRL's own correction and loss (a stand-in engine, see integrations/trl/test_trl_rollout.py) against the
     built-in trainer's config, weights and loss on the same tensors: the same weights, and the same
     dL/d log pi per token as TRL's loss gave (recorded coef)."""
     pytest.importorskip("trl")

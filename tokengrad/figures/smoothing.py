@@ -8,7 +8,7 @@ line-chart.ts; W&B says its EMA matches it, docs.wandb.ai "Smooth line plots"); 
 Unrolled, last_n = (1 - w) sum_i w^i x_{n-i} and 1 - w^n = (1 - w) sum_i w^i (i = 0..n-1), so
 smoothed_n = sum_i w^i x_{n-i} / sum_i w^i, which is exactly pandas
 `Series.ewm(alpha=1 - w, adjust=True).mean()`: the pandas.Series.ewm reference says adjust=True uses the
-weights (1 - alpha)^i and divides by their sum. tests/figures/test_figures.py checks it against the TensorBoard
+weights (1 - alpha)^i and divides by their sum. tests/figures/test_figures.py checks it against TensorBoard's
 recursion. Non-finite points are skipped the way TensorBoard skips them: ignore_na=True weights by relative
 position among the finite points, and the output stays NaN at the skipped points.
 """

@@ -339,7 +339,7 @@ def test_train_end_restores_the_trainer(tmp_path):
     if FUSED_HEAD:  # attach re-adds the fused head to read sum_j p_j^2 as well
         assert vars(trainer.model)["forward"] is not forward
     trainer.train()
-    # only the wrapper that continues the run on a later train() stays (tests/doctor/test_doctor_conformance.py)
+    # only the wrapper that continues the run on a later train() stays (doctor/test_doctor_conformance.py)
     assert "compute_loss" not in vars(trainer) and "clip_grad_norm_" not in vars(trainer.accelerator)
     assert vars(trainer.model).get("forward") is forward
     assert not trainer.model._forward_hooks  # the hooks reading the head's outputs are gone
