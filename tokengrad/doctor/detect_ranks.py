@@ -59,25 +59,27 @@ def rank_without_tokens(view: RunView) -> list[Finding]:
         "values": {"missing": missing[:_SHOWN], "with_tokens": sorted(present)[:_SHOWN], "world_size": world},
         "thresholds": {"min_steps": MIN_STEPS},
     }
-    actions = (
-        Action(
-            "check that every rank records (each process opens its own Recorder on the same run directory) "
-            "and that its tokens/rankRRR folder was not lost in a copy",
-            "docs/scale.md",
-        ),
+    action = Action(
+        "check that every rank records (each process opens its own Recorder on the same run directory) "
+        "and that its tokens/rankRRR folder was not lost in a copy",
+        "docs/scale.md",
     )
-    return [
-        Finding(
-            id="rank_without_tokens",
-            severity="warning",
-            confidence=1.0,
-            first_step=first,
-            last_step=last,
-            message=msg,
-            evidence=evidence,
-            actions=actions,
-        )
-    ]
+    return [_finding("rank_without_tokens", "warning", (first, last), msg, evidence, action)]
+
+
+def _finding(name: str, severity: str, span: tuple, msg: str, evidence: dict, action: Action, tokens=()):
+    """A finding of this module: exact counts (confidence 1), one action."""
+    return Finding(
+        id=name,
+        severity=severity,
+        confidence=1.0,
+        first_step=span[0],
+        last_step=span[1],
+        message=msg,
+        evidence=evidence,
+        tokens=tokens,
+        actions=(action,),
+    )
 
 
 def _repeated(view: RunView) -> pd.DataFrame:
@@ -119,23 +121,11 @@ def sample_id_repeated(view: RunView) -> list[Finding]:
             "steps": sorted({int(s) for s in rep[TOK.step]})[:20],
         },
     }
-    actions = (
-        Action(
-            "give each rank's completions global ids (e.g. rank * per_rank + index) in st.track and "
-            "st.samples",
-            "docs/api.md",
-        ),
+    action = Action(
+        "give each rank's completions global ids (e.g. rank * per_rank + index) in st.track and st.samples",
+        "docs/api.md",
     )
-    return [
-        Finding(
-            id="sample_id_repeated",
-            severity="critical" if share >= 0.5 else "warning",
-            confidence=1.0,
-            first_step=int(rep[TOK.step].min()),
-            last_step=int(rep[TOK.step].max()),
-            message=msg,
-            evidence=evidence,
-            tokens=TokenEvidence.from_rows(rep.head(_SHOWN)),
-            actions=actions,
-        )
-    ]
+    level = "critical" if share >= 0.5 else "warning"
+    span = (int(rep[TOK.step].min()), int(rep[TOK.step].max()))
+    evidence_rows = TokenEvidence.from_rows(rep.head(_SHOWN))
+    return [_finding("sample_id_repeated", level, span, msg, evidence, action, evidence_rows)]
