@@ -64,10 +64,14 @@ def rank_without_tokens(view: RunView) -> list[Finding]:
         "and that its tokens/rankRRR folder was not lost in a copy",
         "docs/scale.md",
     )
-    return [_finding("rank_without_tokens", "warning", (first, last), msg, evidence, action)]
+    return [
+        _finding(
+            "rank_without_tokens", "warning", span=(first, last), msg=msg, evidence=evidence, action=action
+        )
+    ]
 
 
-def _finding(name: str, severity: str, span: tuple, msg: str, evidence: dict, action: Action, tokens=()):
+def _finding(name: str, severity: str, *, span: tuple, msg: str, evidence: dict, action: Action, tokens=()):
     """A finding of this module: exact counts (confidence 1), one action."""
     return Finding(
         id=name,
@@ -128,4 +132,14 @@ def sample_id_repeated(view: RunView) -> list[Finding]:
     level = "critical" if share >= 0.5 else "warning"
     span = (int(rep[TOK.step].min()), int(rep[TOK.step].max()))
     evidence_rows = TokenEvidence.from_rows(rep.head(_SHOWN))
-    return [_finding("sample_id_repeated", level, span, msg, evidence, action, evidence_rows)]
+    return [
+        _finding(
+            "sample_id_repeated",
+            level,
+            span=span,
+            msg=msg,
+            evidence=evidence,
+            action=action,
+            tokens=evidence_rows,
+        )
+    ]
