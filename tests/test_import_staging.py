@@ -17,6 +17,7 @@ from importer_dumps import write_nemo_rl, write_prime_rl, write_trl_completions
 from tokengrad import load_run
 from tokengrad.cli import main
 from tokengrad.importers import import_run, staging
+from tokengrad.read.runs import list_runs
 from tokengrad.record import claim
 from tokengrad.schema import TABLES
 
@@ -100,13 +101,14 @@ def test_what_a_killed_import_left_is_removed_and_the_rerun_equals_a_clean_impor
     DUMPS[fmt](tmp_path / "src")
     import_run(fmt, tmp_path / "src", tmp_path / "clean")
     out = tmp_path / "out"
-    # a killed attempt: a whole copy of the run in its staging folder, claimed by a process that is gone
+    # an attempt killed once staged: the whole run and its meta.json in the staging folder, not yet moved,
+    # claimed by a process that is gone
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     left = tmp_path / f"{staging.staging_prefix(out)}{gone.pid}-0000"
     import_run(fmt, tmp_path / "src", left)
-    (left / "meta.json").unlink()
     hold(left, gone.pid)
+    assert list_runs(tmp_path) == [str(tmp_path / "clean")]  # a staged copy is never listed as a run
     with pytest.warns(RuntimeWarning, match=f"removed {left}, the partial import"):
         import_run(fmt, tmp_path / "src", out)
     assert leftovers(out) == []
