@@ -119,3 +119,25 @@ def write_nemo_rl(root: Path, steps=(1, 2)) -> dict[int, list[dict]]:
         (root / f"train_data_step{step}.jsonl").write_text("\n".join(lines) + "\n")
         out[step] = batch
     return out
+
+
+def write_trl_completions(root: Path, steps=(1, 2), group: int = 2) -> None:
+    """output_dir/completions/completions_<step:05d>.parquet as TRL's GRPOTrainer.log writes them: two
+    prompts of `group` completions each, one reward function, its group-relative advantage."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = root / "completions"
+    folder.mkdir(parents=True, exist_ok=True)
+    for step in steps:
+        n = 2 * group
+        reward = [float((step + i) % 3) / 2 for i in range(n)]
+        mean = [sum(reward[g * group : (g + 1) * group]) / group for g in range(2)]
+        table = {
+            "step": [str(step)] * n,
+            "prompt": [f"prompt {i // group}" for i in range(n)],
+            "completion": [f"answer {step}.{i}" for i in range(n)],
+            "accuracy": reward,
+            "advantage": [r - mean[i // group] for i, r in enumerate(reward)],
+        }
+        pq.write_table(pa.table(table), folder / f"completions_{step:05d}.parquet")

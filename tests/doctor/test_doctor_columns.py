@@ -263,6 +263,18 @@ def trl_truncation(t):
     st[schema.STEP_EXTRA.trl_completions_clipped_ratio] = np.where(_after(st), 0.8, 0.0)
 
 
+def rank_lost(t):
+    """A second rank that recorded steps but whose token rows are gone."""
+    st = t["steps"]
+    t["steps"] = pd.concat([st, st.assign(rank=1)], ignore_index=True)
+
+
+def sample_repeated(t):
+    """Rank 1 recorded sample 0 of every step again."""
+    tok = _tokens(t)
+    t["tokens"] = pd.concat([tok, tok[tok["sample_id"] == 0].assign(rank=1)], ignore_index=True)
+
+
 _TRL = {"config": {"integration": "trl", "args": {}}}
 # name -> (edit, meta, the detector it fires)
 EXTRA_CASES = {
@@ -276,6 +288,8 @@ EXTRA_CASES = {
     "masked_count": (masked_count, None, "masked_sequences"),
     "stale_mismatch": (stale_mismatch, None, "rollout_mismatch"),
     "trl_truncation": (trl_truncation, _TRL, "truncation"),
+    "rank_lost": (rank_lost, {"world_size": 2}, "rank_without_tokens"),
+    "sample_repeated": (sample_repeated, None, "sample_id_repeated"),
 }
 RUNS = {**{name: (c[0], None, name) for name, c in CASES.items()}, **EXTRA_CASES}
 

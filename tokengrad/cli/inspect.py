@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import warnings
 
 
 def cli_inspect(argv: list[str]) -> int:
@@ -16,8 +17,11 @@ def cli_inspect(argv: list[str]) -> int:
     if args.schema or not args.run:
         print(schema.describe(), end="")
         return 0
-    run = load_run(args.run)
-    print(summarize(run))
+    with warnings.catch_warnings():  # the reader's warnings are in run.warnings: summarised once below
+        warnings.simplefilter("ignore", RuntimeWarning)
+        run = load_run(args.run)
+        text = summarize(run)
+    print(text)
     return 0
 
 
@@ -25,6 +29,7 @@ def summarize(run) -> str:
     """A plain-text summary of a run (also used in tests). Names, paths and warnings come from the file
     system: controls and bidi overrides in them are printed as escapes, never sent to the terminal."""
     from tokengrad.read.display import visible_text
+    from tokengrad.read.skipped import skipped_lines
 
     m = run.meta
     steps = run.steps
@@ -49,7 +54,7 @@ def summarize(run) -> str:
     for table in ("layers", "buckets", "samples", "evals"):
         lines.append(f"{table:<10} {len(run.table(table))} rows")
     lines += _provenance_lines(m)
-    lines += [f"warning    {w}" for w in run.warnings]
+    lines += [f"warning    {w}" for w in skipped_lines(run.warnings)]  # skipped files: count + first few
     return "\n".join(visible_text(line) for line in lines)
 
 

@@ -31,6 +31,7 @@ DETECTOR_MODULES = (
     "detect_tokens",
     "detect_mismatch",
     "detect_integrity",
+    "detect_ranks",
     "detect_rewards",
 )
 

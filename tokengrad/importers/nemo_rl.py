@@ -46,11 +46,12 @@ def import_nemo_rl(src: Path, out: Path, group_size: int | None = None) -> dict:
             f"{src} holds no train_data_step<N>.jsonl files of a NeMo-RL GRPO log (they are skipped when "
             "env.should_log_nemo_gym_responses is set)"
         )
-    sink = RunSink(out, _provenance(src), config={"imported_from": "nemo_rl", "group_size": group_size})
-    for step, path in files:
-        tokens, samples = _read_step(path, group_size)
-        sink.write(step, 0, tokens=tokens, samples=samples, steps=step_row(tokens, samples))
-    return sink.close()
+    config = {"imported_from": "nemo_rl", "group_size": group_size}
+    with RunSink(out, _provenance(src), config=config) as sink:
+        for step, path in files:
+            tokens, samples = _read_step(path, group_size)
+            sink.write(step, 0, tokens=tokens, samples=samples, steps=step_row(tokens, samples))
+        return sink.close()
 
 
 def _candidates(src: Path) -> list[Path]:

@@ -44,15 +44,15 @@ def import_prime_rl(src: Path, out: Path, group_size: int | None = None) -> dict
         raise ValueError(f"{root} holds no step_<n> folders of a prime-rl token export")
     ranks = {int(m.group(1)) for _, d in steps for f in d.iterdir() if (m := _RANK_FILE.match(f.name))}
     unstable = [s for s, d in steps if not (d / "STABLE").exists()]
-    sink = RunSink(
+    with RunSink(
         out,
         _provenance(root, unstable),
         world_size=max(ranks, default=0) + 1,
         config={"imported_from": "prime_rl", "group_size": group_size},
-    )
-    for step, folder in steps:
-        _import_step(sink, step, folder, group_size)
-    return sink.close()
+    ) as sink:
+        for step, folder in steps:
+            _import_step(sink, step, folder, group_size)
+        return sink.close()
 
 
 def _exports_dir(src: Path) -> Path:

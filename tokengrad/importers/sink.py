@@ -2,9 +2,13 @@
 the run format (tokengrad.schema), and a meta.json that says where the run came from and which columns and
 tables the source did not record.
 
-    sink = RunSink(out_dir, Provenance("prime_rl", src, ...), world_size=2)
-    sink.write(step=3, rank=0, tokens={"sample_id": [...], "logprob": [...]}, steps={...})
-    sink.close()          # commits, status files, meta.json with meta["imported"]["not_recorded"]
+    with RunSink(out_dir, Provenance("prime_rl", src, ...), world_size=2) as sink:
+        sink.write(step=3, rank=0, tokens={"sample_id": [...], "logprob": [...]}, steps={...})
+        meta = sink.close()   # commits, status files, meta.json with meta["imported"]["not_recorded"]
+
+Rows go to a staging folder next to `out_dir` (tokengrad.importers.staging) that close() moves into place
+once meta.json is written; an import that fails or is killed never leaves part of a run at `out_dir`, and
+leaving the `with` block on an error removes the staging folder.
 
 A column the source has no value for is written as null, never as 0: the read side then shows "not
 recorded" (tokengrad.read.provenance) and the doctor lists the detectors that need it as not checked.
@@ -23,6 +27,7 @@ import pyarrow as pa
 
 from tokengrad import schema
 from tokengrad._version import __version__
+from tokengrad.importers.staging import Staging
 from tokengrad.record.store.run_meta import write_meta, write_status
 from tokengrad.record.store.writer import RunWriter
 
@@ -44,7 +49,7 @@ class Provenance:
 
 
 class RunSink:
-    """Writes an imported run directory `out` (which must not hold a run yet).
+    """Writes an imported run directory `out` (absent or empty: anything in it is refused).
 
     Args:
         out: the new run directory.
@@ -66,9 +71,6 @@ class RunSink:
         temperature: float | None = None,
     ):
         self.out = Path(out)
-        if (self.out / schema.META_FILE).exists():
-            raise ValueError(f"{self.out} already holds a run; choose a new folder for the import")
-        self.out.mkdir(parents=True, exist_ok=True)
         self.provenance = provenance
         self.meta = {
             "schema_version": schema.SCHEMA_VERSION,
@@ -92,6 +94,25 @@ class RunSink:
         self._last_step: dict[int, int] = {}
         self._seen: dict[str, set[str]] = {t: set() for t in IMPORTED_TABLES}  # columns with a value
         self._rows: dict[str, int] = dict.fromkeys(IMPORTED_TABLES, 0)
+        self._stage = Staging(self.out)  # last: the checks above raise before anything is created
+        self.dir = self._stage.path  # where the rows go until close() moves them to `out`
+
+    def __enter__(self) -> "RunSink":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.discard()
+
+    def discard(self) -> None:
+        """An import that failed: its writers stopped, its staging folder removed (`out` untouched)."""
+        for writer in self._writers.values():
+            try:
+                writer.close()
+            except Exception:  # noqa: BLE001 -- the rows are thrown away with the folder
+                pass
+        self._writers.clear()
+        self._stage.discard()
 
     def write(self, step: int, rank: int = 0, **tables: dict[str, list]) -> None:
         """Commit one step of one rank: table name -> columns (name -> values, one per row)."""
@@ -108,22 +129,28 @@ class RunSink:
             self._last_step[rank] = max(step, self._last_step.get(rank, step))
 
     def close(self) -> dict:
-        """Finish the run: every writer closed, status files and meta.json written; returns meta.json."""
+        """Finish the run: every writer closed, status files and meta.json written, the run moved to `out`;
+        returns meta.json. Nothing reaches `out` when a file of the run could not be written."""
+        if not self._writers:
+            self.discard()
+            raise ValueError(f"the source held no rows to import; nothing was written to {self.out}")
         dropped: dict[str, int] = {}
+        saved = True
         for rank, writer in sorted(self._writers.items()):
             writer.close()
-            write_status(self.out, rank, True, self._last_step.get(rank), writer)
+            saved = write_status(self.dir, rank, True, self._last_step.get(rank), writer) and saved
             for table, n in writer.rows_dropped.items():
                 dropped[table] = dropped.get(table, 0) + n
-        if not self._writers:
-            raise ValueError(f"the source held no rows to import; nothing was written to {self.out}")
         self.meta["imported"] = self._imported()
-        write_meta(self.out, self.meta, True, dropped)
+        if not (write_meta(self.dir, self.meta, True, dropped) and saved):
+            self.discard()
+            raise OSError(f"the run's metadata could not be written next to {self.out}; nothing was imported")
+        self._stage.commit()
         return json.loads((self.out / schema.META_FILE).read_text())
 
     def _writer(self, rank: int) -> RunWriter:
         if rank not in self._writers:
-            self._writers[rank] = RunWriter(self.out, rank=rank, on_error="raise")
+            self._writers[rank] = RunWriter(self.dir, rank=rank, on_error="raise")
         return self._writers[rank]
 
     def _note(self, table: str, data: pa.Table) -> None:

@@ -60,12 +60,12 @@ def import_trl_completions(
         "args": {"num_generations": group_size, "reward_weights": weights},
         "reward_columns": names,
     }
-    sink = RunSink(out, _provenance(src, rewards, weights, logged is not None), config=config)
-    for step, path in files:
-        samples = _samples(path, rewards, weights, group_size)
-        steps = {**step_row(None, samples), **{k: [v] for k, v in (logged or {}).get(step, {}).items()}}
-        sink.write(step, 0, samples=samples, steps=steps)
-    return sink.close()
+    with RunSink(out, _provenance(src, rewards, weights, logged is not None), config=config) as sink:
+        for step, path in files:
+            samples = _samples(path, rewards, weights, group_size)
+            steps = {**step_row(None, samples), **{k: [v] for k, v in (logged or {}).get(step, {}).items()}}
+            sink.write(step, 0, samples=samples, steps=steps)
+        return sink.close()
 
 
 def _files(src: Path) -> list[tuple[int, Path]]:

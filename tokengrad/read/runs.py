@@ -39,7 +39,8 @@ class SchemaVersionError(ValueError):
 
 def list_runs(root: str | os.PathLike, follow_links_out: bool = False) -> list[str]:
     """Run directories (those holding meta.json) at or directly below `root`, sorted by name. A symlink
-    whose target lies outside `root` is skipped unless `follow_links_out`."""
+    whose target lies outside `root` is skipped unless `follow_links_out`; so is a hidden folder (an
+    import's staging folder, tokengrad.importers.staging, holds a copy of its run until it is moved)."""
     root = Path(root)
     if is_run_dir(root):
         return [str(root)]
@@ -49,7 +50,9 @@ def list_runs(root: str | os.PathLike, follow_links_out: bool = False) -> list[s
     return sorted(
         str(p)
         for p in root.iterdir()
-        if is_run_dir(p) and (follow_links_out or p.resolve().is_relative_to(real))
+        if not p.name.startswith(".")
+        and is_run_dir(p)
+        and (follow_links_out or p.resolve().is_relative_to(real))
     )
 
 

@@ -175,11 +175,14 @@ class Recorder:
                 rows_dropped=carried,
             )
             self._last_seq = None  # a sequence number of the writer of an earlier open(): not this one's
-        except BaseException:
+            if self.rank == 0:
+                self._write_meta(finished=False)
+        except BaseException:  # a failed open leaves no claim and no writer thread behind
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
             self._lock.release()
             raise
-        if self.rank == 0:
-            self._write_meta(finished=False)
         self._floor = self._last_recorded_step() if self._resume_step is None else self._resume_step - 1
         if self._resume_step is not None:
             removed = self._writer.drop_steps_from(self._resume_step)
@@ -346,7 +349,9 @@ class Recorder:
         )
 
     def _claim(self) -> dict | None:
-        return run_meta.check_claim(self.run_dir, self._meta, resuming=self._resume_step is not None)
+        resuming = self._resume_step is not None
+        run_meta.refuse_rows_without_meta(self.run_dir, self.rank, resuming)
+        return run_meta.check_claim(self.run_dir, self._meta, resuming=resuming)
 
     def _carried_rows_dropped(self, old_meta: dict | None) -> dict[str, int]:
         return run_meta.carried_rows_dropped(self.run_dir, self.rank, old_meta)

@@ -37,7 +37,7 @@ try:
 except ImportError:  # not POSIX: stale claims are broken unguarded
     fcntl = None
 
-__all__ = ["Claim", "RunClaimedError", "adopt", "lock_path", "take"]
+__all__ = ["Claim", "RunClaimedError", "adopt", "lock_path", "move", "take"]
 
 ATTEMPTS = 50  # claims created and broken under one taker before it gives up
 INSPECT_WAIT_S = 10.0  # how long another process may keep inspecting a claim before a taker gives up
@@ -107,6 +107,19 @@ def adopt(run_dir: str | os.PathLike, rank: int, owner: object) -> Claim:
     claim = held or take(run_dir, rank)
     claim.owner = owner
     return claim
+
+
+def move(held: Claim, run_dir: str | os.PathLike, new_dir: str | os.PathLike) -> None:
+    """Rename the claimed run directory `run_dir` to `new_dir` (os.rename: an empty `new_dir` is replaced,
+    a non-empty one raises) and keep the claim on it: the lock file moves with its folder, its identity
+    unchanged, so `held.release()` then removes it at its new place."""
+    if _HELD.get(str(held.path)) is not held:
+        raise RunClaimedError(f"{held.path} is not a claim this process holds; {run_dir} was not moved")
+    os.rename(run_dir, new_dir)
+    del _HELD[str(held.path)]
+    held.path = Path(new_dir) / held.path.relative_to(run_dir)
+    held.created = []  # the folders now belong to the moved run
+    _HELD[str(held.path)] = held
 
 
 def _create(path: Path) -> tuple[int, int] | None:

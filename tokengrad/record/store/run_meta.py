@@ -13,6 +13,8 @@ from pathlib import Path
 
 from tokengrad import schema
 from tokengrad._version import __version__
+from tokengrad.read import layout
+from tokengrad.record.store import strict_json
 from tokengrad.record.store.writer import atomic_write_json
 
 # meta.json keys that say which run a directory holds: a Recorder that is not resuming refuses a directory
@@ -31,8 +33,9 @@ def tokenizer_label(name: str | None) -> str | None:
 def make_meta(
     run_dir: Path, *, config, info, model, tokenizer, world_size, buckets, attribution, budget
 ) -> dict:
-    """meta.json of a new run (`info`: a record.options.RunInfo)."""
-    return {
+    """meta.json of a new run (`info`: a record.options.RunInfo); a ValueError names a config key that JSON
+    cannot hold (tokengrad.record.store.strict_json), before anything is claimed or written."""
+    meta = {
         "schema_version": schema.SCHEMA_VERSION,
         "tokengrad_version": __version__,
         "run_name": info.name or run_dir.name,
@@ -53,6 +56,23 @@ def make_meta(
         "finished": False,
         "temperature": info.temperature,
     }
+    strict_json.to_json(meta)
+    return meta
+
+
+def refuse_rows_without_meta(run_dir: Path, rank: int, resuming: bool) -> None:
+    """A directory holding rows of this rank but no meta.json was left by a process killed before it wrote
+    its metadata (or by an import of an earlier tokengrad): recording into it would add to that attempt, so
+    it is refused unless resuming (resume_step removes its rows from that step on first)."""
+    if resuming or (run_dir / schema.META_FILE).exists():
+        return
+    files = [p for t in schema.TABLES for _, _, p in layout.entries(run_dir / schema.rank_dir(t, rank))]
+    if files:
+        raise ValueError(
+            f"{run_dir} holds {len(files)} data file(s) of rank {rank} but no meta.json, as a recording "
+            "killed before it wrote its metadata leaves it: delete the folder to start over, or pass "
+            "resume_step=N to continue it (its rows of steps >= N are removed first)"
+        )
 
 
 def check_claim(run_dir: Path, meta: dict, resuming: bool) -> dict | None:
@@ -109,7 +129,7 @@ def write_meta(run_dir: Path, meta: dict, finished: bool, rows_dropped: dict) ->
     meta["rows_dropped"] = rows_dropped
     try:
         atomic_write_json(path, meta)
-    except OSError as err:
+    except (OSError, ValueError) as err:  # a full disk; a key JSON cannot hold (strict_json names it)
         warnings.warn(f"tokengrad: could not write {path}: {err}", RuntimeWarning, stacklevel=3)
         return False
     return True
@@ -138,5 +158,5 @@ def write_status(run_dir: Path, rank: int, finished: bool, last_step: int | None
 
 
 def _plain_json(value):
-    """A value as JSON would give it back (tuples become lists), to compare meta.json with a new run's."""
-    return json.loads(json.dumps(value, default=str))
+    """A value as meta.json gives it back (tuples become lists, NaN null), to compare with a new run's."""
+    return strict_json.to_json(value)

@@ -18,7 +18,6 @@ on_error="raise" the error is re-raised in the training thread at the next submi
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import queue
@@ -35,6 +34,7 @@ import pyarrow.parquet as pq
 from tokengrad import schema
 from tokengrad.faults import fault_point
 from tokengrad.read import layout
+from tokengrad.record.store import strict_json
 
 
 class Rows(NamedTuple):
@@ -55,10 +55,13 @@ RETIRE_GRACE_S = 10.0
 
 
 def atomic_write_json(path: Path, obj: dict) -> None:
+    """Write strict JSON (strict_json.py: NaN/inf as null; a non-string key raises ValueError
+    before anything is written) to `path` by rename: readers see the old file or the new one."""
+    text = strict_json.dumps(obj)
     fault_point("meta")
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        tmp.write_text(json.dumps(obj, indent=2, default=str))
+        tmp.write_text(text)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)  # a full disk must not also keep a half-written file around
