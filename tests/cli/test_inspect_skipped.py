@@ -3,7 +3,7 @@ first few (tokengrad.read.skipped), not a line per file on stdout and two more o
 
 from __future__ import annotations
 
-from tests.test_reliability import record
+from test_reliability import record
 
 from tokengrad.cli import main
 from tokengrad.read.skipped import skipped_lines

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 import pytest
-from tests.test_reliability import TOKENS_PER_STEP, record, record_step, step_counts
+from test_reliability import TOKENS_PER_STEP, record, record_step, step_counts
 
 from tokengrad import Recorder, load_run
 from tokengrad.record import RunInfo, claim

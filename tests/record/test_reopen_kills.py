@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.test_reliability import record, record_step, step_counts
+from test_reliability import record, record_step, step_counts
 
 from tokengrad import Recorder, faults, load_run
 from tokengrad.record import RunInfo, claim
@@ -18,7 +18,7 @@ from tokengrad.record import RunInfo, claim
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = """
 import sys
-from tests.test_reliability import record_step
+from test_reliability import record_step
 from tokengrad import Recorder
 from tokengrad.record import RunInfo
 with Recorder(sys.argv[1], config={"lr": 1.0}, info=RunInfo(name="r")) as rec:
