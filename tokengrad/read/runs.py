@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tokengrad import schema
-from tokengrad.read import duck, layout
+from tokengrad.read import duck, layout, remote
 from tokengrad.read.meta_file import count_rows, is_run_dir, read_meta, rows_dropped, run_name
 
 READ_ATTEMPTS = 5  # listings tried while compaction keeps replacing files under a reader
@@ -76,7 +76,8 @@ class Run:
     tokengrad.read.layout resolves. A file it cannot use is skipped and named in `warnings`.
 
     Args:
-        path: the run folder (holding meta.json).
+        path: the run folder (holding meta.json), or its URL in a bucket (`s3://bucket/prefix/run`: read
+            from a local copy brought up to date on open, tokengrad.read.remote).
         follow_links_out: read data files and meta.json that are symlinks leading outside the folder
             (skipped with a warning, or refused for meta.json, by default).
 
@@ -85,7 +86,10 @@ class Run:
     """
 
     def __init__(self, path: str | os.PathLike, follow_links_out: bool = False):
-        self.path = Path(path)
+        self.url = remote.parse_url(path)  # None for a local folder
+        self.path = remote.local_copy(path)
+        if self.url is not None and not (self.path / schema.META_FILE).is_file():
+            raise FileNotFoundError(f"{self.url}: no run there (no {schema.META_FILE} under it)")
         self._inside = None if follow_links_out else self.path.resolve()
         self.meta: dict = read_meta(self.path, follow_links_out)
         version = self.meta.get("schema_version")

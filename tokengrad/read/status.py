@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from tokengrad.read import claim_file, layout, meta_file
+from tokengrad.read import claim_file, layout, meta_file, remote
 
 STALE_S = 15 * 60  # no file written for this long and never closed: the writer is gone
 STATES = ("running", "finished", "crashed", "stopped")
@@ -82,8 +82,8 @@ def last_step(run_dir: str | os.PathLike) -> int | None:
 
 
 def run_status(run_dir: str | os.PathLike, now: float | None = None, stale_s: float = STALE_S) -> RunStatus:
-    """The run's state (module doc); `now` defaults to the clock."""
-    run = Path(run_dir)
+    """The run's state (module doc); `now` defaults to the clock. A run URL is read from its local copy."""
+    run = remote.local_copy(run_dir)
     now = time.time() if now is None else now
     newest, steps = _newest(run)
     if meta_file.finished(_meta(run)):
