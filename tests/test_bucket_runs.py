@@ -138,3 +138,18 @@ def test_one_claim_wins_the_race_on_the_bucket(bucket):
     assert all("is held by pid" in r and "ranks/rank000.lock" in r for r in refused)
     won[0].release()
     bucket_claim.take(url, 0, fs=None).release()  # free again once released
+
+
+@pytest.mark.slow  # a two-step run of the tiny model: ~8 s on 2 CPU cores
+def test_the_built_in_trainer_records_into_a_bucket(bucket, tmp_path):
+    from tests.test_trainer import check_run, tiny
+    from tokengrad.train.trainer import train
+
+    url = f"{bucket}/runs/trained"
+    staging = train(tiny(tmp_path, run_dir=url))
+    assert staging == Recorder(url).run_dir and (staging / "checkpoint").is_dir()  # checkpoints stay local
+    run = load_run(url)
+    check_run(run.path, steps=2)
+    assert run.steps["step"].tolist() == [0, 1]
+    assert "checkpoint" not in {k.split("/")[0] for k in keys(url)}
+    assert not list(tmp_path.glob("s3*"))

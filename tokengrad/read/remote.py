@@ -117,7 +117,7 @@ def filesystem(url: Url) -> pafs.FileSystem:
             region=region or None,
             connect_timeout=5,
             request_timeout=30,
-            retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=3),
+            retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=2),  # the uploader retries on its own
         )
     try:
         import fsspec

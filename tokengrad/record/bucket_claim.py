@@ -128,7 +128,7 @@ def _s3_client():
         from botocore.config import Config
     except ImportError:
         return None
-    config = Config(connect_timeout=5, read_timeout=30, retries={"max_attempts": 3, "mode": "standard"})
+    config = Config(connect_timeout=5, read_timeout=30, retries={"max_attempts": 2, "mode": "standard"})
     return boto3.client("s3", config=config)
 
 

@@ -230,3 +230,8 @@ def local_dir(run_dir: str | os.PathLike) -> Path:
     (record/bucket.py), a local path as it is."""
     url = parse_url(run_dir)
     return Path(run_dir) if url is None else cache_path(url, "staging")
+
+
+def in_bucket(run_dir: str | os.PathLike) -> bool:
+    """Whether `run_dir` is a run's URL in a bucket (s3://...); a RemoteError for an unknown scheme."""
+    return parse_url(run_dir) is not None

@@ -92,7 +92,8 @@ class Uploader:
                 self._sent[rel] = local if same else None
         self.not_uploaded = len(self.pending())
         self.last_error: str | None = None
-        self.passes = 0
+        self.passes = 0  # passes finished
+        self._began = 0  # passes begun
         self._done = threading.Condition()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -108,7 +109,7 @@ class Uploader:
         """Wait up to `timeout` seconds until a pass begun after this call has uploaded everything; returns
         how many files are still not uploaded."""
         with self._done:
-            target = self.passes + 2  # the pass running now may have listed the folder before the call
+            target = self._began + 1  # a pass that begins after this call (the running one may not see all)
         self._hurry = True  # failures retried at RETRY_FIRST_S while someone waits
         self._wake.set()
         with self._done:
@@ -133,6 +134,9 @@ class Uploader:
             self._wake.clear()
 
     def _pass(self) -> bool:
+        with self._done:
+            self._began += 1
+            this = self._began
         local = rank_files(self.staging, self.rank)
         todo = [(rel, p) for rel, p in local.items() if self._sent.get(rel) != _signature(p)]
         left = len(todo)
@@ -159,7 +163,7 @@ class Uploader:
             error = str(describe(self.url, err))
         with self._done:
             self.not_uploaded, self.last_error = left, error or self.last_error
-            self.passes += 1
+            self.passes = this
             self._done.notify_all()
         return error is None
 
