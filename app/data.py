@@ -38,6 +38,7 @@ from tokengrad.read import (
 )
 from tokengrad.read import status as run_state
 from tokengrad.read.runs import Run, load_run
+from tokengrad.read.remote import RemoteError, local_copy
 from tokengrad.read.served_root import runs_below
 
 Signature = tuple[tuple[str, int, int], ...]
@@ -95,6 +96,20 @@ def signature(run_dir: str, tables: tuple[str, ...] | None = None) -> Signature:
     (tokengrad.read.layout.run_files)."""
     base = Path(run_dir)
     return tuple(s for s in (_stat(p, base) for p in layout.run_files(base, tables)) if s is not None)
+
+
+BUCKET_REFRESH_S = 5.0  # how old the local copy of a runs root in a bucket may get while pages are viewed
+
+
+@st.cache_data(show_spinner=False, ttl=BUCKET_REFRESH_S)
+def refresh_bucket(root: str) -> str | None:
+    """Bring the local copy of a runs root in a bucket up to date (at most every BUCKET_REFRESH_S):
+    None, or the one line saying why it could not be (the copy made before stays served)."""
+    try:
+        local_copy(root)
+    except RemoteError as err:
+        return str(err)
+    return None
 
 
 def runs_under(root: str) -> list[str]:

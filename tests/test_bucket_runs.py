@@ -153,3 +153,25 @@ def test_the_built_in_trainer_records_into_a_bucket(bucket, tmp_path):
     assert run.steps["step"].tolist() == [0, 1]
     assert "checkpoint" not in {k.split("/")[0] for k in keys(url)}
     assert not list(tmp_path.glob("s3*"))
+
+
+def test_inspect_and_the_doctor_say_how_many_files_were_not_uploaded(bucket, monkeypatch, capsys):
+    from tokengrad.cli import main
+    from tokengrad.doctor.engine import diagnose
+
+    url = f"{bucket}/runs/behind"
+    monkeypatch.setenv(faults.ENV, "upload:raise")
+    with pytest.warns(RuntimeWarning, match="were not uploaded"):
+        record(url, range(2), output=Output(upload_wait=0.5))
+    staging = Recorder(url).run_dir
+    assert main(["inspect", str(staging)]) == 0
+    out = capsys.readouterr().out
+    assert f"upload     rank 0: 5 files not uploaded to {url} (they stay in {staging})" in out
+    (found,) = [f for f in diagnose(staging) if f.id == "files_not_uploaded"]
+    assert found.message == f"5 files not uploaded to {url} (rank 0: 5 in {staging})"
+    monkeypatch.delenv(faults.ENV)
+    record(url, range(2, 3))  # the re-open uploads them: the bucket's copy is whole and says so
+    assert main(["inspect", url]) == 0
+    out = capsys.readouterr().out
+    assert f"bucket     {url}" in out and "not uploaded" not in out and "steps      3 (last 2)" in out
+    assert [f.id for f in diagnose(url) if f.id == "files_not_uploaded"] == []

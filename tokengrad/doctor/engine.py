@@ -32,6 +32,7 @@ DETECTOR_MODULES = (
     "detect_mismatch",
     "detect_integrity",
     "detect_rewards",
+    "detect_upload",
 )
 
 

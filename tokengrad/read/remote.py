@@ -202,4 +202,5 @@ def local_copy(target: str | os.PathLike) -> Path:
         return Path(target)
     dest = cache_path(url, "remote")
     mirror(url, dest)
+    dest.mkdir(parents=True, exist_ok=True)  # an empty prefix is an empty folder of runs
     return dest

@@ -123,3 +123,15 @@ def _stopped(run: Path, newest: float, steps: bool, why: str) -> RunStatus:
 
 def _written(idle: float) -> str:
     return f"last file written {idle:.0f} s ago" if idle < 1e9 else "no file written yet"
+
+
+def not_uploaded(rank_status: list[dict]) -> list[dict]:
+    """The upload entries of a run in a bucket whose rank closed with files not uploaded yet (`Run.rank_status`
+    in, each entry's `rank`, `files_not_uploaded`, `url` and `staging` out; record/bucket.py writes them)."""
+    out = []
+    for status in rank_status:
+        upload = status.get("upload")
+        n = upload.get("files_not_uploaded") if isinstance(upload, dict) else None
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            out.append({"rank": status.get("rank"), **upload})
+    return out
