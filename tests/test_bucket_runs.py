@@ -15,7 +15,7 @@ from tokengrad import faults, load_run
 from tokengrad.read.remote import RemoteError, parse_url
 from tokengrad.record import bucket_claim
 from tokengrad.record.claim import RunClaimedError
-from tokengrad.record.options import Output
+from tokengrad.record.options import Output, RunInfo
 from tokengrad.record.recorder import Recorder
 
 
@@ -175,3 +175,37 @@ def test_inspect_and_the_doctor_say_how_many_files_were_not_uploaded(bucket, mon
     out = capsys.readouterr().out
     assert f"bucket     {url}" in out and "not uploaded" not in out and "steps      3 (last 2)" in out
     assert [f.id for f in diagnose(url) if f.id == "files_not_uploaded"] == []
+
+
+KILLED_CHILD = """
+import time, sys
+from tests.test_reliability import record_step
+from tokengrad.record.recorder import Recorder
+from tokengrad.record.options import RunInfo
+with Recorder(sys.argv[1], config={"lr": 1.0}, info=RunInfo(name="r")) as rec:
+    for step in range(8):
+        record_step(rec, step)
+        time.sleep(0.2)
+"""
+
+
+@pytest.mark.subprocess
+def test_a_kill_mid_upload_loses_nothing_committed_and_a_resume_finishes_the_upload(bucket, tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    url = f"{bucket}/runs/killed"
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, faults.ENV: "upload:kill@6", "PYTHONPATH": str(repo)}
+    child = subprocess.run([sys.executable, "-c", KILLED_CHILD, url], cwd=repo, env=env, timeout=120)
+    assert child.returncode == -9  # SIGKILL while copying its 6th file to the bucket
+    staging = Recorder(url).run_dir
+    committed = step_counts(load_run(staging))
+    assert committed["steps"] and committed["tokens"] == [8] * len(committed["steps"])
+    behind = [k for k in keys(url) if k.endswith(".parquet")]
+    assert len(behind) == 5 - ("meta.json" in keys(url))  # the 6th upload never happened
+    with pytest.warns(RuntimeWarning, match="broke the stale claim"):  # the killed process's claims
+        Recorder(url, config={"lr": 1.0}, info=RunInfo(name="r")).open().close()
+    assert step_counts(load_run(url)) == committed  # every committed step reached the bucket
