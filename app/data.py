@@ -37,8 +37,8 @@ from tokengrad.read import (
     token_shares,
 )
 from tokengrad.read import status as run_state
-from tokengrad.read.runs import Run, load_run
 from tokengrad.read.remote import RemoteError, local_copy
+from tokengrad.read.runs import Run, load_run
 from tokengrad.read.served_root import runs_below
 
 Signature = tuple[tuple[str, int, int], ...]

@@ -24,7 +24,12 @@ OBJECTIVE = ["tokengrad.objective"]
 RECORD = ["tokengrad.record"]
 # read/ modules record/ shares: the files it writes and reads back, the GPT-2 byte table of token texts,
 # the bucket URLs and filesystems a run in a bucket is written through
-LAYOUT = ["tokengrad.read.layout", "tokengrad.read.claim_file", "tokengrad.read.byte_table", "tokengrad.read.remote"]
+LAYOUT = [
+    "tokengrad.read.layout",
+    "tokengrad.read.claim_file",
+    "tokengrad.read.byte_table",
+    "tokengrad.read.remote",
+]
 TRAIN = ["tokengrad.train"]
 INTEGRATIONS = ["tokengrad.integrations"]
 FIGURES = ["tokengrad.figures"]

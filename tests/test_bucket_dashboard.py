@@ -11,7 +11,6 @@ import pyarrow.fs as pafs
 import pytest
 from synthetic_runs import write_synthetic_run
 
-from tests.bucket_server import bucket, s3_server  # noqa: F401 - fixtures
 from tests.test_browser import BAD_TEXT, CHROMIUM, LAUNCH_ARGS, PAGE_TEXT_JS, REPO, _settle
 from tokengrad.cli.dashboard import serving
 from tokengrad.read.remote import filesystem, parse_url

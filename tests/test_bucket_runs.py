@@ -9,7 +9,6 @@ import threading
 import boto3
 import pytest
 
-from tests.bucket_server import bucket, s3_server  # noqa: F401 - fixtures
 from tests.test_reliability import record, step_counts
 from tokengrad import faults, load_run
 from tokengrad.read.remote import RemoteError, parse_url
@@ -37,7 +36,8 @@ def values(run) -> dict:
         **step_counts(run),
         "loss": run.steps["loss"].tolist(),
         "tokens_rows": run.sql(
-            "SELECT step, sample_id, position, token_id, prob, coef FROM tokens ORDER BY step, sample_id, position"
+            "SELECT step, sample_id, position, token_id, prob, coef FROM tokens "
+            "ORDER BY step, sample_id, position"
         ).values.tolist(),
         "rewards": run.samples["reward"].tolist(),
         "evals": run.evals["accuracy"].tolist(),

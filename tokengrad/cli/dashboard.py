@@ -158,7 +158,9 @@ def cli_dashboard(argv: list[str]) -> int:
     shown = f"{args.root} (a local copy in {root})" if in_bucket else root
     print(f"tokengrad dashboard: serving {shown} at http://{args.host}:{args.port}", flush=True)
     try:
-        command = build_command(args.root if in_bucket else root, args.host, args.port, args.allow_any_folder, args.allowed_host)
+        command = build_command(
+            args.root if in_bucket else root, args.host, args.port, args.allow_any_folder, args.allowed_host
+        )
         # SIGTERM unwinds like Ctrl-C: subprocess.call then stops the server instead of orphaning it
         with sigterm_unwinds():
             return subprocess.call(command, env=server_env())

@@ -126,8 +126,9 @@ def _written(idle: float) -> str:
 
 
 def not_uploaded(rank_status: list[dict]) -> list[dict]:
-    """The upload entries of a run in a bucket whose rank closed with files not uploaded yet (`Run.rank_status`
-    in, each entry's `rank`, `files_not_uploaded`, `url` and `staging` out; record/bucket.py writes them)."""
+    """The upload entries of a run in a bucket whose rank closed with files not uploaded yet
+    (`Run.rank_status` in; each entry's `rank`, `files_not_uploaded`, `url`, `staging` out; record/bucket.py
+    writes them)."""
     out = []
     for status in rank_status:
         upload = status.get("upload")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from pathlib import Path
 
 from tokengrad import schema
 from tokengrad.read import remote

@@ -72,7 +72,9 @@ def take(url: Url, rank: int, fs) -> BucketClaim:
             if code not in ("PreconditionFailed", "ConditionalRequestConflict"):
                 raise describe(lock, err) from None
         _break_if_stale(client, lock)
-    raise RunClaimedError(f"{lock}: the claim changed hands {ATTEMPTS} times while this process tried to take it")
+    raise RunClaimedError(
+        f"{lock}: the claim changed hands {ATTEMPTS} times while this process tried to take it"
+    )
 
 
 def _break_if_stale(client, lock: Url) -> None:

@@ -30,8 +30,8 @@ import warnings
 from pathlib import Path
 
 from tokengrad.read import claim_file
-from tokengrad.read.remote import cache_path, parse_url
 from tokengrad.read.claim_file import lock_path
+from tokengrad.read.remote import cache_path, parse_url
 
 try:
     import fcntl

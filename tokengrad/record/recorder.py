@@ -30,8 +30,8 @@ import torch
 from tokengrad import schema
 from tokengrad.read import layout
 from tokengrad.record import claim, run_meta
-from tokengrad.record.bucket import BucketRun
 from tokengrad.record import distributed as dist
+from tokengrad.record.bucket import BucketRun
 from tokengrad.record.budget import Budget
 from tokengrad.record.gradnorms import NamesFilter
 from tokengrad.record.options import (
@@ -376,7 +376,7 @@ class Recorder:
     def _write_status(self, finished: bool, not_uploaded: int | None = None) -> bool:
         last = self.last_step if self.last_step is not None else self._floor
         upload = None if self.bucket is None else self.bucket.status(not_uploaded or 0)
-        return run_meta.write_status(self.run_dir, self.rank, finished, last, self._writer, upload)
+        return run_meta.write_status(self.run_dir, self.rank, finished, last, self._writer, upload=upload)
 
     def _require_open(self) -> RunWriter:
         if self._writer is None:

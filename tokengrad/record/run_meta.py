@@ -116,7 +116,7 @@ def write_meta(run_dir: Path, meta: dict, finished: bool, rows_dropped: dict) ->
 
 
 def write_status(
-    run_dir: Path, rank: int, finished: bool, last_step: int | None, writer, upload: dict | None = None
+    run_dir: Path, rank: int, finished: bool, last_step: int | None, writer, *, upload: dict | None = None
 ) -> bool:
     """Write this rank's status file; False (and a warning) when the disk refuses. `upload`: a run in a
     bucket's upload state (its URL, files not uploaded yet, the staging folder; record/bucket.py)."""

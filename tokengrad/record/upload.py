@@ -53,8 +53,10 @@ def rank_files(staging: Path, rank: int) -> dict[str, Path]:
 def owned(rel: str, rank: int) -> bool:
     """Whether a file of the bucket (path relative to the run) is one this rank writes."""
     parts = rel.split("/")
-    data = len(parts) == 3 and parts[0] in schema.TABLES and f"{parts[0]}/{parts[1]}" == schema.rank_dir(
-        parts[0], rank
+    data = (
+        len(parts) == 3
+        and parts[0] in schema.TABLES
+        and f"{parts[0]}/{parts[1]}" == schema.rank_dir(parts[0], rank)
     )
     return data or rel == status_rel(rank) or (rank == 0 and rel == schema.META_FILE)
 
@@ -103,7 +105,11 @@ class Uploader:
 
     def pending(self) -> list[str]:
         """This rank's local files the bucket does not hold as they are now (no network)."""
-        return [rel for rel, p in rank_files(self.staging, self.rank).items() if self._sent.get(rel) != _signature(p)]
+        return [
+            rel
+            for rel, p in rank_files(self.staging, self.rank).items()
+            if self._sent.get(rel) != _signature(p)
+        ]
 
     def drain(self, timeout: float) -> int:
         """Wait up to `timeout` seconds until a pass begun after this call has uploaded everything; returns
@@ -166,4 +172,3 @@ class Uploader:
             self.passes = this
             self._done.notify_all()
         return error is None
-
