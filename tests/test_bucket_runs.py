@@ -209,3 +209,19 @@ def test_a_kill_mid_upload_loses_nothing_committed_and_a_resume_finishes_the_upl
     with pytest.warns(RuntimeWarning, match="broke the stale claim"):  # the killed process's claims
         Recorder(url, config={"lr": 1.0}, info=RunInfo(name="r")).open().close()
     assert step_counts(load_run(url)) == committed  # every committed step reached the bucket
+
+
+def test_the_commands_read_a_run_in_a_bucket_and_name_a_bad_url_in_one_line(bucket, capsys):
+    from tokengrad.cli import main
+
+    url = f"{bucket}/runs/cli"
+    record(url, range(3))
+    assert main(["doctor", url, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)  # the findings (or none) as JSON, read from the bucket
+    assert main(["watch", url, "--interval", "0.1"]) == 0  # finished: one pass, exit 0
+    capsys.readouterr()
+    missing = "s3://no-such-bucket-cli/runs/x"
+    for command in ("inspect", "doctor", "watch"):
+        assert main([command, missing]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == f"tokengrad {command}: error: {missing}: the bucket 'no-such-bucket-cli' does not exist"

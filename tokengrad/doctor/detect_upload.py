@@ -24,15 +24,15 @@ def files_not_uploaded(view: RunView) -> list[Finding]:
     action = Action(
         "open the run with a Recorder on the machine that recorded it (the upload resumes)", "docs/buckets.md"
     )
+    message = f"{total} files not uploaded to {behind[0].get('url')} ({where})"
+    whole_run = {"first_step": None, "last_step": None, "confidence": 1.0}  # a fact of the run, no step
     return [
         Finding(
             id="files_not_uploaded",
             severity="warning",
-            confidence=1.0,
-            first_step=None,
-            last_step=None,
-            message=f"{total} files not uploaded to {behind[0].get('url')} ({where})",
+            message=message,
             evidence=evidence,
             actions=(action,),
+            **whole_run,
         )
     ]
