@@ -18,6 +18,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -99,17 +101,31 @@ def signature(run_dir: str, tables: tuple[str, ...] | None = None) -> Signature:
 
 
 BUCKET_REFRESH_S = 5.0  # how old the local copy of a runs root in a bucket may get while pages are viewed
+_bucket_lock = threading.Lock()
+_bucket_copies: dict[str, dict] = {}  # root -> {"thread", "started", "error"} of its latest refresh
 
 
-@st.cache_data(show_spinner=False, ttl=BUCKET_REFRESH_S)
 def refresh_bucket(root: str) -> str | None:
-    """Bring the local copy of a runs root in a bucket up to date (at most every BUCKET_REFRESH_S):
-    None, or the one line saying why it could not be (the copy made before stays served)."""
+    """Start bringing the local copy of a runs root in a bucket up to date, on a thread of its own (one
+    per root at a time, at most every BUCKET_REFRESH_S): pages never wait on the network, they read what
+    the copy holds and Live refresh shows what arrives. Returns the last refresh's one-line error, or None
+    (the copy made before stays served)."""
+    with _bucket_lock:
+        state = _bucket_copies.setdefault(root, {"thread": None, "started": -BUCKET_REFRESH_S, "error": None})
+        busy = state["thread"] is not None and state["thread"].is_alive()
+        if not busy and time.monotonic() - state["started"] >= BUCKET_REFRESH_S:
+            state["started"] = time.monotonic()
+            state["thread"] = threading.Thread(target=_copy, args=(root, state), daemon=True)
+            state["thread"].start()
+        return state["error"]
+
+
+def _copy(root: str, state: dict) -> None:
     try:
         local_copy(root)
+        state["error"] = None
     except RemoteError as err:
-        return str(err)
-    return None
+        state["error"] = str(err)
 
 
 def runs_under(root: str) -> list[str]:

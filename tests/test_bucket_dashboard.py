@@ -28,6 +28,7 @@ def upload(local, url: str) -> None:
 
 
 def test_the_dashboard_serves_every_run_under_a_bucket_prefix(bucket, tmp_path):
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
     root = f"{bucket}/runs"
@@ -44,8 +45,14 @@ def test_the_dashboard_serves_every_run_under_a_bucket_prefix(bucket, tmp_path):
         assert not [bad for bad in BAD_TEXT if bad in text]
         write_synthetic_run(tmp_path / "local" / "late", n_steps=5, n_samples=2, n_tok=8, seed=2)
         upload(tmp_path / "local" / "late", f"{root}/late")
-        time.sleep(6)  # the local copy is refreshed every app.data.BUCKET_REFRESH_S (5 s)
-        page.goto(f"{url}/?runs=late")
-        _settle(page, min_charts=4)
-        assert "late" in page.evaluate(PAGE_TEXT_JS)
+        deadline = time.monotonic() + 90  # the copy is refreshed in the background every 5 s
+        while True:
+            page.goto(f"{url}/?runs=late")
+            try:
+                _settle(page, min_charts=4, timeout_ms=15_000)
+                break
+            except PlaywrightTimeout:
+                assert time.monotonic() < deadline, "the run uploaded while the page was open never appeared"
+        text = page.evaluate(PAGE_TEXT_JS)
+        assert "late" in text and "syn_a" not in text
         browser.close()

@@ -145,8 +145,8 @@ def cli_dashboard(argv: list[str]) -> int:
     """Entry point of `tokengrad dashboard`; returns the server's exit status."""
     args = build_parser().parse_args(argv)
     in_bucket = remote.is_url(args.root or "")
-    if in_bucket:  # the first copy before the server starts: a bad URL is one line here, not in the page
-        remote.local_copy(args.root)
+    if in_bucket:  # a first copy before the server starts (a bad URL is one line here, not in the page),
+        remote.local_copy(args.root, skip=("tokens",))  # without the largest table: the app copies it
     root = resolve_root(args.root)
     if not root.exists():
         print(

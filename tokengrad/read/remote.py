@@ -161,7 +161,7 @@ def download(fs: pafs.FileSystem, url: Url, rel: str, info: pafs.FileInfo, dest:
     """One file of `url` to `dest/rel`, whole (a temporary name, then a rename), with the store's mtime."""
     target = dest / rel
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.part")
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{os.urandom(4).hex()}.part")  # copies may overlap
     try:
         with fs.open_input_stream(url.child(rel).path) as src, open(tmp, "wb") as out:
             while chunk := src.read(1 << 22):
@@ -195,12 +195,27 @@ def mirror(url: Url, dest: Path, keep=None, prune: bool = True) -> int:
     return fetched
 
 
-def local_copy(target: str | os.PathLike) -> Path:
-    """The folder to read for `target`: a local path as it is, an URL's local copy brought up to date."""
+def table_of(rel: str) -> str | None:
+    """The table a file of a run (or of a folder of runs) belongs to: TABLE/rankRRR/FILE; None for others
+    (meta.json, the rank status files)."""
+    parts = rel.split("/")
+    return parts[-3] if len(parts) >= 3 and parts[-2].startswith("rank") else None
+
+
+def local_copy(target: str | os.PathLike, tables=None, skip=()) -> Path:
+    """The folder to read for `target`: a local path as it is, an URL's local copy brought up to date:
+    meta.json, the rank files and the files of `tables` (every table when None) except those of `skip`.
+    A reader fetches a table when it first reads it (tokengrad.read.runs), so a page that needs only
+    the steps never waits for the tokens."""
     url = parse_url(target)
     if url is None:
         return Path(target)
     dest = cache_path(url, "remote")
-    mirror(url, dest)
+
+    def keep(rel: str) -> bool:
+        table = table_of(rel)
+        return table is None or (table not in skip and (tables is None or table in tables))
+
+    mirror(url, dest, keep)
     dest.mkdir(parents=True, exist_ok=True)  # an empty prefix is an empty folder of runs
     return dest

@@ -87,7 +87,8 @@ class Run:
 
     def __init__(self, path: str | os.PathLike, follow_links_out: bool = False):
         self.url = remote.parse_url(path)  # None for a local folder
-        self.path = remote.local_copy(path)
+        self.path = remote.local_copy(path, tables=())  # a bucket's tables: each when first read
+        self._fetched: set[str] = set()
         if self.url is not None and not (self.path / schema.META_FILE).is_file():
             raise FileNotFoundError(f"{self.url}: no run there (no {schema.META_FILE} under it)")
         self._inside = None if follow_links_out else self.path.resolve()
@@ -148,6 +149,9 @@ class Run:
         """The table's files to read, all ranks, resolved (see tokengrad.read.layout); unusable ones skipped
         with a warning."""
         schema.column_names(table)  # validates the table name
+        if self.url is not None and table not in self._fetched:  # a run in a bucket: its files, once
+            remote.local_copy(str(self.url), tables=(table,))
+            self._fetched.add(table)
         for _ in range(READ_ATTEMPTS):
             listed = layout.table_parts(self.path, table)
             usable = [self._usable(table, p.path) for p in listed]

@@ -83,7 +83,7 @@ def last_step(run_dir: str | os.PathLike) -> int | None:
 
 def run_status(run_dir: str | os.PathLike, now: float | None = None, stale_s: float = STALE_S) -> RunStatus:
     """The run's state (module doc); `now` defaults to the clock. A run URL is read from its local copy."""
-    run = remote.local_copy(run_dir)
+    run = remote.local_copy(run_dir, tables=("steps",))  # the state needs the steps files, not the tokens
     now = time.time() if now is None else now
     newest, steps = _newest(run)
     if meta_file.finished(_meta(run)):
