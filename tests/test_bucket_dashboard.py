@@ -45,7 +45,7 @@ def test_the_dashboard_serves_every_run_under_a_bucket_prefix(bucket, tmp_path):
         assert not [bad for bad in BAD_TEXT if bad in text]
         write_synthetic_run(tmp_path / "local" / "late", n_steps=5, n_samples=2, n_tok=8, seed=2)
         upload(tmp_path / "local" / "late", f"{root}/late")
-        deadline = time.monotonic() + 90  # the copy is refreshed in the background every 5 s
+        deadline = time.monotonic() + 180  # the copy is refreshed in the background every 5 s
         while True:
             page.goto(f"{url}/?runs=late")
             try:
