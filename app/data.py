@@ -18,6 +18,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,7 @@ from tokengrad.read import (
     token_shares,
 )
 from tokengrad.read import status as run_state
+from tokengrad.read.remote import RemoteError, local_copy
 from tokengrad.read.runs import Run, load_run
 from tokengrad.read.served_root import runs_below
 
@@ -95,6 +98,34 @@ def signature(run_dir: str, tables: tuple[str, ...] | None = None) -> Signature:
     (tokengrad.read.layout.run_files)."""
     base = Path(run_dir)
     return tuple(s for s in (_stat(p, base) for p in layout.run_files(base, tables)) if s is not None)
+
+
+BUCKET_REFRESH_S = 5.0  # how old the local copy of a runs root in a bucket may get while pages are viewed
+_bucket_lock = threading.Lock()
+_bucket_copies: dict[str, dict] = {}  # root -> {"thread", "started", "error"} of its latest refresh
+
+
+def refresh_bucket(root: str) -> str | None:
+    """Start bringing the local copy of a runs root in a bucket up to date, on a thread of its own (one
+    per root at a time, at most every BUCKET_REFRESH_S): pages never wait on the network, they read what
+    the copy holds and Live refresh shows what arrives. Returns the last refresh's one-line error, or None
+    (the copy made before stays served)."""
+    with _bucket_lock:
+        state = _bucket_copies.setdefault(root, {"thread": None, "started": -BUCKET_REFRESH_S, "error": None})
+        busy = state["thread"] is not None and state["thread"].is_alive()
+        if not busy and time.monotonic() - state["started"] >= BUCKET_REFRESH_S:
+            state["started"] = time.monotonic()
+            state["thread"] = threading.Thread(target=_copy, args=(root, state), daemon=True)
+            state["thread"].start()
+        return state["error"]
+
+
+def _copy(root: str, state: dict) -> None:
+    try:
+        local_copy(root)
+        state["error"] = None
+    except RemoteError as err:
+        state["error"] = str(err)
 
 
 def runs_under(root: str) -> list[str]:

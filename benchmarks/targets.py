@@ -37,6 +37,8 @@ BLOCKED = "blocked: recorder calls minus token_stats and the plain clip"
 GROUPS = {"costs": ("trl_bucket", "trl_bucket_kept", "trainer", "blocked")}
 VS_TRL = ("bench_vs_trl.py", "--bucket-activations")  # SmolLM2-135M-Instruct
 VS_TRL_SMOKE = ("bench_vs_trl.py", "--smoke")  # --smoke times every variant
+BUCKET = ("bench_bucket.py",)  # a run standing for 1 B token rows, local and on moto's S3 server
+BUCKET_SMOKE = ("bench_bucket.py", "--smoke")
 
 
 @dataclass(frozen=True)
@@ -200,6 +202,38 @@ TARGETS = (
         ("bench_dashboard.py", "--rows", "2e6", "--steps", "100", "--samples", "64"),
         ("bench_dashboard.py", "--smoke"),
         dashboard,
+    ),
+    Target(
+        "scale1b_page",
+        "first page of a run standing for 1 B token rows (60 steps, K = 65,536), cold, local disk",
+        "<= 2 s",
+        BUCKET,
+        BUCKET_SMOKE,
+        upto("first page, local disk", 2.0, " s"),
+    ),
+    Target(
+        "scale1b_wordcloud",
+        "word cloud (2 vocab queries) of that run, cold, local disk",
+        "<= 1 s",
+        BUCKET,
+        BUCKET_SMOKE,
+        upto("word cloud, local disk", 1.0, " s"),
+    ),
+    Target(
+        "scale1b_bucket",
+        "first page of that run from an S3-compatible server on 127.0.0.1, empty cache",
+        "<= 5 s",
+        BUCKET,
+        BUCKET_SMOKE,
+        upto("first page, bucket, empty cache", 5.0, " s"),
+    ),
+    Target(
+        "scale1b_doctor",
+        "`tokengrad doctor` on that run (the bucket's local copy)",
+        "<= 10 s",
+        BUCKET,
+        BUCKET_SMOKE,
+        upto("doctor, bucket", 10.0, " s"),
     ),
 )
 

@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny seeded Llama on CPU and a rollout-like batch for it."""
+"""Shared fixtures: a tiny seeded Llama on CPU and a rollout-like batch for it; an S3-compatible server and a
+fresh bucket on it (tests/bucket_server.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import os
 
 import pytest
 import torch
+
+from tests.bucket_server import bucket, s3_server  # noqa: F401 - fixtures, registered by being here
 
 # DeepSpeed (the deepspeed extra) prints its accelerator guess to stdout on import unless told; tests and the
 # processes they start parse stdout

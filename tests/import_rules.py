@@ -24,8 +24,14 @@ GROUND = ["tokengrad.schema", "tokengrad.registry", "tokengrad.faults", "tokengr
 READ = ["tokengrad.read"]
 OBJECTIVE = ["tokengrad.objective"]
 RECORD = ["tokengrad.record"]
-# read/ modules record/ shares: the files it writes and reads back, the GPT-2 byte table of token texts
-LAYOUT = ["tokengrad.read.layout", "tokengrad.read.claim_file", "tokengrad.read.byte_table"]
+# read/ modules record/ shares: the files it writes and reads back, the GPT-2 byte table of token texts,
+# the bucket URLs and filesystems a run in a bucket is written through
+LAYOUT = [
+    "tokengrad.read.layout",
+    "tokengrad.read.claim_file",
+    "tokengrad.read.byte_table",
+    "tokengrad.read.remote",
+]
 TRAIN = ["tokengrad.train"]
 INTEGRATIONS = ["tokengrad.integrations"]
 FIGURES = ["tokengrad.figures"]
@@ -97,6 +103,7 @@ LOADED_FORBIDDEN = {
     "tokengrad.read.entropy_queries": DATA_LAYER_FORBIDDEN,
     "tokengrad.read.layout": DATA_LAYER_FORBIDDEN + ["pandas", "duckdb"],
     "tokengrad.read.claim_file": DATA_LAYER_FORBIDDEN + ["pandas", "duckdb"],
+    "tokengrad.read.remote": DATA_LAYER_FORBIDDEN + ["pandas", "duckdb"],
     "tokengrad.doctor": DATA_LAYER_FORBIDDEN + ["pandas", "duckdb", "scipy"],
     "tokengrad.doctor.engine": DATA_LAYER_FORBIDDEN + ["tokengrad.integrations"],
     "tokengrad.record": [

@@ -96,6 +96,15 @@ FIGURES = {
         "per bucket / one backward",
         "record_grad_norms incl. bucket shares",
     ),
+    "bench_bucket.py": (
+        "first page, local disk",
+        "word cloud, local disk",
+        "doctor, local disk",
+        "first page, bucket, empty cache",
+        "first page, bucket, copy kept",
+        "doctor, bucket",
+        "ratio first page bucket / local",
+    ),
     "bench_scale.py": (
         "all rows ",
         "token_budget=2048",

@@ -15,7 +15,8 @@ Points: commit (before a commit file is written), write (before any Parquet file
 (merged file written, small files not yet removed), unlinked (after each small file a merge removes),
 meta (before meta.json / rank status are written), checkpoint_write (before a checkpoint is written),
 checkpoint_renamed (between the two renames of a checkpoint save), checkpoint_saved (a checkpoint is
-complete), import_staged (an import is complete in its staging folder, not yet moved into place).
+complete), import_staged (an import is complete in its staging folder, not yet moved into place),
+upload (before each file a run in a bucket uploads: `raise` stands for a network failure).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ POINTS = (
     "checkpoint_renamed",
     "checkpoint_saved",
     "import_staged",
+    "upload",
 )
 _hits: Counter = Counter()
 

@@ -19,6 +19,7 @@ from app import data
 from app.views import urlstate
 from tokengrad.figures.style import run_colors
 from tokengrad.read import meta_file
+from tokengrad.read.remote import is_url
 from tokengrad.read.runs import with_meta_name
 from tokengrad.read.served_root import ALLOW_ANY_FLAG, open_folder, resolve_root
 
@@ -55,6 +56,10 @@ def _root_ui() -> str | None:
     """The folder typed in the box, if the served root holds it (or the server allows any folder)."""
     args = _script_args(sys.argv[1:])
     served = resolve_root(args.root)
+    if args.root and is_url(args.root):  # a bucket prefix: served from its local copy, kept fresh
+        problem = data.refresh_bucket(args.root)
+        if problem:
+            st.error(problem)
     if ROOT_KEY not in st.session_state:
         st.session_state[ROOT_KEY] = str(served)
     typed = st.text_input(

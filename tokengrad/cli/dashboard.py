@@ -24,6 +24,7 @@ import urllib.request
 from pathlib import Path
 
 from tokengrad.cli.signals import Terminated, sigterm_unwinds
+from tokengrad.read import remote
 from tokengrad.read.served_root import ALLOW_ANY_FLAG, PACKAGE_PARENT, resolve_root
 
 DEFAULT_PORT = 8501
@@ -98,7 +99,7 @@ def allowed_hosts(host: str, extra: list[str] | None = None) -> list[str]:
 
 
 def build_command(
-    root: Path, host: str, port: int, allow_any: bool = False, extra_hosts: list[str] | None = None
+    root: Path | str, host: str, port: int, allow_any: bool = False, extra_hosts: list[str] | None = None
 ) -> list[str]:
     """The `python -m streamlit run ...` command line; everything after `--` goes to the app."""
     hosts = [arg for name in allowed_hosts(host, extra_hosts) for arg in ("--server.allowedHosts", name)]
@@ -143,6 +144,9 @@ def server_env() -> dict[str, str]:
 def cli_dashboard(argv: list[str]) -> int:
     """Entry point of `tokengrad dashboard`; returns the server's exit status."""
     args = build_parser().parse_args(argv)
+    in_bucket = remote.is_url(args.root or "")
+    if in_bucket:  # a first copy before the server starts (a bad URL is one line here, not in the page),
+        remote.local_copy(args.root, skip=("tokens",))  # without the largest table: the app copies it
     root = resolve_root(args.root)
     if not root.exists():
         print(
@@ -151,9 +155,12 @@ def cli_dashboard(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    print(f"tokengrad dashboard: serving {root} at http://{args.host}:{args.port}", flush=True)
+    shown = f"{args.root} (a local copy in {root})" if in_bucket else root
+    print(f"tokengrad dashboard: serving {shown} at http://{args.host}:{args.port}", flush=True)
     try:
-        command = build_command(root, args.host, args.port, args.allow_any_folder, args.allowed_host)
+        command = build_command(
+            args.root if in_bucket else root, args.host, args.port, args.allow_any_folder, args.allowed_host
+        )
         # SIGTERM unwinds like Ctrl-C: subprocess.call then stops the server instead of orphaning it
         with sigterm_unwinds():
             return subprocess.call(command, env=server_env())

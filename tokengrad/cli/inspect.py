@@ -30,6 +30,7 @@ def summarize(run) -> str:
     system: controls and bidi overrides in them are printed as escapes, never sent to the terminal."""
     from tokengrad.read.display import visible_text
     from tokengrad.read.skipped import skipped_lines
+    from tokengrad.read.status import not_uploaded
 
     m = run.meta
     steps = run.steps
@@ -42,6 +43,13 @@ def summarize(run) -> str:
         f"model      {m.get('model')}  tokenizer {m.get('tokenizer')}  world_size {m.get('world_size')}",
         f"weighting  {m.get('weighting', {}).get('name')} {m.get('weighting', {}).get('params', {})}",
         f"finished   {m.get('finished')}  rows dropped {run.rows_dropped}",
+    ]
+    if run.url is not None:
+        lines.append(f"bucket     {run.url}  (read from the local copy above)")
+    lines += [
+        f"upload     rank {b['rank']}: {b['files_not_uploaded']} files not uploaded to {b.get('url')} "
+        f"(they stay in {b.get('staging')})"
+        for b in not_uploaded(run.rank_status)
     ]
     if len(steps):
         last = steps.iloc[-1]

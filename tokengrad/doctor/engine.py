@@ -33,6 +33,7 @@ DETECTOR_MODULES = (
     "detect_integrity",
     "detect_ranks",
     "detect_rewards",
+    "detect_upload",
 )
 
 

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tokengrad import schema
-from tokengrad.read import duck, layout
+from tokengrad.read import duck, layout, remote
 from tokengrad.read.meta_file import count_rows, is_run_dir, read_meta, rows_dropped, run_name
 
 READ_ATTEMPTS = 5  # listings tried while compaction keeps replacing files under a reader
@@ -79,7 +79,8 @@ class Run:
     tokengrad.read.layout resolves. A file it cannot use is skipped and named in `warnings`.
 
     Args:
-        path: the run folder (holding meta.json).
+        path: the run folder (holding meta.json), or its URL in a bucket (`s3://bucket/prefix/run`: read
+            from a local copy brought up to date on open, tokengrad.read.remote).
         follow_links_out: read data files and meta.json that are symlinks leading outside the folder
             (skipped with a warning, or refused for meta.json, by default).
 
@@ -88,7 +89,11 @@ class Run:
     """
 
     def __init__(self, path: str | os.PathLike, follow_links_out: bool = False):
-        self.path = Path(path)
+        self.url = remote.parse_url(path)  # None for a local folder
+        self.path = remote.local_copy(path, tables=())  # a bucket's tables: each when first read
+        self._fetched: set[str] = set()
+        if self.url is not None and not (self.path / schema.META_FILE).is_file():
+            raise FileNotFoundError(f"{self.url}: no run there (no {schema.META_FILE} under it)")
         self._inside = None if follow_links_out else self.path.resolve()
         self.meta: dict = read_meta(self.path, follow_links_out)
         version = self.meta.get("schema_version")
@@ -147,6 +152,9 @@ class Run:
         """The table's files to read, all ranks, resolved (see tokengrad.read.layout); unusable ones skipped
         with a warning."""
         schema.column_names(table)  # validates the table name
+        if self.url is not None and table not in self._fetched:  # a run in a bucket: its files, once
+            remote.local_copy(str(self.url), tables=(table,))
+            self._fetched.add(table)
         for _ in range(READ_ATTEMPTS):
             listed = layout.table_parts(self.path, table)
             usable = [self._usable(table, p.path) for p in listed]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from tokengrad.read import remote
 from tokengrad.read.meta_file import is_run_dir
 
 ENV_ROOT = "TOKENGRAD_RUNS_ROOT"  # read by the app when it is started without --root
@@ -23,7 +24,11 @@ def default_root() -> Path:
 
 
 def resolve_root(root: str | os.PathLike | None) -> Path:
-    """The runs root to serve: `root` if given, else $TOKENGRAD_RUNS_ROOT, else default_root()."""
+    """The runs root to serve: `root` if given, else $TOKENGRAD_RUNS_ROOT, else default_root(). A bucket
+    prefix (s3://bucket/runs) is served from its local copy (tokengrad.read.remote; the app refreshes it)."""
+    url = remote.parse_url(root) if root else None
+    if url is not None:
+        return remote.cache_path(url, "remote").resolve()
     if root:
         return Path(root).expanduser().resolve()
     env = os.environ.get(ENV_ROOT)

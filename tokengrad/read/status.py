@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from tokengrad.read import claim_file, layout, meta_file
+from tokengrad.read import claim_file, layout, meta_file, remote
 
 STALE_S = 15 * 60  # no file written for this long and never closed: the writer is gone
 STATES = ("running", "finished", "crashed", "stopped")
@@ -82,8 +82,8 @@ def last_step(run_dir: str | os.PathLike) -> int | None:
 
 
 def run_status(run_dir: str | os.PathLike, now: float | None = None, stale_s: float = STALE_S) -> RunStatus:
-    """The run's state (module doc); `now` defaults to the clock."""
-    run = Path(run_dir)
+    """The run's state (module doc); `now` defaults to the clock. A run URL is read from its local copy."""
+    run = remote.local_copy(run_dir, tables=("steps",))  # the state needs the steps files, not the tokens
     now = time.time() if now is None else now
     newest, steps = _newest(run)
     if meta_file.finished(_meta(run)):
@@ -123,3 +123,16 @@ def _stopped(run: Path, newest: float, steps: bool, why: str) -> RunStatus:
 
 def _written(idle: float) -> str:
     return f"last file written {idle:.0f} s ago" if idle < 1e9 else "no file written yet"
+
+
+def not_uploaded(rank_status: list[dict]) -> list[dict]:
+    """The upload entries of a run in a bucket whose rank closed with files not uploaded yet
+    (`Run.rank_status` in; each entry's `rank`, `files_not_uploaded`, `url`, `staging` out; store/bucket.py
+    writes them)."""
+    out = []
+    for status in rank_status:
+        upload = status.get("upload")
+        n = upload.get("files_not_uploaded") if isinstance(upload, dict) else None
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            out.append({"rank": status.get("rank"), **upload})
+    return out

@@ -93,17 +93,22 @@ class Output:
     """Where rows go. `on_error`: "count" (a writer failure drops and counts rows, training goes on) or
     "raise" (each step waits for its commit and raises at the end of the step that lost rows);
     `compact_every`: merge small per-step files after this many steps; `trackers`:
-    `tokengrad.integrations.trackers` backends that get each step's aggregates live (rank 0 only)."""
+    `tokengrad.integrations.trackers` backends that get each step's aggregates live (rank 0 only);
+    `upload_wait`: seconds `Recorder.close` waits for a run in a bucket to finish uploading (what is still
+    local then stays in the staging folder and is named, docs/buckets.md)."""
 
     on_error: str = "count"
     compact_every: int = 64
     trackers: tuple = field(default_factory=tuple)
+    upload_wait: float = 60.0
 
     def __post_init__(self):
         if self.on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {self.on_error!r}")
         if _every("compact_every", self.compact_every) < 1:
             raise ValueError(f"compact_every must be >= 1, got {self.compact_every}")
+        if not self.upload_wait >= 0:  # also refuses nan
+            raise ValueError(f"upload_wait must be a number of seconds >= 0, got {self.upload_wait!r}")
         object.__setattr__(self, "trackers", tuple(self.trackers))
 
 

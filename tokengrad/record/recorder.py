@@ -48,6 +48,7 @@ from tokengrad.record.options import (
 )
 from tokengrad.record.step_recorder import StepRecorder
 from tokengrad.record.store import claim, run_meta
+from tokengrad.record.store.bucket import BucketRun
 from tokengrad.record.store.rows import TokenDecoder, scalar_table
 from tokengrad.record.store.writer import Rows, RunWriter
 
@@ -58,7 +59,9 @@ class Recorder:
     """Records a training run into a run directory (see tokengrad.schema for the format).
 
     Args:
-        run_dir: directory of the run (created; an existing run is appended to, e.g. on resume).
+        run_dir: directory of the run (created; an existing run is appended to, e.g. on resume), or its
+            URL in a bucket (`s3://bucket/prefix/run`): committed locally, uploaded in the background
+            (tokengrad.record.store.bucket).
         model: the model being trained (for gradient norms and bucket analysis); DDP wrappers are fine.
         tokenizer: decodes token ids into the `token` column (optional).
         config: the full training config (stored in meta.json).
@@ -104,7 +107,8 @@ class Recorder:
         info, output = info or RunInfo(), output or Output()
         self.buckets, self.attribution = as_buckets(buckets), as_attribution(attribution)
         self.budget = as_budget(budget)
-        self.run_dir = Path(run_dir)
+        self.bucket = BucketRun.at(run_dir)  # None for a local folder; a bad URL is refused here
+        self.run_dir = self.bucket.staging if self.bucket else Path(run_dir)
         self.model = model
         self.layers = layers
         self.rank, self.world_size = dist.rank(), dist.world_size()
@@ -112,6 +116,7 @@ class Recorder:
         self._meta = self._make_meta(config, info, model, tokenizer)
         self._writer: RunWriter | None = None
         self._on_error, self._compact_every = output.on_error, output.compact_every
+        self._upload_wait = output.upload_wait
         self._resume_step = resume_step
         self._trackers = list(output.trackers) if self.rank == 0 else []
         self._step: StepRecorder | None = None
@@ -165,6 +170,8 @@ class Recorder:
         # The directory's claim first (one process, one Recorder per rank), then what it holds.
         self._lock = claim.adopt(self.run_dir, self.rank, self)
         try:
+            if self.bucket is not None:  # the bucket's claim, resume from it, the uploader
+                self.bucket.open(self.rank)
             old = self._claim()
             carried = self._carried_rows_dropped(old)
             self._writer = RunWriter(
@@ -181,6 +188,8 @@ class Recorder:
             if self._writer is not None:
                 self._writer.close()
                 self._writer = None
+            if self.bucket is not None and self.bucket.claim is not None:
+                self.bucket.close(0.0)
             self._lock.release()
             raise
         self._floor = self._last_recorded_step() if self._resume_step is None else self._resume_step - 1
@@ -208,7 +217,8 @@ class Recorder:
                 self.live_doctor.close(self.last_step)
             for tracker in self._trackers:
                 tracker.close()
-            saved = self._write_status(finished=finished)
+            left = self.bucket.drain(self._upload_wait) if self.bucket else None
+            saved = self._write_status(finished=finished, not_uploaded=left)
             if self.rank == 0:
                 saved = self._write_meta(finished=finished) and saved
             dropped = dict(self._writer.rows_dropped)
@@ -221,6 +231,8 @@ class Recorder:
                     stacklevel=2,
                 )
             self._writer = None
+            if self.bucket is not None:  # the status and meta.json too, then the claim
+                self.bucket.close(self._upload_wait)
             self._lock.release()
 
     def flush(self) -> None:
@@ -366,9 +378,10 @@ class Recorder:
         dropped = dict(self._writer.rows_dropped) if self._writer else {}
         return run_meta.write_meta(self.run_dir, self._meta, finished, dropped)
 
-    def _write_status(self, finished: bool) -> bool:
+    def _write_status(self, finished: bool, not_uploaded: int | None = None) -> bool:
         last = self.last_step if self.last_step is not None else self._floor
-        return run_meta.write_status(self.run_dir, self.rank, finished, last, self._writer)
+        upload = None if self.bucket is None else self.bucket.status(not_uploaded or 0)
+        return run_meta.write_status(self.run_dir, self.rank, finished, last, self._writer, upload=upload)
 
     def _require_open(self) -> RunWriter:
         if self._writer is None:

@@ -29,6 +29,7 @@ import torch
 
 from tokengrad.faults import fault_point
 from tokengrad.read import meta_file
+from tokengrad.record.store.claim import local_dir
 from tokengrad.train import distributed as dist
 from tokengrad.train import durable
 from tokengrad.train.config import TrainConfig, make_config
@@ -264,9 +265,11 @@ RESUMABLE_KEYS = {
 
 
 def resolve_run_dir(cfg: TrainConfig) -> Path:
-    """runs/<run_name> unless given; a finished or started run is only reused with resume."""
+    """runs/<run_name> unless given; a finished or started run is only reused with resume. A run in a
+    bucket (run_dir=s3://...) is recorded and checkpointed in its local staging folder (store/bucket.py),
+    which this returns; the Recorder uploads the run's files."""
     name = cfg.run_name or f"{cfg.task}-{cfg.weighting}-{datetime.now():%Y%m%d-%H%M%S}"
-    run_dir = Path(cfg.run_dir or Path("runs") / name)
+    run_dir = local_dir(cfg.run_dir or Path("runs") / name)
     if (run_dir / "meta.json").exists() and not cfg.resume:
         where = "its checkpoint" if has_checkpoint(run_dir) else "step 0, as it has no checkpoint yet"
         raise ValueError(

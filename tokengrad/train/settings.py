@@ -17,6 +17,7 @@ from tokengrad.objective.weighting import get_weighting, rule_meta, rule_params
 from tokengrad.record import Attribution, RunInfo
 from tokengrad.record.options import Doctor
 from tokengrad.record.recorder import Recorder
+from tokengrad.record.store.claim import in_bucket
 from tokengrad.train.config import TrainConfig
 from tokengrad.train.updates import GRPOUpdate, LossSettings, Policy, Schedule, Weighting
 
@@ -78,7 +79,7 @@ def recorder_of(
 ) -> Recorder:
     """The run's Recorder, with the config's buckets, attribution, budget, doctor options and resume step."""
     return Recorder(
-        run_dir,
+        cfg.run_dir if in_bucket(cfg.run_dir) else run_dir,  # a run in a bucket: its URL
         model=model,
         tokenizer=tokenizer,
         config=cfg.to_dict(),

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from tokengrad.read import claim_file
 from tokengrad.read.claim_file import lock_path
+from tokengrad.read.remote import cache_path, parse_url
 
 try:
     import fcntl
@@ -75,7 +76,8 @@ class Claim:
 def take(run_dir: str | os.PathLike, rank: int = 0) -> Claim:
     """Claim rank `rank` of `run_dir` for this process (creating the directory); RunClaimedError if another
     process or claim of this process holds it."""
-    path = lock_path(Path(run_dir), rank)
+    run_dir = local_dir(run_dir)  # a run in a bucket is claimed in its staging folder (and in the bucket)
+    path = lock_path(run_dir, rank)
     held = _HELD.get(str(path))
     if held is not None and held.pid == os.getpid():
         raise RunClaimedError(f"{run_dir} is already being recorded by this process ({path} is held)")
@@ -96,7 +98,7 @@ def take(run_dir: str | os.PathLike, rank: int = 0) -> Claim:
 def adopt(run_dir: str | os.PathLike, rank: int, owner: object) -> Claim:
     """The claim a Recorder records under: the one its process took for it (the trainer's), else a new
     one. A claim another Recorder of this process records under is refused."""
-    held = _HELD.get(str(lock_path(Path(run_dir), rank)))
+    held = _HELD.get(str(lock_path(local_dir(run_dir), rank)))
     if held is not None and held.pid != os.getpid():
         held = None
     if held is not None and held.owner is not None and held.owner is not owner:
@@ -234,3 +236,15 @@ def _unusable(run_dir, path: Path, why: str) -> str:
         f"{run_dir} cannot be claimed: its lock file {path} {why}, so which process records this run is "
         f"unknown. If none does, delete {path} to break the claim"
     )
+
+
+def local_dir(run_dir: str | os.PathLike) -> Path:
+    """The folder a writer commits into for `run_dir`: the staging folder of a run in a bucket
+    (record/store/bucket.py), a local path as it is."""
+    url = parse_url(run_dir)
+    return Path(run_dir) if url is None else cache_path(url, "staging")
+
+
+def in_bucket(run_dir: str | os.PathLike) -> bool:
+    """Whether `run_dir` is a run's URL in a bucket (s3://...); a RemoteError for an unknown scheme."""
+    return parse_url(run_dir) is not None

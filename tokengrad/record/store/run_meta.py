@@ -135,8 +135,11 @@ def write_meta(run_dir: Path, meta: dict, finished: bool, rows_dropped: dict) ->
     return True
 
 
-def write_status(run_dir: Path, rank: int, finished: bool, last_step: int | None, writer) -> bool:
-    """Write this rank's status file; False (and a warning) when the disk refuses."""
+def write_status(
+    run_dir: Path, rank: int, finished: bool, last_step: int | None, writer, *, upload: dict | None = None
+) -> bool:
+    """Write this rank's status file; False (and a warning) when the disk refuses. `upload`: a run in a
+    bucket's upload state (its URL, files not uploaded yet, the staging folder; record/store/bucket.py)."""
     folder = run_dir / schema.RANKS_DIR
     status = {
         "rank": rank,
@@ -145,6 +148,7 @@ def write_status(run_dir: Path, rank: int, finished: bool, last_step: int | None
         "rows_dropped": dict(writer.rows_dropped) if writer else {},
         "rows_written": dict(writer.rows_written) if writer else {},
         "time": time.time(),
+        **({"upload": upload} if upload is not None else {}),
     }
     try:
         folder.mkdir(parents=True, exist_ok=True)
