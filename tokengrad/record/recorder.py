@@ -30,6 +30,7 @@ import torch
 from tokengrad import schema
 from tokengrad.read import layout
 from tokengrad.record import claim, run_meta
+from tokengrad.record.agreement import RankAgreement
 from tokengrad.record import distributed as dist
 from tokengrad.record.budget import Budget
 from tokengrad.record.gradnorms import NamesFilter
@@ -123,6 +124,7 @@ class Recorder:
         # every rank: DDP ranks read the same all-reduced norm, so they flag the same spikes
         self.spike_watch = SpikeWatch() if self.attribution.on_spike and model is not None else None
         self.live_doctor = None  # tokengrad.doctor.live.LiveDoctor while open with a doctor
+        self.agreement: RankAgreement | None = None  # the ranks' side group, made at open (a collective)
 
     # With Doctor(halt=True): begin_step raises DoctorHalt (a plain loop). An integration that stops its
     # trainer itself (TRL's should_training_stop) sets this False and reads `halt_finding` at step ends.
@@ -180,6 +182,7 @@ class Recorder:
             raise
         if self.rank == 0:
             self._write_meta(finished=False)
+        self.agreement = RankAgreement.create() if self.model is not None else None
         self._floor = self._last_recorded_step() if self._resume_step is None else self._resume_step - 1
         if self._resume_step is not None:
             removed = self._writer.drop_steps_from(self._resume_step)

@@ -76,6 +76,8 @@ class StepRecorder:
         if self.rec.current_step is self:
             # Ctrl-C or SIGTERM mid-step: the step did not happen (a resume trains it again); another
             # error keeps what the step recorded so far, to show where it failed.
+            if exc_type is not None and self.buckets.deferred:  # the others wait for this rank: release them
+                self.rec.agreement.leave("bucket analysis", step=self.step, n_values=len(self.rec.bucket_edges) - 1)
             if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
                 self.rec.discard_step()
             else:
@@ -168,7 +170,8 @@ class StepRecorder:
         """Bucket gradients of the passes tracked since the last call (their graphs must still exist);
         `loss`, the tensor their backward ran on, lets a residual-free update skip one bucket's pass."""
         t = time.perf_counter()
-        self.buckets.analyze(self._passes, trainable_params(self.rec.model), loss=loss)
+        sharded = grads_are_sharded(self.rec.model)
+        self.buckets.analyze(self._passes, trainable_params(self.rec.model), loss=loss, sharded=sharded)
         self._t_record += time.perf_counter() - t
 
     def skip_bucket_analysis(self) -> None:
@@ -205,7 +208,9 @@ class StepRecorder:
         if spiked:  # the same gradient without its top-k culprit tokens
             self._replay(update_id, total, named)
         self.add_grad_norms(total, blocks, update_id)
-        if update_id in self.buckets.state:
+        if self.is_bucket_step and grads_are_sharded(self.rec.model):  # every rank, its passes or none
+            self.buckets.finish_sharded(update_id, self.rec.model, self.rec.agreement)
+        elif update_id in self.buckets.state:
             self.buckets.finish_update(
                 update_id, [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in named]
             )
