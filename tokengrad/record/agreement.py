@@ -10,7 +10,7 @@ rank raises the same one-line error naming the ranks and why.
 
     agreement = RankAgreement.create()                 # at Recorder.open, on every rank (a collective)
     flags = agreement.agree("bucket analysis", step=3, status=READY, values=[1, 0, 1, 1])  # summed flags
-    agreement.leave("bucket analysis", step=3, reason="ValueError")  # a rank leaving the step early
+    agreement.leave(step=3, n_values=4)                # a rank leaving the step early: the others stop
 
 A rank that died is noticed by gloo as a closed connection (at once) or by the group's timeout;
 `$TOKENGRAD_RANK_TIMEOUT_S` (default 600 s) bounds how long a rank waits for slower ones.
@@ -79,10 +79,10 @@ class RankAgreement:
             )
         return vec[ws:].tolist()
 
-    def leave(self, what: str, *, step: int, n_values: int) -> None:
+    def leave(self, *, step: int, n_values: int) -> None:
         """A rank leaving the step before the agreement: post LEFT so the others stop at once; its own
         error stays the one it raised (a failure here is ignored)."""
         try:
-            self.agree(what, step=step, status=LEFT, values=[0.0] * n_values)
+            self.agree("leaving", step=step, status=LEFT, values=[0.0] * n_values)
         except RankAgreementError:
             pass

@@ -31,6 +31,7 @@ from tokengrad import schema
 from tokengrad.read import layout
 from tokengrad.record import claim, run_meta
 from tokengrad.record.agreement import RankAgreement
+from tokengrad.record.sharded import refuse_sharding
 from tokengrad.record import distributed as dist
 from tokengrad.record.budget import Budget
 from tokengrad.record.gradnorms import NamesFilter
@@ -160,6 +161,7 @@ class Recorder:
     def open(self) -> "Recorder":
         if self._writer is not None:
             raise RuntimeError("Recorder is already open")
+        refuse_sharding(self.model, self.buckets.every)  # before anything is written
         if self.doctor is not None:  # first: an unknown detector name fails before anything is written
             from tokengrad.doctor.live import LiveDoctor  # pandas/DuckDB/scipy: loaded only when asked for
 

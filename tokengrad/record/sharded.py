@@ -48,25 +48,50 @@ def _dot(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return float(sum((x.double().reshape(-1) @ y.double().reshape(-1)) for x, y in zip(a, b) if x.numel()))
 
 
-def rearm_fsdp1(model: torch.nn.Module) -> None:
-    """FSDP1 gathers a wrapped module's parameters for the backward only once per forward: its forward
-    sets `_needs_pre_backward_unshard` on the module's handle and the pre-backward hook clears it. A
-    bucket pass is one more backward through the same forward, so the flag is set again on every FSDP1
-    handle, as FSDP1's forward sets it (without it the pass reads freed parameter storage). FSDP2 needs
-    nothing: it gathers again on every backward."""
+def refusal(model: torch.nn.Module) -> str | None:
+    """Why the bucket analysis cannot be exact for this model's sharding, in one line, or None.
+
+    - FSDP1 (`FullyShardedDataParallel`) frees each wrapped module's gathered parameters after the first
+      backward through a forward, so no second backward (a bucket pass) can run through the same graph.
+    - Tensor parallelism and HSDP place a parameter on a mesh other than FSDP2's one dimension of all
+      ranks (or shard it along another dimension): the per-rank partial sums would count replicated
+      parts several times, so the sums over ranks are not the figures.
+    """
     from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.tensor import Shard
 
-    for module in FullyShardedDataParallel.fsdp_modules(model):
-        handle = getattr(module, "_handle", None)
-        if handle is not None:
-            handle._needs_pre_backward_unshard = True
+    keep = "per-token statistics stay exact; set buckets=0 or"
+    if any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
+        return (
+            f"tokengrad: bucket analysis is refused under FSDP1 (FullyShardedDataParallel frees the "
+            f"gathered parameters after the first backward, so the bucket passes cannot run); per-block "
+            f"gradient norms and {keep} wrap the model with FSDP2 (torch.distributed.fsdp.fully_shard) or DDP"
+        )
+    for name, p in model.named_parameters():
+        mesh, placements = getattr(p, "device_mesh", None), getattr(p, "placements", None)
+        if mesh is None:
+            continue
+        if mesh.ndim != 1 or mesh.size() != dist.world_size() or tuple(placements) != (Shard(0),):
+            return (
+                f"tokengrad: bucket analysis is refused: parameter {name} is placed {tuple(placements)} on a "
+                f"{tuple(mesh.shape)} mesh of {dist.world_size()} ranks (tensor parallelism or HSDP), where "
+                f"per-rank sums count replicated parts more than once; {keep} shard with FSDP2 over all ranks"
+            )
+    return None
 
 
-def _bucket_backward(model, passes, bucket: int, last: bool) -> None:
+def refuse_sharding(model: torch.nn.Module | None, bucket_every: int) -> None:
+    """ValueError with `refusal`'s line where bucket analysis is asked for and cannot be exact."""
+    if model is not None and bucket_every:
+        why = refusal(model)
+        if why is not None:
+            raise ValueError(why)
+
+
+def _bucket_backward(passes, bucket: int, last: bool) -> None:
     """One backward of sum_t coef_t [t in bucket] log pi_t over the update's (pass, bucket index [N, T])
     pairs, into `.grad`."""
     for j, (p, idx) in enumerate(passes):
-        rearm_fsdp1(model)
         coef = torch.nan_to_num(p.coef.detach())  # [N, T]
         go = coef * ((idx == bucket) & p.in_loss).to(coef.dtype)  # [N, T]
         p.logprobs.backward(go.to(p.logprobs.dtype), retain_graph=not (last and j == len(passes) - 1))
@@ -87,7 +112,7 @@ def stream_bucket_figures(passes, model, buckets: list[int], n_buckets: int) -> 
             for p in params:
                 if p.grad is not None:
                     local_shard(p.grad).zero_()  # FSDP accumulates the pass's shard into it
-            _bucket_backward(model, passes, b, last=i == len(buckets) - 1)
+            _bucket_backward(passes, b, last=i == len(buckets) - 1)
             gb = [_grad_or_zero(p) for p, h in zip(params, had) if h]
             part[b], part[n_buckets + b] = _sq(gb), _dot(gb, g)
             torch._foreach_sub_(resid, gb)
@@ -112,24 +137,42 @@ def _restore(params, had: list[bool], saved: list[torch.Tensor]) -> None:
             p.grad = None
 
 
-def sharded_bucket_figures(passes, model, *, edges, agreement, step: int) -> tuple[dict, list[int]]:
-    """(figures as bucket_shares gives them, token counts per bucket summed over ranks) of one update
-    whose gradient is sharded. Every rank calls it (it runs collectives); a rank without a pass of the
-    update stops the analysis on every rank with one line (record/agreement.py)."""
+def agree_on_buckets(passes, *, edges, agreement, step: int, analyse: bool) -> list[int]:
+    """The one agreement before an update's gradient norms are read from sharded gradients (that read,
+    and the bucket passes, are collectives): every rank posts whether it can take part and, on a bucket
+    step, which buckets hold a moving token of its passes. Returns the union of those buckets (every rank
+    runs a pass for each); a rank that left the step, died or (on a bucket step) tracked no pass of the
+    update makes every rank raise one line (record/agreement.py)."""
     from tokengrad.record.agreement import NO_PASS, READY
 
     nb = len(edges) - 1
-    indexed = [(p, bk.bucket_index(p.tensors["prob"], edges)) for p in passes]  # [N, T] each
-    live = [(p, idx) for p, idx in indexed if p.coef is not None and getattr(p.logprobs, "grad_fn", None)]
     mine = [0.0] * nb
+    live = _live(passes, edges) if analyse else []
     for p, idx in live:
         for b in bk.active_buckets(p.coef, p.in_loss, idx, nb):
             mine[b] = 1.0
-    status = READY if live else NO_PASS
-    flags = agreement.agree("bucket analysis", step=step, status=status, values=mine)
-    active = [b for b in range(nb) if flags[b] > 0]
-    part = stream_bucket_figures(live, model, active, nb) if active else _no_pass(model, nb)
-    counts = [sum(float(((idx == b) & p.in_loss).sum()) for p, idx in indexed) for b in range(nb)]
+    status = READY if live or not analyse else NO_PASS
+    what = "bucket analysis" if analyse else "gradient norms"
+    flags = agreement.agree(what, step=step, status=status, values=mine)
+    return [b for b in range(nb) if flags[b] > 0]
+
+
+def _live(passes, edges) -> list:
+    """(pass, bucket index [N, T]) of the passes whose graph is still there to run bucket passes on."""
+    indexed = [(p, bk.bucket_index(p.tensors["prob"], edges)) for p in passes]
+    return [(p, idx) for p, idx in indexed if p.coef is not None and getattr(p.logprobs, "grad_fn", None)]
+
+
+def sharded_bucket_figures(passes, model, *, edges, active: list[int]) -> tuple[dict, list[int]]:
+    """(figures as bucket_shares gives them, token counts per bucket summed over ranks) of one update
+    whose gradient is sharded, for the buckets `active` agreed on (agree_on_buckets). Every rank calls it
+    (it runs collectives)."""
+    nb = len(edges) - 1
+    part = stream_bucket_figures(_live(passes, edges), model, active, nb) if active else _no_pass(model, nb)
+    counts = [0.0] * nb
+    for p in passes:
+        idx = bk.bucket_index(p.tensors["prob"], edges)  # [N, T]
+        counts = [c + float(((idx == b) & p.in_loss).sum()) for b, c in enumerate(counts)]
     sums = dist.all_reduce(part + counts).tolist()  # the one all-reduce of scalars
     n_tokens = [int(c) for c in sums[2 * nb + 2 :]]
     sq_b = {b: sums[b] for b in active}

@@ -9,7 +9,7 @@ import torch
 from tokengrad import schema
 from tokengrad.record import bucket_analysis as bk
 from tokengrad.record.bucket_rows import BucketState, bucket_rows, figure_rows
-from tokengrad.record.sharded import sharded_bucket_figures
+from tokengrad.record import sharded
 
 
 def _distributed() -> bool:
@@ -118,13 +118,19 @@ class StepBuckets:
             state.derived_lost = True
         return state
 
-    def finish_sharded(self, update_id: int, model: torch.nn.Module, agreement) -> None:
+    def agree_sharded(self, update_id: int, agreement, analyse: bool) -> tuple[list, list[int]]:
+        """Before an update's norms are read from sharded gradients: the one agreement of the ranks
+        (record/sharded.py); returns the update's deferred passes and the buckets every rank runs."""
+        passes = self.deferred.pop(update_id, [])  # popped first: a failed agreement leaves none pending
+        active = sharded.agree_on_buckets(
+            passes, edges=self.edges, agreement=agreement, step=self.step, analyse=analyse
+        )
+        return passes, active
+
+    def finish_sharded(self, update_id: int, model: torch.nn.Module, passes: list, active: list[int]) -> None:
         """The update's bucket rows from its deferred passes, streamed over the gradient shards; every rank
         calls it for every update of a bucket step (it runs collectives)."""
-        passes = self.deferred.pop(update_id, [])
-        res, n_tokens = sharded_bucket_figures(
-            passes, model, edges=self.edges, agreement=agreement, step=self.step
-        )
+        res, n_tokens = sharded.sharded_bucket_figures(passes, model, edges=self.edges, active=active)
         self.rows += figure_rows(
             res, n_tokens, self.edges, step=self.step, rank=self.rank, update_id=update_id
         )

@@ -23,6 +23,7 @@ from tokengrad.record.budget_aggregates import vocab_table
 from tokengrad.record.checks import RESERVED, as_ids, check_scalars, safe_texts
 from tokengrad.record.distributed import global_grad_norms, grads_are_sharded
 from tokengrad.record.gradnorms import clip_with_norm_, grad_norms_for_clip, trainable_params
+from tokengrad.record.sharded import refuse_sharding
 from tokengrad.record.rows import sample_rows, scalar_table, steps_row, tokens_table
 from tokengrad.record.spike_replay import replay_spike
 from tokengrad.record.stats import TokenStats
@@ -76,12 +77,18 @@ class StepRecorder:
         if self.rec.current_step is self:
             # Ctrl-C or SIGTERM mid-step: the step did not happen (a resume trains it again); another
             # error keeps what the step recorded so far, to show where it failed.
-            if exc_type is not None and self.buckets.deferred:  # the others wait for this rank: release them
-                self.rec.agreement.leave("bucket analysis", step=self.step, n_values=len(self.rec.bucket_edges) - 1)
+            if exc_type is not None and self._awaited():  # the others wait for this rank: release them
+                self.rec.agreement.leave(step=self.step, n_values=len(self.rec.bucket_edges) - 1)
             if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
                 self.rec.discard_step()
             else:
                 self.rec.end_step()
+
+    def _awaited(self) -> bool:
+        """Whether the other ranks will wait for this one in record_grad_norms: sharded gradients with a
+        tracked update whose norms were not read yet."""
+        pending = {p.update_id for p in self._passes} - set(self._update_norms)
+        return bool(pending) and self.rec.agreement is not None and grads_are_sharded(self.rec.model)
 
     # ---- passes ------------------------------------------------------------------------------------
     def track(
@@ -171,6 +178,8 @@ class StepRecorder:
         `loss`, the tensor their backward ran on, lets a residual-free update skip one bucket's pass."""
         t = time.perf_counter()
         sharded = grads_are_sharded(self.rec.model)
+        if sharded:  # a model wrapped after the recorder opened
+            refuse_sharding(self.rec.model, 1)
         self.buckets.analyze(self._passes, trainable_params(self.rec.model), loss=loss, sharded=sharded)
         self._t_record += time.perf_counter() - t
 
@@ -197,7 +206,9 @@ class StepRecorder:
             raise ValueError("record_grad_norms needs Recorder(model=...)")
         t = time.perf_counter()
         named = trainable_params(self.rec.model)
-        if grads_are_sharded(self.rec.model):  # FSDP: each rank holds a shard; sum squared norms over ranks
+        sharded = grads_are_sharded(self.rec.model)
+        if sharded:  # FSDP: each rank holds a shard; sum squared norms over ranks, all ranks there first
+            agreed = self.buckets.agree_sharded(update_id, self.rec.agreement, self.is_bucket_step)
             total, blocks = global_grad_norms(self.rec.model, self.rec.layers)
             self._clip_total[update_id] = None
         else:  # one process or DDP (already all-reduced): read locally
@@ -208,8 +219,8 @@ class StepRecorder:
         if spiked:  # the same gradient without its top-k culprit tokens
             self._replay(update_id, total, named)
         self.add_grad_norms(total, blocks, update_id)
-        if self.is_bucket_step and grads_are_sharded(self.rec.model):  # every rank, its passes or none
-            self.buckets.finish_sharded(update_id, self.rec.model, self.rec.agreement)
+        if self.is_bucket_step and sharded:  # every rank, its passes or none
+            self.buckets.finish_sharded(update_id, self.rec.model, *agreed)
         elif update_id in self.buckets.state:
             self.buckets.finish_update(
                 update_id, [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in named]
