@@ -5,7 +5,8 @@
     python scripts/sharded_example.py --run-dir runs/single --wrap none --buckets 1   # the same global batch
     tokengrad inspect runs/fsdp2
 
-`--wrap`: one of WRAPS (none, ddp, fsdp2, fsdp2_mixed (bf16 compute, fp32 reduction), fsdp1 (original
+`--attribution 1` adds each token's update_share and dlogprob_pred (a sharded model takes the central
+difference at perturbed shards: compare with `--method central_difference` in one process). `--wrap`: one of WRAPS (none, ddp, fsdp2, fsdp2_mixed (bf16 compute, fp32 reduction), fsdp1 (original
 parameters), fsdp1_flat (flat parameters)). `--micro 2` splits each rank's rows into two backward passes
 of one update (gradient accumulation). The rollouts are those of scripts/ddp_example.py (synthetic,
 deterministic); each rank trains on its slice of whole prompt groups and the loss is a mean over equally
@@ -22,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from tokengrad import Recorder
-from tokengrad.record.options import Buckets
+from tokengrad.record.options import Attribution, Buckets
 from tokengrad.objective.advantages import compute_advantages
 from tokengrad.objective.loss import policy_loss
 from tokengrad.registry import Registry
@@ -95,15 +96,20 @@ def fsdp1_flat(model):
     return _fsdp1(model, use_orig_params=False)
 
 
+def completion_logprobs(model, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log pi [m, T] of the completion tokens with graph, the targets [m, T])."""
+    logits = model(ids).logits[:, PROMPT_LEN - 1 : -1]  # [m, T, V]
+    target = ids[:, PROMPT_LEN:]  # [m, T]
+    return F.log_softmax(logits.float(), -1).gather(2, target.unsqueeze(2)).squeeze(2), target
+
+
 def train_step(st, model, opt, batch: dict, micro: int) -> None:
     rows = local_slice(batch["ids"].size(0))
     adv_all = compute_advantages(batch["rewards"]).reshape(-1)  # [N] groups of the global batch
     sample_ids = torch.arange(batch["ids"].size(0))[rows]  # [n] unique over ranks
     for part in sample_ids.chunk(micro):  # micro-batches of one update
         ids, mask, adv = batch["ids"][part], batch["mask"][part], adv_all[part]  # [m, P + T], [m, T], [m]
-        logits = model(ids).logits[:, PROMPT_LEN - 1 : -1]  # [m, T, V]
-        target = ids[:, PROMPT_LEN:]  # [m, T]
-        logprobs = F.log_softmax(logits.float(), -1).gather(2, target.unsqueeze(2)).squeeze(2)  # [m, T]
+        logprobs, target = completion_logprobs(model, ids)  # [m, T]
         old = logprobs.detach()
         st.track(
             logprobs,
@@ -113,6 +119,7 @@ def train_step(st, model, opt, batch: dict, micro: int) -> None:
             advantages=adv,
             sample_ids=part,
             group_ids=part // GROUP,
+            recompute=lambda ids=ids: completion_logprobs(model, ids)[0],  # for attribution steps
         )
         loss = policy_loss(logprobs, old, adv, mask, aggregation="grpo").loss / micro
         st.backward(loss)
@@ -126,14 +133,16 @@ def train_step(st, model, opt, batch: dict, micro: int) -> None:
 EDGES = (0.0, 0.0036, 0.0039, 0.0042, 1.0)
 
 
-def main(run_dir: str, wrap: str = "none", steps: int = 2, buckets: int = 1, micro: int = 1) -> None:
+def main(run_dir: str, wrap: str = "none", *, steps=2, buckets=1, micro=1, attribution=0, method="jvp") -> None:
     if dist.world_size() > 1 and not torch.distributed.is_initialized():
         torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     tok = make_tiny_tokenizer()
     model = WRAPS[wrap](make_tiny_model(tok, seed=0))  # same weights on every rank
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    every = Buckets(buckets, EDGES)
-    with Recorder(run_dir, model=model, tokenizer=tok, buckets=every, config={"wrap": wrap}) as rec:
+    every, attribute = Buckets(buckets, EDGES), Attribution(attribution, method=method)
+    with Recorder(
+        run_dir, model=model, tokenizer=tok, buckets=every, attribution=attribute, config={"wrap": wrap}
+    ) as rec:
         for step in range(steps):
             with rec.step(step) as st:
                 train_step(st, model, opt, make_rollout(step), micro)
@@ -148,6 +157,8 @@ if __name__ == "__main__":
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--buckets", type=int, default=1)
     ap.add_argument("--micro", type=int, default=1)
+    ap.add_argument("--attribution", type=int, default=0, help="each token's share of the update every N steps")
+    ap.add_argument("--method", default="jvp", help="attribution method (sharded models: shard_difference)")
     a = ap.parse_args()
-    main(a.run_dir, a.wrap, a.steps, a.buckets, a.micro)
+    main(a.run_dir, a.wrap, steps=a.steps, buckets=a.buckets, micro=a.micro, attribution=a.attribution, method=a.method)
     os._exit(0)  # FSDP's background threads can abort the interpreter's teardown; the run is closed

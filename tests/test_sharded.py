@@ -51,8 +51,9 @@ def bucket_frame(run, rank: int = 0):
     return b.assign(lo=b.lo.fillna(-1.0)).set_index(["step", "update_id", "lo"]).sort_index()
 
 
-def assert_matches(run, ref, world: int, rtol: float) -> None:
-    """Every rank's figures equal the one-process figures of the same global batch."""
+def assert_matches(run, ref, world: int, rtol: float, resid_atol: float = 1e-5) -> None:
+    """Every rank's figures equal the one-process figures of the same global batch; the residual row is
+    zero to `resid_atol` (the rounding of the passes against g's own backward)."""
     want = bucket_frame(ref)
     inner = want.index.get_level_values("lo") >= 0
     assert inner.sum() == 8 and (want[inner].n_tokens > 0).all()  # 2 steps x 4 populated buckets
@@ -62,9 +63,9 @@ def assert_matches(run, ref, world: int, rtol: float) -> None:
         np.testing.assert_array_equal(got.n_tokens[inner], want.n_tokens[inner])  # summed over ranks
         for col in ("grad_norm", "update_share", "cos_to_total"):
             np.testing.assert_allclose(got[col][inner], want[col][inner], rtol=rtol, err_msg=col)
-        # the residual is zero up to float32 rounding of |g| (the loss is built on log pi only)
+        # the loss is built on log pi only: the residual is the rounding of the passes against g's backward
         resid = got[~inner]
-        assert (resid.grad_norm.abs() < 1e-5).all() and (resid.update_share.abs() < 1e-5).all()
+        assert (resid.grad_norm.abs() < resid_atol).all() and (resid.update_share.abs() < resid_atol).all()
         layers = run.layers[run.layers["rank"] == rank].set_index(["step", "layer"]).grad_norm
         ref_layers = ref.layers.set_index(["step", "layer"]).grad_norm
         assert sorted(layers.index) == sorted(ref_layers.index)
@@ -86,15 +87,32 @@ def test_bucket_figures_equal_one_process(tmp_path, single, wrap, world, micro):
 
 
 def test_fsdp2_mixed_precision_reduces_in_fp32(tmp_path, single):
-    """bf16 forward and backward, fp32 reduction: the bucket passes reduce as g does, so the shares still
-    sum to 1 and the figures are the fp32 ones to bf16's rounding."""
+    """bf16 forward and backward, fp32 reduction: the bucket passes reduce as g does, so the figures are the fp32 ones to bf16's rounding (|g| is about 0.6, the
+    residual, bf16 rounding of the passes against g's own backward, about 0.003)."""
     run_dir = tmp_path / "mixed"
     ok(launch(2, EXAMPLE, "--run-dir", str(run_dir), "--wrap", "fsdp2_mixed"))
     run = load_run(run_dir)
-    assert_matches(run, single["1"], 2, rtol=2e-2)
-    inner = run.buckets[run.buckets.bucket != schema.RESIDUAL_BUCKET]
-    share_sum = inner.groupby(["step", "rank"]).update_share.sum()
-    np.testing.assert_allclose(share_sum, 1.0, atol=1e-4)
+    assert_matches(run, single["1"], 2, rtol=2e-2, resid_atol=1e-2)
+    assert (run.buckets[run.buckets.bucket == schema.RESIDUAL_BUCKET].grad_norm > 1e-4).all()  # bf16
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_fsdp2_attribution_equals_one_process(tmp_path, world):
+    """Per-token update_share and dlogprob_pred under FSDP2 (central differences at perturbed shards)
+    against one process on the whole batch with exact forward-mode AD. Measured on 2 processes: 8.4e-5
+    (update_share) and 1.5e-4 (dlogprob_pred) of the largest |value|, the central difference's error
+    (record/attribution.py: 1e-4 at the default eps); dlogprob, a plain forward, to 4e-5."""
+    ok(launch(0, EXAMPLE, "--run-dir", str(tmp_path / "single"), "--attribution", "1"))
+    ok(launch(world, EXAMPLE, "--run-dir", str(tmp_path / "fsdp2"), "--wrap", "fsdp2", "--attribution", "1"))
+    key, cols = ["step", "sample_id", "position"], ["update_share", "dlogprob_pred", "dlogprob"]
+    got = load_run(tmp_path / "fsdp2").tokens(columns=key + cols).set_index(key).sort_index()
+    want = load_run(tmp_path / "single").tokens(columns=key + cols).set_index(key).sort_index()
+    assert got.index.equals(want.index) and len(got) > 100
+    for col, tol in (("update_share", 1.5e-4), ("dlogprob_pred", 4e-4), ("dlogprob", 1e-4)):
+        err = np.abs(got[col] - want[col]).max() / np.abs(want[col]).max()
+        assert err < tol, (col, err)
+    # the shares of all ranks' tokens make the whole update: 1 per step, as in one process
+    np.testing.assert_allclose(got.groupby("step").update_share.sum(), 1.0, atol=1e-3)
 
 
 @pytest.mark.parametrize("wrap", ["fsdp1", "fsdp1_flat"])
