@@ -6,8 +6,9 @@
     tokengrad inspect runs/fsdp2
 
 `--attribution 1` adds each token's update_share and dlogprob_pred (a sharded model takes the central
-difference at perturbed shards: compare with `--method central_difference` in one process). `--wrap`: one of WRAPS (none, ddp, fsdp2, fsdp2_mixed (bf16 compute, fp32 reduction), fsdp1 (original
-parameters), fsdp1_flat (flat parameters)). `--micro 2` splits each rank's rows into two backward passes
+difference at perturbed shards: compare with `--method central_difference` in one process). `--wrap`: one of
+WRAPS (none, ddp, fsdp2, fsdp2_mixed (bf16 compute, fp32 reduction), fsdp1 (original parameters), fsdp1_flat
+(flat parameters)). `--micro 2` splits each rank's rows into two backward passes
 of one update (gradient accumulation). The rollouts are those of scripts/ddp_example.py (synthetic,
 deterministic); each rank trains on its slice of whole prompt groups and the loss is a mean over equally
 sized slices, so the sharded update is the one-process update.
@@ -23,9 +24,9 @@ import torch
 import torch.nn.functional as F
 
 from tokengrad import Recorder
-from tokengrad.record.options import Attribution, Buckets
 from tokengrad.objective.advantages import compute_advantages
 from tokengrad.objective.loss import policy_loss
+from tokengrad.record.options import Attribution, Buckets
 from tokengrad.registry import Registry
 from tokengrad.train import distributed as dist
 from tokengrad.train.models import make_tiny_model, make_tiny_tokenizer
@@ -133,7 +134,9 @@ def train_step(st, model, opt, batch: dict, micro: int) -> None:
 EDGES = (0.0, 0.0036, 0.0039, 0.0042, 1.0)
 
 
-def main(run_dir: str, wrap: str = "none", *, steps=2, buckets=1, micro=1, attribution=0, method="jvp") -> None:
+def main(
+    run_dir: str, wrap: str = "none", *, steps=2, buckets=1, micro=1, attribution=0, method="jvp"
+) -> None:
     if dist.world_size() > 1 and not torch.distributed.is_initialized():
         torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     tok = make_tiny_tokenizer()
@@ -157,8 +160,18 @@ if __name__ == "__main__":
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--buckets", type=int, default=1)
     ap.add_argument("--micro", type=int, default=1)
-    ap.add_argument("--attribution", type=int, default=0, help="each token's share of the update every N steps")
+    ap.add_argument(
+        "--attribution", type=int, default=0, help="each token's share of the update every N steps"
+    )
     ap.add_argument("--method", default="jvp", help="attribution method (sharded models: shard_difference)")
     a = ap.parse_args()
-    main(a.run_dir, a.wrap, steps=a.steps, buckets=a.buckets, micro=a.micro, attribution=a.attribution, method=a.method)
+    main(
+        a.run_dir,
+        a.wrap,
+        steps=a.steps,
+        buckets=a.buckets,
+        micro=a.micro,
+        attribution=a.attribution,
+        method=a.method,
+    )
     os._exit(0)  # FSDP's background threads can abort the interpreter's teardown; the run is closed

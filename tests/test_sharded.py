@@ -22,7 +22,11 @@ EXAMPLE = ROOT / "scripts" / "sharded_example.py"
 
 def launch(nproc: int, script: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     """torchrun with `nproc` processes (or plain python for 0); the completed process, failed or not."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    )
     head = [sys.executable] + (
         ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)] if nproc else []
     )
@@ -87,8 +91,9 @@ def test_bucket_figures_equal_one_process(tmp_path, single, wrap, world, micro):
 
 
 def test_fsdp2_mixed_precision_reduces_in_fp32(tmp_path, single):
-    """bf16 forward and backward, fp32 reduction: the bucket passes reduce as g does, so the figures are the fp32 ones to bf16's rounding (|g| is about 0.6, the
-    residual, bf16 rounding of the passes against g's own backward, about 0.003)."""
+    """bf16 forward and backward, fp32 reduction: the bucket passes reduce as g does, so the figures are
+    the fp32 ones to bf16's rounding (|g| is about 0.6; the residual, bf16 rounding of the passes against
+    g's own backward, about 0.003)."""
     run_dir = tmp_path / "mixed"
     ok(launch(2, EXAMPLE, "--run-dir", str(run_dir), "--wrap", "fsdp2_mixed"))
     run = load_run(run_dir)

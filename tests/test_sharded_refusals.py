@@ -69,7 +69,10 @@ def test_streamed_shards_equal_plain_gradients(tmp_path, group):
     # is g minus every pass's g_B: zero to float32 rounding
     assert (a.grad_norm[~inner].abs() < 1e-6).all()
     torch.testing.assert_close(
-        torch.tensor(sharded.layers.grad_norm.values), torch.tensor(plain.layers.grad_norm.values), rtol=1e-5, atol=0
+        torch.tensor(sharded.layers.grad_norm.values),
+        torch.tensor(plain.layers.grad_norm.values),
+        rtol=1e-5,
+        atol=0,
     )
 
 
@@ -82,8 +85,21 @@ def test_fsdp1_bucket_analysis_is_refused_at_open(tmp_path, group):
     with pytest.raises(ValueError, match=r"^tokengrad: bucket analysis is refused under FSDP1 .*fully_shard"):
         Recorder(tmp_path / "run", model=model, buckets=1).open()
     assert not (tmp_path / "run").exists()
-    with Recorder(tmp_path / "norms", model=model, buckets=0):  # per-block norms and tokens stay
-        pass
+    with pytest.raises(ValueError, match=r"^tokengrad: attribution is refused under FSDP1 .*attribution=0"):
+        Recorder(tmp_path / "run", model=model, attribution=1).open()
+    assert not (tmp_path / "run").exists()
+
+
+def test_entropy_attribution_is_refused_under_fsdp2(group):
+    from torch.distributed.fsdp import fully_shard
+
+    from tokengrad.record.step_attribution import StepAttribution
+    from tokengrad.train.models import make_tiny_model
+
+    model = fully_shard(make_tiny_model(seed=0))
+    with pytest.raises(ValueError, match=r"^tokengrad: entropy attribution is refused under sharded"):
+        StepAttribution(model, entropy=True)
+    assert StepAttribution(model).method == "shard_difference"  # forward-mode AD cannot pass FSDP
 
 
 def test_tensor_parallel_placements_are_refused_at_open(tmp_path, group):
@@ -103,5 +119,7 @@ def test_agreement_without_others_returns_values_or_names_the_problem(monkeypatc
     one = RankAgreement.create()  # no process group: this process alone
     assert one.group is None and one.timeout_s == 5.0
     assert one.agree("bucket analysis", step=2, status=READY, values=[1, 0]) == [1.0, 0.0]
-    with pytest.raises(RankAgreementError, match=r"^tokengrad: step 2: bucket analysis: this process tracked no pass"):
+    with pytest.raises(
+        RankAgreementError, match=r"^tokengrad: step 2: bucket analysis: this process tracked no pass"
+    ):
         one.agree("bucket analysis", step=2, status=NO_PASS, values=[0, 0])

@@ -30,9 +30,8 @@ import torch
 from tokengrad import schema
 from tokengrad.read import layout
 from tokengrad.record import claim, run_meta
-from tokengrad.record.agreement import RankAgreement
-from tokengrad.record.sharded import refuse_sharding
 from tokengrad.record import distributed as dist
+from tokengrad.record.agreement import RankAgreement
 from tokengrad.record.budget import Budget
 from tokengrad.record.gradnorms import NamesFilter
 from tokengrad.record.options import (
@@ -49,6 +48,7 @@ from tokengrad.record.options import (
     refuse_flat_keywords,
 )
 from tokengrad.record.rows import TokenDecoder, scalar_table
+from tokengrad.record.sharded import refuse_sharding
 from tokengrad.record.spike_replay import SpikeWatch
 from tokengrad.record.step_recorder import StepRecorder
 from tokengrad.record.writer import Rows, RunWriter
@@ -161,7 +161,7 @@ class Recorder:
     def open(self) -> "Recorder":
         if self._writer is not None:
             raise RuntimeError("Recorder is already open")
-        refuse_sharding(self.model, self.buckets.every)  # before anything is written
+        refuse_sharding(self.model, buckets=self.buckets.every, attribution=self.attribution.every)  # first
         if self.doctor is not None:  # first: an unknown detector name fails before anything is written
             from tokengrad.doctor.live import LiveDoctor  # pandas/DuckDB/scipy: loaded only when asked for
 

@@ -9,11 +9,11 @@ parameters without gathering them. So the central difference is taken at perturb
     theta_r <- theta_r - h v_r,                   f- = log pi(theta - h v)
     d log pi[v] = (f+ - f-) / 2h,   h = eps |theta| / |v|  (norms over all ranks: summed squared shards)
 
-with the same h, error and default eps as `central_difference` on full parameters (record/attribution.py).
-The shard of theta is saved first (one buffer the size of the rank's parameter shard) and copied back, so
-the parameters are bit-exactly what they were afterwards; the gathered copies FSDP2 keeps of the root's
-parameters are dropped around each forward, so every forward gathers the shards as they are then. Every rank runs the two forwards (each runs
-FSDP's all-gathers).
+with the same h, error and default eps as `central_difference` on full parameters (record/attribution.py). The
+shard of theta is saved first (one buffer the size of the rank's parameter shard) and copied back, so the
+parameters are bit-exactly what they were afterwards; the gathered copies FSDP2 keeps of the root's parameters
+are dropped around each forward, so every forward gathers the shards as they are then. Every rank runs the two
+forwards (each runs FSDP's all-gathers).
 """
 
 from __future__ import annotations

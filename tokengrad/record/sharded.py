@@ -48,11 +48,19 @@ def _dot(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return float(sum((x.double().reshape(-1) @ y.double().reshape(-1)) for x, y in zip(a, b) if x.numel()))
 
 
-def refusal(model: torch.nn.Module) -> str | None:
-    """Why the bucket analysis cannot be exact for this model's sharding, in one line, or None.
+FSDP1_WHY = {
+    "bucket analysis": "FullyShardedDataParallel frees the gathered parameters after the first backward, "
+    "so the bucket passes cannot run",
+    "attribution": "FullyShardedDataParallel has no way to drop gathered parameters, so the forwards at "
+    "perturbed shards cannot be told to gather them again",
+}
 
-    - FSDP1 (`FullyShardedDataParallel`) frees each wrapped module's gathered parameters after the first
-      backward through a forward, so no second backward (a bucket pass) can run through the same graph.
+
+def refusal(model: torch.nn.Module, feature: str) -> str | None:
+    """Why `feature` ("bucket analysis" or "attribution") cannot be exact for this model's sharding, in
+    one line, or None.
+
+    - FSDP1 (`FullyShardedDataParallel`): see FSDP1_WHY (FSDP2 has neither limit).
     - Tensor parallelism and HSDP place a parameter on a mesh other than FSDP2's one dimension of all
       ranks (or shard it along another dimension): the per-rank partial sums would count replicated
       parts several times, so the sums over ranks are not the figures.
@@ -60,12 +68,11 @@ def refusal(model: torch.nn.Module) -> str | None:
     from torch.distributed.fsdp import FullyShardedDataParallel
     from torch.distributed.tensor import Shard
 
-    keep = "per-token statistics stay exact; set buckets=0 or"
+    keep = f"per-token statistics stay exact; set {'buckets' if feature[0] == 'b' else 'attribution'}=0 or"
     if any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
         return (
-            f"tokengrad: bucket analysis is refused under FSDP1 (FullyShardedDataParallel frees the "
-            f"gathered parameters after the first backward, so the bucket passes cannot run); per-block "
-            f"gradient norms and {keep} wrap the model with FSDP2 (torch.distributed.fsdp.fully_shard) or DDP"
+            f"tokengrad: {feature} is refused under FSDP1 ({FSDP1_WHY[feature]}); per-block gradient norms "
+            f"and {keep} wrap the model with FSDP2 (torch.distributed.fsdp.fully_shard) or DDP"
         )
     for name, p in model.named_parameters():
         mesh, placements = getattr(p, "device_mesh", None), getattr(p, "placements", None)
@@ -73,17 +80,19 @@ def refusal(model: torch.nn.Module) -> str | None:
             continue
         if mesh.ndim != 1 or mesh.size() != dist.world_size() or tuple(placements) != (Shard(0),):
             return (
-                f"tokengrad: bucket analysis is refused: parameter {name} is placed {tuple(placements)} on a "
+                f"tokengrad: {feature} is refused: parameter {name} is placed {tuple(placements)} on a "
                 f"{tuple(mesh.shape)} mesh of {dist.world_size()} ranks (tensor parallelism or HSDP), where "
                 f"per-rank sums count replicated parts more than once; {keep} shard with FSDP2 over all ranks"
             )
     return None
 
 
-def refuse_sharding(model: torch.nn.Module | None, bucket_every: int) -> None:
-    """ValueError with `refusal`'s line where bucket analysis is asked for and cannot be exact."""
-    if model is not None and bucket_every:
-        why = refusal(model)
+def refuse_sharding(model: torch.nn.Module | None, *, buckets: int = 0, attribution: int = 0) -> None:
+    """ValueError with `refusal`'s line for the first feature asked for (every > 0) that cannot be exact."""
+    if model is None:
+        return
+    for feature, every in (("bucket analysis", buckets), ("attribution", attribution)):
+        why = refusal(model, feature) if every else None
         if why is not None:
             raise ValueError(why)
 

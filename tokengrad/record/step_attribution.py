@@ -36,7 +36,7 @@ from tokengrad.record.distributed import grads_are_sharded
 from tokengrad.record.entropy_attribution import EntropyAttribution, logprobs_only, unpacked
 from tokengrad.record.gradnorms import trainable_params
 from tokengrad.record.shard_difference import shard_difference_logprobs  # noqa: F401 (registers it)
-from tokengrad.record.sharded import local_shard
+from tokengrad.record.sharded import local_shard, refuse_sharding
 
 # |log pi recomputed - log pi tracked| above this: recompute() is not the tracked pass
 CONSISTENCY_TOL = 1e-2
@@ -63,6 +63,7 @@ class StepAttribution:
                     "backward would run outside the wrapper); update_share and dlogprob_pred stay exact: "
                     "set Attribution(entropy=False)"
                 )
+            refuse_sharding(model, attribution=1)  # a model wrapped after the recorder opened
             method = "shard_difference"
         self.model, self.method, self.eps, self.applied = model, method, eps, applied
         self.world = _world_size()

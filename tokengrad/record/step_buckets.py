@@ -8,8 +8,8 @@ import torch
 
 from tokengrad import schema
 from tokengrad.record import bucket_analysis as bk
-from tokengrad.record.bucket_rows import BucketState, bucket_rows, figure_rows
 from tokengrad.record import sharded
+from tokengrad.record.bucket_rows import BucketState, bucket_rows, figure_rows
 
 
 def _distributed() -> bool:

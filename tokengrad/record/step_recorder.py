@@ -23,8 +23,8 @@ from tokengrad.record.budget_aggregates import vocab_table
 from tokengrad.record.checks import RESERVED, as_ids, check_scalars, safe_texts
 from tokengrad.record.distributed import global_grad_norms, grads_are_sharded
 from tokengrad.record.gradnorms import clip_with_norm_, grad_norms_for_clip, trainable_params
-from tokengrad.record.sharded import refuse_sharding
 from tokengrad.record.rows import sample_rows, scalar_table, steps_row, tokens_table
+from tokengrad.record.sharded import refuse_sharding
 from tokengrad.record.spike_replay import replay_spike
 from tokengrad.record.stats import TokenStats
 from tokengrad.record.step_attribution import StepAttribution, bucket_share_rows
@@ -179,7 +179,7 @@ class StepRecorder:
         t = time.perf_counter()
         sharded = grads_are_sharded(self.rec.model)
         if sharded:  # a model wrapped after the recorder opened
-            refuse_sharding(self.rec.model, 1)
+            refuse_sharding(self.rec.model, buckets=1)
         self.buckets.analyze(self._passes, trainable_params(self.rec.model), loss=loss, sharded=sharded)
         self._t_record += time.perf_counter() - t
 
