@@ -102,6 +102,20 @@ def test_entropy_attribution_is_refused_under_fsdp2(group):
     assert StepAttribution(model).method == "shard_difference"  # forward-mode AD cannot pass FSDP
 
 
+def test_spike_replay_is_refused_under_fsdp2_at_open(tmp_path, group):
+    from torch.distributed.fsdp import fully_shard
+
+    from tokengrad.record.options import Attribution
+    from tokengrad.train.models import make_tiny_model
+
+    model = fully_shard(make_tiny_model(seed=0))
+    with pytest.raises(
+        ValueError, match=r"^tokengrad: Attribution\(on_spike=True\) is refused under sharded"
+    ):
+        Recorder(tmp_path / "run", model=model, attribution=Attribution(0, on_spike=True)).open()
+    assert not (tmp_path / "run").exists()
+
+
 def test_tensor_parallel_placements_are_refused_at_open(tmp_path, group):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, distribute_tensor

@@ -161,7 +161,12 @@ class Recorder:
     def open(self) -> "Recorder":
         if self._writer is not None:
             raise RuntimeError("Recorder is already open")
-        refuse_sharding(self.model, buckets=self.buckets.every, attribution=self.attribution.every)  # first
+        refuse_sharding(
+            self.model,
+            buckets=self.buckets.every,
+            attribution=self.attribution.every,
+            on_spike=self.attribution.on_spike,
+        )
         if self.doctor is not None:  # first: an unknown detector name fails before anything is written
             from tokengrad.doctor.live import LiveDoctor  # pandas/DuckDB/scipy: loaded only when asked for
 

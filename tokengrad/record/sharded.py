@@ -87,10 +87,19 @@ def refusal(model: torch.nn.Module, feature: str) -> str | None:
     return None
 
 
-def refuse_sharding(model: torch.nn.Module | None, *, buckets: int = 0, attribution: int = 0) -> None:
-    """ValueError with `refusal`'s line for the first feature asked for (every > 0) that cannot be exact."""
+def refuse_sharding(
+    model: torch.nn.Module | None, *, buckets: int = 0, attribution: int = 0, on_spike: bool = False
+) -> None:
+    """ValueError with `refusal`'s line for the first feature asked for (every > 0) that cannot be exact;
+    the spike replay (it takes gradients outside the wrapper) under any sharded gradient."""
     if model is None:
         return
+    if on_spike and dist.grads_are_sharded(model):
+        raise ValueError(
+            "tokengrad: Attribution(on_spike=True) is refused under sharded (FSDP) gradients (the replay "
+            "without the culprit tokens takes the full gradient outside the wrapper); per-block norms, "
+            "bucket analysis and attribution stay exact: set on_spike=False"
+        )
     for feature, every in (("bucket analysis", buckets), ("attribution", attribution)):
         why = refusal(model, feature) if every else None
         if why is not None:
