@@ -112,15 +112,10 @@ def train_step(st, model, opt, batch: dict, micro: int) -> None:
         ids, mask, adv = batch["ids"][part], batch["mask"][part], adv_all[part]  # [m, P + T], [m, T], [m]
         logprobs, target = completion_logprobs(model, ids)  # [m, T]
         old = logprobs.detach()
+        ids_of = dict(sample_ids=part, group_ids=part // GROUP)  # [m] each
+        again = lambda ids=ids: completion_logprobs(model, ids)[0]  # noqa: E731 (attribution steps)
         st.track(
-            logprobs,
-            token_ids=target,
-            mask=mask,
-            old_logprobs=old,
-            advantages=adv,
-            sample_ids=part,
-            group_ids=part // GROUP,
-            recompute=lambda ids=ids: completion_logprobs(model, ids)[0],  # for attribution steps
+            logprobs, token_ids=target, mask=mask, old_logprobs=old, advantages=adv, **ids_of, recompute=again
         )
         loss = policy_loss(logprobs, old, adv, mask, aggregation="grpo").loss / micro
         st.backward(loss)
