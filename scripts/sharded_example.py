@@ -163,10 +163,6 @@ if __name__ == "__main__":
     main(
         a.run_dir,
         a.wrap,
-        steps=a.steps,
-        buckets=a.buckets,
-        micro=a.micro,
-        attribution=a.attribution,
-        method=a.method,
+        **{k: getattr(a, k) for k in ("steps", "buckets", "micro", "attribution", "method")},
     )
     os._exit(0)  # FSDP's background threads can abort the interpreter's teardown; the run is closed
