@@ -90,6 +90,18 @@ def attribution(lines: list[str]) -> tuple[str, bool]:
     return f"{jvp:.2f} / {cd:.2f} forwards (CPU s)", jvp <= 3.3 and cd <= 2.2
 
 
+def sharded(section: str):
+    """bench_sharded.py on one (wrapper, processes) section: buckets=4 step against its bound of
+    1 + K * backward / step, and its extra peak memory in gradient shards (<= 2)."""
+
+    def read(lines: list[str]) -> tuple[str, bool]:
+        ratio, bound = numbers_after(lines, "buckets / plain step:", section)[:2]
+        extra = numbers_after(lines, "buckets extra peak / gradient shard:", section)[0]
+        return f"{ratio:.2f} step (bound {bound:.2f}), {extra:.2f} shards", ratio <= bound and extra <= 2
+
+    return read
+
+
 def trainer_vs_trl(lines: list[str]) -> tuple[str, bool]:
     cpu, wall = numbers_after(lines, "ratio ours / trl:")[:2]
     return f"{cpu:.2f} CPU ({wall:.2f} wall)", cpu <= 0.75
@@ -194,6 +206,14 @@ TARGETS = (
         ("bench_cli.py", "--reps", "3"),
         ("bench_cli.py", "--smoke"),
         cli,
+    ),
+    Target(
+        "sharded",
+        "FSDP2, 2 processes, buckets=4: step / plain (bound 1 + K bwd / step), extra peak in grad shards",
+        "<= bound / <= 2",
+        ("bench_sharded.py",),
+        ("bench_sharded.py", "--smoke"),
+        sharded("[fsdp2 x2]"),
     ),
     Target(
         "dashboard",

@@ -113,6 +113,11 @@ FIGURES = {
         "word cloud (2 vocab queries)",
         "probability histogram (prob_bins)",
     ),
+    "bench_sharded.py": (
+        "buckets / plain step:",
+        "buckets extra peak / gradient shard:",
+        "attribution / plain step:",
+    ),
     "bench_token_stats.py": ("lean: time / extra peak", "naive: time / extra peak", "lean / naive time"),
     "bench_trainer.py": ("tiny ",),
     "bench_trl_confident.py": (

@@ -31,6 +31,8 @@ from tokengrad import schema
 from tokengrad.read import layout
 from tokengrad.record import distributed as dist
 from tokengrad.record.attribution.spike_replay import SpikeWatch
+from tokengrad.record.buckets.agreement import RankAgreement
+from tokengrad.record.buckets.sharded import refuse_sharding
 from tokengrad.record.budget.kept_rows import Budget
 from tokengrad.record.gradnorms import NamesFilter
 from tokengrad.record.options import (
@@ -128,6 +130,7 @@ class Recorder:
         # every rank: DDP ranks read the same all-reduced norm, so they flag the same spikes
         self.spike_watch = SpikeWatch() if self.attribution.on_spike and model is not None else None
         self.live_doctor = None  # tokengrad.doctor.live.LiveDoctor while open with a doctor
+        self.agreement: RankAgreement | None = None  # the ranks' side group, made at open (a collective)
 
     # With Doctor(halt=True): begin_step raises DoctorHalt (a plain loop). An integration that stops its
     # trainer itself (TRL's should_training_stop) sets this False and reads `halt_finding` at step ends.
@@ -163,6 +166,12 @@ class Recorder:
     def open(self) -> "Recorder":
         if self._writer is not None:
             raise RuntimeError("Recorder is already open")
+        refuse_sharding(
+            self.model,
+            buckets=self.buckets.every,
+            attribution=self.attribution.every,
+            on_spike=self.attribution.on_spike,
+        )
         if self.doctor is not None:  # first: an unknown detector name fails before anything is written
             from tokengrad.doctor.live import LiveDoctor  # pandas/DuckDB/scipy: loaded only when asked for
 
@@ -192,6 +201,7 @@ class Recorder:
                 self.bucket.close(0.0)
             self._lock.release()
             raise
+        self.agreement = RankAgreement.create() if self.model is not None else None
         self._floor = self._last_recorded_step() if self._resume_step is None else self._resume_step - 1
         if self._resume_step is not None:
             removed = self._writer.drop_steps_from(self._resume_step)

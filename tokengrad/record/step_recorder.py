@@ -79,10 +79,18 @@ class StepRecorder:
         if self.rec.current_step is self:
             # Ctrl-C or SIGTERM mid-step: the step did not happen (a resume trains it again); another
             # error keeps what the step recorded so far, to show where it failed.
+            if exc_type is not None and self._awaited():  # the others wait for this rank: release them
+                self.rec.agreement.leave(step=self.step, n_values=len(self.rec.bucket_edges) - 1)
             if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
                 self.rec.discard_step()
             else:
                 self.rec.end_step()
+
+    def _awaited(self) -> bool:
+        """Whether the other ranks will wait for this one in record_grad_norms: sharded gradients with a
+        tracked update whose norms were not read yet."""
+        pending = {p.update_id for p in self.passes} - set(self.update_norms)
+        return bool(pending) and self.rec.agreement is not None and grads_are_sharded(self.rec.model)
 
     # ---- passes ------------------------------------------------------------------------------------
     def track(
@@ -158,7 +166,9 @@ class StepRecorder:
             raise ValueError("record_grad_norms needs Recorder(model=...)")
         t = time.perf_counter()
         named = trainable_params(self.rec.model)
-        if grads_are_sharded(self.rec.model):  # FSDP: each rank holds a shard; sum squared norms over ranks
+        sharded = grads_are_sharded(self.rec.model)
+        if sharded:  # FSDP: each rank holds a shard; sum squared norms over ranks, all ranks there first
+            agreed = self.buckets.agree_sharded(update_id, self.rec.agreement, self.bucket_passes.scheduled)
             total, blocks = global_grad_norms(self.rec.model, self.rec.layers)
             self.clip_totals[update_id] = None
         else:  # one process or DDP (already all-reduced): read locally
@@ -169,7 +179,9 @@ class StepRecorder:
         if spiked:  # the same gradient without its top-k culprit tokens
             self._replay(update_id, total, named)
         self.host.add_grad_norms(total, blocks, update_id)
-        if update_id in self.buckets.state:
+        if self.bucket_passes.scheduled and sharded:  # every rank, its passes or none
+            self.buckets.finish_sharded(update_id, self.rec.model, *agreed)
+        elif update_id in self.buckets.state:
             self.buckets.finish_update(
                 update_id, [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in named]
             )

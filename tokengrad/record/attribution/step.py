@@ -17,8 +17,9 @@ after-update forward that measures the change, so both come from the same pass. 
 parameter-sized buffer, and only when the applied update is attributed.
 
 Under DDP every rank holds the averaged gradient g = (1/W) sum_ranks sum_t coef_t grad log pi_t, so each
-rank's shares are divided by W and the shares of all ranks sum to 1 - residual. FSDP (sharded gradients) is
-refused: the directional pass would need the full-parameter forward inside the sharded wrapper.
+rank's shares are divided by W and the shares of all ranks sum to 1 - residual. FSDP averages the same way;
+with sharded gradients the directional passes are central differences at perturbed shards
+(record/attribution/shard_difference.py), and the snapshot of theta is this rank's shard.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ import torch
 
 from tokengrad import schema
 from tokengrad.record.attribution.entropy import EntropyAttribution, logprobs_only, unpacked
+from tokengrad.record.attribution.shard_difference import shard_difference_logprobs  # noqa: F401 (registers it)
 from tokengrad.record.attribution.shares import ATTRIBUTION_METHODS, directional_logprobs, token_update_shares
 from tokengrad.record.buckets import analysis as bk
+from tokengrad.record.buckets.sharded import local_shard, refuse_sharding
 from tokengrad.record.distributed import grads_are_sharded
 from tokengrad.record.gradnorms import trainable_params
 
@@ -53,11 +56,15 @@ class StepAttribution:
         entropy: bool = False,
     ):
         ATTRIBUTION_METHODS[method]  # unknown name -> ValueError listing the known ones
-        if grads_are_sharded(model):
-            raise ValueError(
-                "attribution does not support sharded (FSDP) gradients; use DDP or one "
-                "process, or attribution=0"
-            )
+        if grads_are_sharded(model):  # forward-mode AD cannot pass FSDP's all-gathers (shard_difference.py)
+            if entropy:
+                raise ValueError(
+                    "tokengrad: entropy attribution is refused under sharded (FSDP) gradients (its entropy "
+                    "backward would run outside the wrapper); update_share and dlogprob_pred stay exact: "
+                    "set Attribution(entropy=False)"
+                )
+            refuse_sharding(model, attribution=1)  # a model wrapped after the recorder opened
+            method = "shard_difference"
         self.model, self.method, self.eps, self.applied = model, method, eps, applied
         self.world = _world_size()
         self.entropy = EntropyAttribution(model, method, eps, self.world) if entropy else None
@@ -87,9 +94,9 @@ class StepAttribution:
     def _snapshot(self, params: list[torch.Tensor]) -> None:
         with torch.no_grad():
             if self._before is None or len(self._before) != len(params):
-                self._before = [p.detach().clone() for p in params]
+                self._before = [local_shard(p.detach()).clone() for p in params]  # this rank's shards
             else:
-                torch._foreach_copy_(self._before, [p.detach() for p in params])
+                torch._foreach_copy_(self._before, [local_shard(p.detach()) for p in params])
 
     # ---- along the applied update -------------------------------------------------------------------
     def after_update(self, passes: list) -> None:
@@ -101,7 +108,7 @@ class StepAttribution:
         with torch.no_grad():
             delta = self._before  # becomes theta_now - theta_before, in place
             torch._foreach_neg_(delta)
-            torch._foreach_add_(delta, [p.detach() for _, p in named])
+            torch._foreach_add_(delta, [local_shard(p.detach()) for _, p in named])
         tangents = {n: d for (n, _), d in zip(named, delta)}
         mine, outputs = self._passes_of(passes, update_id), []
         for p in mine:

@@ -180,8 +180,15 @@ def bucket_shares(
     sq_b = dict(zip(idx, G.diagonal()[:k].tolist()))
     if derived is not None:  # g - sum of the others is the derived bucket, not a residual
         dots[derived], sq_b[derived], resid_sq = resid_dot, resid_sq, 0.0
+    return figures(sq_b, dots, g_sq, resid_sq, nb)
+
+
+def figures(sq_b: dict, dots: dict, g_sq: float, resid_sq: float, n_buckets: int) -> dict:
+    """The bucket figures from |g_B|^2 and <g_B, g> of the non-empty buckets (dicts by bucket), |g|^2 and
+    the residual's |r|^2: lists grad_norm, update_share, cos_to_total (0/0/NaN for empty buckets) and the
+    residual's grad_norm and update_share."""
     out = {"grad_norm": [], "update_share": [], "cos_to_total": []}
-    for b in range(nb):
+    for b in range(n_buckets):
         nbn = math.sqrt(max(sq_b.get(b, 0.0), 0.0))
         empty = b not in dots
         out["grad_norm"].append(nbn)
@@ -190,7 +197,7 @@ def bucket_shares(
         out["cos_to_total"].append(
             math.nan if empty or nbn == 0 or g_sq == 0 else dots[b] / (nbn * math.sqrt(g_sq))
         )
-    out["residual_grad_norm"] = math.sqrt(resid_sq)
+    out["residual_grad_norm"] = math.sqrt(max(resid_sq, 0.0))
     out["residual_share"] = 1.0 - sum(out["update_share"]) if g_sq > 0 else math.nan
     return out
 

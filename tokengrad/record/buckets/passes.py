@@ -19,6 +19,7 @@ import time
 import torch
 
 from tokengrad.record.buckets.rows import BucketState
+from tokengrad.record.buckets.sharded import refuse_sharding
 from tokengrad.record.distributed import grads_are_sharded
 from tokengrad.record.gradnorms import trainable_params
 
@@ -42,7 +43,11 @@ class BucketPasses:
         """Bucket gradients of the passes tracked since the last call (their graphs must still exist);
         `loss`, the tensor their backward ran on, lets a residual-free update skip one bucket's pass."""
         t = time.perf_counter()
-        self.step.buckets.analyze(self.step.passes, trainable_params(self.step.rec.model), loss=loss)
+        model = self.step.rec.model
+        sharded = grads_are_sharded(model)
+        if sharded:  # a model wrapped after the recorder opened
+            refuse_sharding(model, buckets=1)
+        self.step.buckets.analyze(self.step.passes, trainable_params(model), loss=loss, sharded=sharded)
         self.step.record_seconds += time.perf_counter() - t
 
     def skip(self) -> None:

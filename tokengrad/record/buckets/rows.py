@@ -60,7 +60,14 @@ def bucket_rows(
         d = state.derived
         res["grad_norm"][d] = res["update_share"][d] = res["cos_to_total"][d] = math.nan
         res["residual_grad_norm"] = res["residual_share"] = math.nan
-    n_all = max(sum(state.n_tokens), 1)
+    return figure_rows(res, state.n_tokens, edges, step=step, rank=rank, update_id=update_id)
+
+
+def figure_rows(
+    res: dict, n_tokens: list[int], edges: tuple[float, ...], *, step: int, rank: int, update_id: int
+) -> list[dict]:
+    """The `buckets` rows of one update from its figures (bucket_analysis.figures) and token counts."""
+    n_all = max(sum(n_tokens), 1)
     key = dict(step=step, rank=rank, update_id=update_id)
     rows = [
         dict(
@@ -68,8 +75,8 @@ def bucket_rows(
             bucket=schema.bucket_label(lo, hi),
             lo=lo,
             hi=hi,
-            n_tokens=state.n_tokens[b],
-            token_share=state.n_tokens[b] / n_all,
+            n_tokens=n_tokens[b],
+            token_share=n_tokens[b] / n_all,
             grad_norm=res["grad_norm"][b],
             update_share=res["update_share"][b],
             cos_to_total=res["cos_to_total"][b],

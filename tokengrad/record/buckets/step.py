@@ -8,7 +8,8 @@ import torch
 
 from tokengrad import schema
 from tokengrad.record.buckets import analysis as bk
-from tokengrad.record.buckets.rows import BucketState, bucket_rows
+from tokengrad.record.buckets import sharded
+from tokengrad.record.buckets.rows import BucketState, bucket_rows, figure_rows
 
 
 def _distributed() -> bool:
@@ -30,6 +31,8 @@ class StepBuckets:
         self._fresh: set[int] = set()  # updates whose gradients were empty before their first backward
         self._ours = False  # a backward of st.backward / the TRL attach is running
         self._hooks: list | None = None  # post-accumulate-grad hooks that see every backward into .grad
+        # sharded gradients: update_id -> its passes, their graphs kept for the passes at the update's end
+        self.deferred: dict[int, list] = {}
 
     def before_backward(self, passes, params: list[torch.Tensor]) -> None:
         """Called before the backward of `passes` not analysed yet: an update that begins with it begins
@@ -58,11 +61,18 @@ class StepBuckets:
             h.remove()
         self._hooks = None
 
-    def analyze(self, passes, named_params, loss: torch.Tensor | None = None) -> None:
+    def analyze(self, passes, named_params, loss: torch.Tensor | None = None, sharded: bool = False) -> None:
         """Bucket gradients of the passes not analysed yet (their graphs must still exist). With the `loss`
         their backward ran on, an update shown residual-free (see bucket_analysis) derives one bucket as g
-        minus the others instead of a pass of its own."""
+        minus the others instead of a pass of its own. `sharded` gradients (FSDP): the passes wait, graphs
+        kept, for `finish_sharded` at the update's end (record/buckets/sharded.py)."""
         self._ours = False
+        if sharded:
+            for p in passes:
+                if not p.bucketed:
+                    p.bucketed = True
+                    self.deferred.setdefault(p.update_id, []).append(p)
+            return
         params = [p for _, p in named_params]
         todo = [p for p in passes if not p.bucketed]
         proven = (
@@ -107,6 +117,23 @@ class StepBuckets:
         if whole is None and state.derived is not None:
             state.derived_lost = True
         return state
+
+    def agree_sharded(self, update_id: int, agreement, analyse: bool) -> tuple[list, list[int]]:
+        """Before an update's norms are read from sharded gradients: the one agreement of the ranks
+        (record/buckets/sharded.py); returns the update's deferred passes and the buckets every rank runs."""
+        passes = self.deferred.pop(update_id, [])  # popped first: a failed agreement leaves none pending
+        active = sharded.agree_on_buckets(
+            passes, edges=self.edges, agreement=agreement, step=self.step, analyse=analyse
+        )
+        return passes, active
+
+    def finish_sharded(self, update_id: int, model: torch.nn.Module, passes: list, active: list[int]) -> None:
+        """The update's bucket rows from its deferred passes, streamed over the gradient shards; every rank
+        calls it for every update of a bucket step (it runs collectives)."""
+        res, n_tokens = sharded.sharded_bucket_figures(passes, model, edges=self.edges, active=active)
+        self.rows += figure_rows(
+            res, n_tokens, self.edges, step=self.step, rank=self.rank, update_id=update_id
+        )
 
     def has_rows(self, update_id: int) -> bool:
         return any(r["update_id"] == update_id for r in self.rows)
