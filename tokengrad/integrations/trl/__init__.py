@@ -33,7 +33,7 @@ trainer; the rule as a gradient scale is tokengrad.objective.gradient_scale).
 
 from __future__ import annotations
 
-from tokengrad.integrations.trl.checks import check_logging, check_not_training, check_run_dir
+from tokengrad.integrations.trl.checks import check_not_training, check_run_dir
 from tokengrad.integrations.trl.deepspeed import check_deepspeed, deepspeed_setup
 from tokengrad.integrations.trl.logs import column
 from tokengrad.integrations.trl.loss import check_loss_type
@@ -200,7 +200,6 @@ def check_trainer(trainer) -> None:
         raise ValueError("a tokengrad recording is already attached to this trainer")
     check_not_training(trainer)
     check_loss_type(trainer.loss_type)
-    check_logging(trainer.args)
 
 
 def _run_config(trainer, trl_version: str) -> dict:
