@@ -25,8 +25,14 @@ FUSED_HEAD = hasattr(trl.trainer.utils, "add_fused_lm_head")
 
 
 def distinct_chars(completions, **kwargs):
-    """A reward with spread inside every group (random completions differ in how many characters repeat)."""
-    return [len(set(c)) / 8 for c in completions]
+    """A reward with spread inside every group (random completions differ in how many characters repeat);
+    a conversational completion is scored by its message's text."""
+    return [len(set(completion_text(c))) / 8 for c in completions]
+
+
+def completion_text(completion) -> str:
+    """A standard completion as it is; a conversational one (a list of messages) as its last message."""
+    return completion if isinstance(completion, str) else completion[-1]["content"]
 
 
 TINY = dict(  # what a CPU test run needs: tiny batches and lengths, a few steps, no trackers, fp32
