@@ -304,7 +304,9 @@ class TRLRecording:
             recompute=recompute,
         )
         self._accumulating = True
-        kl, share = micro_batch_values(self.trainer, self.clip, logps, inp, loss_mask, clipped)
+        kl, share = micro_batch_values(
+            self.trainer, self.clip, logps, inp, loss_mask=loss_mask, clipped=clipped
+        )
         self.step.log(**self.values.micro_batch(kl, share))
 
     # -- backward, gradient norms, optimizer updates -------------------------------------------------

@@ -112,7 +112,9 @@ def clip_share(clipped: torch.Tensor, mask: torch.Tensor, level: str) -> float:
     return float((clipped.double() * m).sum() / m.sum().clamp(min=1.0))
 
 
-def micro_batch_values(trainer, clip, logps, inputs, loss_mask, clipped) -> tuple[float | None, float | None]:
+def micro_batch_values(
+    trainer, clip, logps, inputs, *, loss_mask, clipped
+) -> tuple[float | None, float | None]:
     """(kl, clip share) of one tracked micro-batch; kl None without a reference model (beta = 0)."""
     ref = inputs.get("ref_per_token_logps")
     kl = None
