@@ -40,7 +40,6 @@ def main(run_dir: str, weighting: str | None = None, loss_type: str = "dapo", st
         per_device_train_batch_size=4,
         num_generations=4,
         max_completion_length=12,
-        logging_steps=1,  # TRL's metrics land on the step they describe
         report_to="none",
         save_strategy="no",
         use_cpu=True,

@@ -41,7 +41,7 @@ HINTS = {
         "attribution": "Record it with `attach(trainer, dir, attribution=N)`: every token of those steps "
         "gets update_share, its exact share of the update.",
         "tokens": "`attach(trainer, dir)` records every completion token; this run has none yet.",
-        "steps": "`attach(trainer, dir)` records a step at each logging step: set `logging_steps=1`.",
+        "steps": "`attach(trainer, dir)` records a step per generation batch, whatever `logging_steps` says.",
         "layers": "`attach(trainer, dir)` records gradient norms before clipping at every optimizer step.",
         "evals": "TRL evaluations are not recorded; log them with `rec.log_eval(...)` on the recorder "
         "`attach` returns.",

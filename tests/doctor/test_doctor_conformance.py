@@ -88,7 +88,8 @@ def trl_config(tmp_path_factory):
 
 
 def _trl_logs(x: dict, samples: dict) -> dict:
-    """The step's scalars under TRL's logged names, through the attach's mapping (StepLogs)."""
+    """The step's scalars as the attach writes them: its own loss, rewards and clip share
+    (integrations/trl/step_values.py), TRL's logged metrics as trl_* through its mapping (StepLogs)."""
     from tokengrad.integrations.trl.logs import StepLogs
 
     truncated = sum(n >= LIMIT for n in samples["lengths"]) / len(samples["lengths"])
@@ -99,9 +100,9 @@ def _trl_logs(x: dict, samples: dict) -> dict:
         "clip_ratio/region_mean": x["clip_frac"],
         "completions/clipped_ratio": truncated,
     }
-    scalars = StepLogs().add(1, logs)
+    own = {k: x[k] for k in ("loss", "reward_mean", "reward_std", "clip_frac")}
     # the recorder measures these itself (record_grad_norms, the tracked log-probs' entropy)
-    return {**scalars, "grad_norm": x["grad_norm"], "entropy_mean": x["entropy_mean"]}
+    return {**StepLogs().add(1, logs), **own, "grad_norm": x["grad_norm"], "entropy_mean": x["entropy_mean"]}
 
 
 def _trl_samples(samples: dict) -> dict:

@@ -25,43 +25,64 @@ FUSED_HEAD = hasattr(trl.trainer.utils, "add_fused_lm_head")
 
 
 def distinct_chars(completions, **kwargs):
-    """A reward with spread inside every group (random completions differ in how many characters repeat)."""
-    return [len(set(c)) / 8 for c in completions]
+    """A reward with spread inside every group (random completions differ in how many characters repeat);
+    a conversational completion is scored by its message's text."""
+    return [len(set(completion_text(c))) / 8 for c in completions]
 
 
-def make_trainer(tmp_path, loss_type="dapo", reward_funcs=(distinct_chars,), **overrides):
+def completion_text(completion) -> str:
+    """A standard completion as it is; a conversational one (a list of messages) as its last message."""
+    return completion if isinstance(completion, str) else completion[-1]["content"]
+
+
+TINY = dict(  # what a CPU test run needs: tiny batches and lengths, a few steps, no trackers, fp32
+    per_device_train_batch_size=4,
+    num_generations=4,
+    max_completion_length=8,
+    max_steps=2,
+    report_to="none",
+    use_cpu=True,
+    bf16=False,
+    seed=0,
+    disable_tqdm=True,
+)
+# these tests' settings on top: a log per update, no checkpoints, a learning rate that moves the tiny model
+TEST_SETTINGS = dict(logging_steps=1, save_strategy="no", learning_rate=5e-2)
+
+
+def make_trainer(
+    tmp_path,
+    loss_type="dapo",
+    reward_funcs=(distinct_chars,),
+    *,
+    trl_defaults=False,
+    conversational=False,
+    trainer_kwargs=None,
+    **overrides,
+):
+    """A tiny GRPOTrainer; `trl_defaults=True` leaves every GRPOConfig option but TINY at TRL's default
+    (logging_steps=10 among them); `conversational` gives chat-message prompts; `trainer_kwargs` go to
+    GRPOTrainer (eval_dataset, peft_config)."""
     from datasets import Dataset
 
     tok = make_tiny_tokenizer()
-    cfg = dict(
-        output_dir=str(tmp_path / "trl_out"),
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=8,
-        max_steps=2,
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-        logging_steps=1,
-        save_strategy="no",
-        learning_rate=5e-2,
-        loss_type=loss_type,
-        seed=0,
-        disable_tqdm=True,
-    )
+    cfg = dict(output_dir=str(tmp_path / "trl_out"), **TINY, loss_type=loss_type)
+    cfg.update({} if trl_defaults else TEST_SETTINGS)
     cfg.update(overrides)
     model = make_tiny_model(tok)
     if cfg.get("beta", 0.0) != 0.0:  # TRL loads the reference model from the policy's path
         model.save_pretrained(tmp_path / "tiny")
         model.config._name_or_path = str(tmp_path / "tiny")
+    prompts = [[{"role": "user", "content": p}] for p in PROMPTS] if conversational else PROMPTS
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         return trl.GRPOTrainer(
             model=model,
             reward_funcs=list(reward_funcs),
             args=trl.GRPOConfig(**cfg),
-            train_dataset=Dataset.from_dict({"prompt": PROMPTS * 4}),
+            train_dataset=Dataset.from_dict({"prompt": prompts * 4}),
             processing_class=tok,
+            **(trainer_kwargs or {}),
         )
 
 

@@ -14,6 +14,7 @@ from test_trl import as_matrix, make_trainer  # noqa: E402
 
 from tokengrad import load_run  # noqa: E402
 from tokengrad.integrations import trl as tg_trl  # noqa: E402
+from tokengrad.integrations.trl.logs import column  # noqa: E402
 
 pytestmark = pytest.mark.trl
 EPS = 2e-3  # a clip this tight is crossed on the second, off-policy update of these tiny runs
@@ -66,13 +67,17 @@ def test_clip_and_step_scalars_follow_trl(tmp_path, loss_type):
     # the mean of `clipped` over a micro-batch's loss tokens is TRL's clip_ratio/region_mean for it
     got = tokens[tokens.in_loss].groupby("pass_id").clipped.mean().to_numpy()
     np.testing.assert_allclose(got, per_pass, rtol=1e-6)
-    # step scalars: the mean over the step's two updates, not the last TRL log
+    # step scalars: the mean over the step's two updates, not the last TRL log; the attach's own values
+    # (float64 over TRL's float32 tensors) and TRL's logs joined as trl_* (each log weighted by its update)
     logs = [h for h in trainer.state.log_history if "loss" in h and "train_runtime" not in h]
     assert len(logs) == 2 and logs[0]["learning_rate"] != logs[1]["learning_rate"]
     step = run.steps.iloc[0]
     pairs = [("loss", "loss"), ("lr", "learning_rate"), ("clip_frac", "clip_ratio/region_mean")]
     for col, key in pairs + ([("kl", "kl")] if beta else []):
-        assert step[col] == pytest.approx(np.mean([h[key] for h in logs]), rel=1e-9, abs=1e-12), col
+        want = np.mean([h[key] for h in logs])
+        assert step[col] == pytest.approx(want, rel=1e-6, abs=1e-12), col
+        assert step[f"trl_{column(key)}"] == pytest.approx(want, rel=1e-9, abs=1e-12), col
+    assert step.trl_log_updates == 2 and step.trl_log_from_step == 0
     assert step.trl_global_step == 2
 
 

@@ -3,7 +3,7 @@
     from trl import GRPOConfig, GRPOTrainer
     from tokengrad.integrations.trl import attach
 
-    trainer = GRPOTrainer(model=..., reward_funcs=..., args=GRPOConfig(..., logging_steps=1), ...)
+    trainer = GRPOTrainer(model=..., reward_funcs=..., args=GRPOConfig(...), ...)
     attach(trainer, "runs/trl_demo")                    # or attach(trainer, "runs/x", weighting="tr_grpo")
     trainer.train()
 
@@ -13,11 +13,13 @@ autograd hook on it, exact for every `loss_type`, clip, KL, mask and aggregation
 come from TRL's fused LM head (temperature-scaled, like the log-probs); old/ref log-probs, advantages and
 masks from the inputs of `compute_loss`; `clipped` is TRL's own clip test on them (loss.py). Grad
 norms are read when the trainer calls `accelerator.clip_grad_norm_` (before clipping); rewards and
-completions where TRL scores them; TRL's logged metrics go to the steps table, as the mean over the step's
-updates (logs.py). One tokengrad step is one TRL generation batch, holding
-`steps_per_generation * num_iterations / gradient_accumulation_steps` optimizer updates (`update_id`); an
-update that accumulates over several generation batches is recorded (norms, buckets) in the step where
-the optimizer steps, its bucket gradients summed over all of its micro-batches.
+completions where TRL scores them; the step's loss, lr, rewards, kl and clip share from these hooks and the
+trainer's state on every step, whatever `logging_steps` / `logging_strategy` say (step_values.py); TRL's
+logged metrics join as `trl_*` on the step TRL logs at, naming the updates they cover (logs.py). One
+tokengrad step is one TRL generation batch, holding `steps_per_generation * num_iterations /
+gradient_accumulation_steps` optimizer updates (`update_id`); an update that accumulates over several
+generation batches is recorded (norms, buckets) in the step where the optimizer steps, its bucket
+gradients summed over all of its micro-batches.
 
 A weighting rule acts as a scale of dL/dlog pi_t in backward: the update becomes sum_t w_t c_t grad log pi_t,
 the gradient of TRL's loss with each token's term (policy term, plus beta * KL when beta > 0, about which
@@ -27,13 +29,14 @@ importance_sampling_level="token"; the entropy bonus is not scaled). Parameters 
 penalty or extra update phases are refused (weighting.py). docs/api.md has the details.
 
 Modules: this one (attach and its checks), recording (the hooks), fused (the fused LM head's
-statistics), loss (TRL's clip definitions), logs (step scalars), weighting (a rule's parameters from the
-trainer; the rule as a gradient scale is tokengrad.objective.gradient_scale).
+statistics), loss (TRL's clip definitions), step_values (the step's own scalars), logs (TRL's logs
+joined), weighting (a rule's parameters from the trainer; the rule as a gradient scale is
+tokengrad.objective.gradient_scale).
 """
 
 from __future__ import annotations
 
-from tokengrad.integrations.trl.checks import check_logging, check_not_training, check_run_dir
+from tokengrad.integrations.trl.checks import check_not_training, check_run_dir
 from tokengrad.integrations.trl.deepspeed import check_deepspeed, deepspeed_setup
 from tokengrad.integrations.trl.logs import column
 from tokengrad.integrations.trl.loss import check_loss_type
@@ -200,7 +203,6 @@ def check_trainer(trainer) -> None:
         raise ValueError("a tokengrad recording is already attached to this trainer")
     check_not_training(trainer)
     check_loss_type(trainer.loss_type)
-    check_logging(trainer.args)
 
 
 def _run_config(trainer, trl_version: str) -> dict:

@@ -1,26 +1,12 @@
 """attach()'s checks of a trainer and a run directory that would otherwise fail late or record wrong
-numbers silently: TRL's logging interval, a directory already holding this run's steps, a trainer whose
-`train()` is already running."""
+numbers silently: a directory already holding this run's steps, a trainer whose `train()` is already
+running."""
 
 from __future__ import annotations
 
 import sys
 
 from tokengrad.read import layout
-
-
-def check_logging(args) -> None:
-    """TRL logs loss, reward and its metrics once per `logging_steps` optimizer updates (default 10); the
-    steps table takes them from those logs, so any other interval leaves them NaN on most steps and puts a
-    window's mean on the step that happens to log."""
-    strategy = str(getattr(getattr(args, "logging_strategy", "steps"), "value", args.logging_strategy))
-    if strategy != "steps" or float(args.logging_steps) != 1.0:
-        raise ValueError(
-            f"attach() needs TRL to log every optimizer update, but this GRPOConfig has "
-            f"logging_strategy={strategy!r}, logging_steps={args.logging_steps}: loss, reward and TRL's "
-            "metrics would be NaN on most recorded steps. Set GRPOConfig(logging_steps=1) (and "
-            "logging_strategy='steps'); a tracker that should see fewer points can be given its own interval"
-        )
 
 
 def check_run_dir(run_dir, resume_step: int | None) -> None:

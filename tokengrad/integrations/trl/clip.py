@@ -65,17 +65,20 @@ class ClipNorms:
             rec._norms_done = True
 
     def before_optimizer_step(self) -> None:
-        """The trainer's `on_pre_optimizer_step`: norms not read yet mean it clipped elsewhere (or not at
-        all); read them now, after any clipping, and say so."""
+        """The trainer's `on_pre_optimizer_step`: norms not read yet mean it clipped elsewhere, or not at
+        all (`max_grad_norm` 0 or None: the Trainer skips the clip, and the norms read now are the ones
+        before any clipping); read them now, after any clipping, and say so where a clip was asked for."""
         rec = self.recording
-        if rec.step is not None and not rec._norms_done:
+        if rec.step is None or rec._norms_done:
+            return
+        if (getattr(rec.trainer.args, "max_grad_norm", None) or 0) > 0:
             warnings.warn(
                 "tokengrad: the trainer clipped gradients without accelerator.clip_grad_norm_; "
                 "gradient norms are read after clipping",
                 RuntimeWarning,
                 stacklevel=2,  # the trainer callback's on_pre_optimizer_step
             )
-            self.record()
+        self.record()
 
 
 def _without_unscaling(accelerator, clip):

@@ -3,12 +3,14 @@
 One tokengrad step is one TRL generation batch. Per micro-batch `compute_loss` gives the inputs, the
 wrapped `_get_per_token_logps_and_entropies` the log-probs the loss is built from (coef by the autograd
 hook), `accelerator.backward` the bucket passes, `accelerator.clip_grad_norm_` the norms before clipping
-(clip.py), and the callback the optimizer-update boundaries and TRL's logs.
+(clip.py), `training_step` each micro-batch's loss, the callback the optimizer-update boundaries, the
+learning rate and TRL's logs (joined where TRL logs; the step's own scalars: step_values.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +24,7 @@ from tokengrad.integrations.trl.deepspeed import DeepSpeedNorms, deepspeed_setup
 from tokengrad.integrations.trl.fused import FusedCapture, fused_token_stats
 from tokengrad.integrations.trl.logs import SUMMARY_KEYS, StepLogs, column
 from tokengrad.integrations.trl.loss import ClipSettings, clipped_tokens
+from tokengrad.integrations.trl.step_values import StepValues, micro_batch_values, reward_scalars
 from tokengrad.objective.gradient_scale import token_weights
 from tokengrad.record.recorder import Recorder
 from tokengrad.record.stats import TokenStats
@@ -56,6 +59,9 @@ class TRLRecording:
         self._accumulating = False  # micro-batches tracked since the last optimizer update
         self._norms_done = False
         self._logs = StepLogs()
+        self.values = StepValues()  # the open step's own loss, lr, rewards, kl and clip share
+        self._update_loss = None  # the open optimizer update's loss so far (summed over micro-batches)
+        self._lr = None  # the learning rate of the update the optimizer just applied
         self._inputs = None  # compute_loss inputs while TRL computes the loss
         self._pending: ScoredPass | None = None  # this compute_loss call's log-probs, tracked when it returns
         self._masks: dict = {}  # TRL's off-policy and entropy masks of this compute_loss call
@@ -71,6 +77,7 @@ class TRLRecording:
         self._fused = FusedCapture(t)  # fresh per install: a continued run hooks the head again
         self._patch(t, "train", self._train)
         self._patch(t, "compute_loss", self._compute_loss)
+        self._patch(t, "training_step", self._training_step)
         self._patch(t, "_get_per_token_logps_and_entropies", self._per_token_logps)
         self._patch(t, "_generate_and_score_completions", self._generate_and_score)
         self._patch(t, "_calculate_rewards", self._calculate_rewards)
@@ -140,6 +147,7 @@ class TRLRecording:
         def again(*a, **k):
             self.stop_continuing()
             self.recorder, self._logs, self._accumulating = recorder, StepLogs(), False
+            self._update_loss = None
             announce(recorder, f"trainer.train() again: the run goes on from step {self.next_step}")
             self.install()
             return t.train(*a, **k)
@@ -168,9 +176,13 @@ class TRLRecording:
             self.step.bucket_passes.carry_on(*carried, update_id=0)
         self.next_step = self.step.step + 1
         self.update_id, self._norms_done, self._scored = 0, False, None
-        self._logs = StepLogs(self._logs.logged_step)
+        self._logs = StepLogs(self._logs.logged_step, self._logs.updates)
+        self.values = StepValues()
         out = orig(inputs)
         self._record_samples(out)
+        if self._scored is not None:  # TRL's reward statistics' batch: every process's completions
+            names = [column(n) for n in self.trainer.reward_func_names]
+            self.step.log(**reward_scalars(self._scored[3], self.trainer.reward_weights, names))
         self.step.log(**rollout.step_metrics(self.trainer, out))
         return out
 
@@ -284,6 +296,7 @@ class TRLRecording:
         adv = inp["advantages"]  # [B] or [B, T]
         sid = inp.get(SAMPLE_KEY)
         weights = token_weights(self.rule, logps, old, adv, loss_mask)
+        clipped = clipped_tokens(self.clip, logps, old, adv, loss_mask)
         self.step.track(
             logps,
             token_ids=inp["completion_ids"],
@@ -301,11 +314,15 @@ class TRLRecording:
             group_ids=None if sid is None else sid // self.trainer.num_generations,
             stats=scored.stats,
             hidden=scored.hidden,
-            clipped=clipped_tokens(self.clip, logps, old, adv, loss_mask),
+            clipped=clipped,
             update_id=self.update_id,
             recompute=scored.recompute,
         )
         self._accumulating = True
+        kl, share = micro_batch_values(
+            self.trainer, self.clip, logps, inp, loss_mask=loss_mask, clipped=clipped
+        )
+        self.step.log(**self.values.micro_batch(kl, share))
 
     # -- backward, gradient norms, optimizer updates -------------------------------------------------
     def _backward(self, orig, loss, **kwargs):
@@ -322,7 +339,24 @@ class TRLRecording:
         orig(loss, **kwargs)
         st.bucket_passes.analyze(loss if plain else None)
 
-    def _on_step_end(self) -> None:
+    def _training_step(self, orig, *a, **k):
+        """The value the Trainer adds to the loss it logs, summed over the update's micro-batches."""
+        loss = orig(*a, **k)
+        if torch.is_tensor(loss):
+            part = loss.detach().float().sum()
+            self._update_loss = part if self._update_loss is None else self._update_loss + part
+        return loss
+
+    def _on_optimizer_step(self) -> None:
+        self._lr = self.trainer._get_learning_rate()  # the update's lr: the scheduler has not stepped yet
+
+    def _on_step_end(self, state) -> None:
+        if self.step is not None:
+            loss = math.nan if self._update_loss is None else float(self._update_loss)
+            counters = dict(trl_global_step=state.global_step, trl_epoch=state.epoch)
+            self.step.log(**self.values.update(loss, self._lr), **counters)
+            self._logs.updates.ended(state.global_step, self.step.step)
+        self._update_loss, self._lr = None, None
         self.update_id += 1
         self._norms_done = self._accumulating = False
 
@@ -341,8 +375,11 @@ class _Callback(TrainerCallback):
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         self.recording.norms.before_optimizer_step()
 
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self.recording._on_optimizer_step()
+
     def on_step_end(self, args, state, control, **kwargs):
-        self.recording._on_step_end()
+        self.recording._on_step_end(state)
         rec = self.recording.recorder
         if rec is not None and rec.halt_finding is not None:  # Doctor(halt=True): TRL's own clean stop
             control.should_training_stop = True
