@@ -96,7 +96,7 @@ class DeepSpeedNorms:
         if boundary and rec.step is not None:
             norm = engine.get_global_grad_norm()
             if norm is not None:
-                prev = rec.step._scalars.get("ds_grad_norm")
+                prev = rec.step.scalars.get("ds_grad_norm")
                 rec.step.log(ds_grad_norm=max(float(norm), prev if prev is not None else float("-inf")))
         return out
 
