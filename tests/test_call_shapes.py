@@ -1,7 +1,9 @@
 """Call shapes of the house rules: no def in the package or the app takes 6 or more positional parameters
 and no call passes 6 or more positional arguments; records and long signatures take keywords
 (`@dataclass(kw_only=True)`, a `*` in the signature), so a call names what it passes. Signatures a host
-framework fixes are listed in ALLOWED with the reason; an entry that no longer matches anything fails."""
+framework fixes are listed in ALLOWED with the reason; an entry that no longer matches anything fails.
+A record of the package (a dataclass or NamedTuple defined in tokengrad/ or app/) is built with at most 3
+positional arguments anywhere in the repository: past that, each field is named."""
 
 from __future__ import annotations
 
