@@ -55,7 +55,13 @@ def step_child(spec: dict) -> dict:
     prob = torch.rand(n, t).clamp_min(1e-4)  # [N, T]
     lp = prob.log().requires_grad_()
     sum_p2 = prob**2 + (1 - prob) ** 2 / (v - 1)
-    stats = TokenStats(lp.detach(), prob, -(prob * prob.log()) * 3, sum_p2, (1 - 2 * prob + sum_p2).sqrt())
+    stats = TokenStats(
+        logprob=lp.detach(),
+        prob=prob,
+        entropy=-(prob * prob.log()) * 3,
+        sum_p2=sum_p2,
+        logit_grad_unit=(1 - 2 * prob + sum_p2).sqrt(),
+    )
     ids = torch.randint(0, v, (n, t))
     adv = torch.randn(n)
     mask = torch.ones(n, t, dtype=torch.bool)

@@ -1,7 +1,9 @@
 """Call shapes of the house rules: no def in the package or the app takes 6 or more positional parameters
 and no call passes 6 or more positional arguments; records and long signatures take keywords
 (`@dataclass(kw_only=True)`, a `*` in the signature), so a call names what it passes. Signatures a host
-framework fixes are listed in ALLOWED with the reason; an entry that no longer matches anything fails."""
+framework fixes are listed in ALLOWED with the reason; an entry that no longer matches anything fails.
+A record of the package (a dataclass or NamedTuple defined in tokengrad/ or app/) is built with at most 3
+positional arguments anywhere in the repository: past that, each field is named."""
 
 from __future__ import annotations
 
@@ -81,3 +83,88 @@ def test_the_scanner_finds_a_six_positional_call_and_def():
     }
     method = "class C:\n    def m(self, a, b, c, d, e):\n        return C.m(self, a, b, c, d, e)\n"
     assert wide_shapes(method, "c.py") == {"c.py:m": "C.m() with 6 positional arguments"}
+
+
+MAX_RECORD_POSITIONAL = 3
+RECORD_USERS = ("tokengrad", "app", "tests", "benchmarks", "scripts")
+
+
+def _is_record(node: ast.ClassDef) -> bool:
+    """A dataclass (`@dataclass`, `@dataclass(...)`, `@dataclasses.dataclass`) or a NamedTuple subclass."""
+    for deco in node.decorator_list:
+        target = deco.func if isinstance(deco, ast.Call) else deco
+        if ast.unparse(target).split(".")[-1] == "dataclass":
+            return True
+    return any(ast.unparse(base).split(".")[-1] == "NamedTuple" for base in node.bases)
+
+
+def record_names(sources: dict[str, str]) -> set[str]:
+    """Names of the dataclasses and NamedTuples defined in the given {path: source}."""
+    return {
+        node.name
+        for source in sources.values()
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ClassDef) and _is_record(node)
+    }
+
+
+def records_in_scope(source: str, records: set[str], package: bool) -> set[str]:
+    """The package's record names a file sees: a class the file defines itself shadows a record of the same
+    name, unless the file is the package's own (`package`) and that class is the record."""
+    classes = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef)]
+    return records - {n.name for n in classes if not (package and _is_record(n))}
+
+
+def positional_record_calls(source: str, records: set[str], path: str = "<source>") -> list[str]:
+    """ "path:line Name() with N positional arguments" for each call of a record constructor (by its name,
+    bare or as an attribute) passing more than MAX_RECORD_POSITIONAL positional arguments."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call) or len(node.args) <= MAX_RECORD_POSITIONAL:
+            continue
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+        if name in records:
+            found.append(f"{path}:{node.lineno} {name}() with {len(node.args)} positional arguments")
+    return sorted(found)
+
+
+def test_records_of_the_package_are_built_by_keyword():
+    sources = {str(p.relative_to(REPO)): p.read_text() for p in SOURCES}
+    records = record_names(sources)
+    found = []
+    for path in sorted(p for d in RECORD_USERS for p in (REPO / d).rglob("*.py")):
+        rel, source = str(path.relative_to(REPO)), path.read_text()
+        found += positional_record_calls(source, records_in_scope(source, records, rel in sources), rel)
+    assert not found, (
+        f"records built with more than {MAX_RECORD_POSITIONAL} positional arguments (name the fields, "
+        f"or make the dataclass kw_only=True): {found}"
+    )
+
+
+def test_the_record_scanner_finds_a_positional_record_call():
+    src = (
+        "import dataclasses\n"
+        "from typing import NamedTuple\n"
+        "@dataclasses.dataclass(frozen=True)\n"
+        "class D:\n    a: int\n    b: int\n    c: int\n    d: int\n"
+        "class N(NamedTuple):\n    a: int\n    b: int\n    c: int\n    d: int\n"
+        "class Plain:\n    pass\n"
+        "D(1, 2, 3, 4)\n"
+        "D(1, 2, 3, d=4)\n"
+        "m.N(1, 2, 3, 4)\n"
+        "N(a=1, b=2, c=3, d=4)\n"
+        "Plain(1, 2, 3, 4)\n"
+    )
+    records = record_names({"m.py": src})
+    assert records == {"D", "N"}
+    assert positional_record_calls(src, records_in_scope(src, records, package=True), "m.py") == [
+        "m.py:16 D() with 4 positional arguments",
+        "m.py:18 N() with 4 positional arguments",
+    ]
+    # a file outside the package that defines its own D calls that one, not the package's record
+    shadow = "class D:\n    pass\nD(1, 2, 3, 4)\nN(1, 2, 3, 4)\n"
+    assert records_in_scope(shadow, records, package=False) == {"N"}
+    assert positional_record_calls(shadow, records_in_scope(shadow, records, package=False), "b.py") == [
+        "b.py:4 N() with 4 positional arguments"
+    ]

@@ -57,7 +57,9 @@ def test_trainer_doc_weighting_example_registers_a_working_rule():
         ns: dict = {}
         exec(block, ns)
         lp = torch.log(torch.tensor([[0.04, 0.81]]))
-        w = WEIGHTINGS["sqrt_p"](TokenBatch(lp, lp, torch.ones(1, 2), torch.ones(1, 2)))
+        w = WEIGHTINGS["sqrt_p"](
+            TokenBatch(logprobs=lp, old_logprobs=lp, advantages=torch.ones(1, 2), mask=torch.ones(1, 2))
+        )
         assert torch.allclose(
             w.loss_weight, torch.tensor([[0.5, 0.9]])
         )  # sqrt(.04)=.2 -> floor .5; sqrt(.81)=.9

@@ -164,7 +164,7 @@ def test_lopti_phases_with_full_loss_mask_sum_to_single_update(aggregation):
     old = lp + 0.1 * torch.randn(4, 6, generator=g, dtype=F64)
     adv = torch.randn(4, generator=g, dtype=F64)
     mask = (torch.rand(4, 6, generator=g) > 0.3).to(F64)
-    weights = get_weighting("lopti")(TokenBatch(lp, old, adv, mask))
+    weights = get_weighting("lopti")(TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, mask=mask))
     phases = phase_masks(weights, mask)
     assert len(phases) == 2
     total = sum(

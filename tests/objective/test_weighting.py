@@ -30,7 +30,9 @@ def _prob_batch(p, p_old=None):
     """A [1, n] batch with the given current (and old) token probabilities, advantage 1."""
     lp = _t([p]).log()
     old = _t([p_old]).log() if p_old is not None else lp
-    return TokenBatch(lp, old, torch.ones(1, dtype=F64), torch.ones_like(lp))
+    return TokenBatch(
+        logprobs=lp, old_logprobs=old, advantages=torch.ones(1, dtype=F64), mask=torch.ones_like(lp)
+    )
 
 
 def test_registry_lists_rules_and_unknown_name_error():
@@ -127,7 +129,7 @@ def _lopti_batch():
     # p_old [[.2, .5, .7], [.49, .9, pad]]; eta .5, strict <: low = .2 and .49 (.5 itself is high)
     old = _t([[0.2, 0.5, 0.7], [0.49, 0.9, 0.01]]).log()
     mask = _t([[1, 1, 1], [1, 1, 0]])
-    return TokenBatch(old, old, torch.ones(2, dtype=F64), mask), mask
+    return TokenBatch(logprobs=old, old_logprobs=old, advantages=torch.ones(2, dtype=F64), mask=mask), mask
 
 
 def test_lopti_phases_disjoint_cover_mask_low_first():
@@ -153,7 +155,7 @@ def _cov_batch():
     c = [[1 * 1, 0 * 1], [-1 * -1, 0 * -1]] = [[1, 0], [1, 0]]. An extra padding column holds junk."""
     lp = _t([[-1, -2, -40], [-3, -2, 0]])
     mask = _t([[1, 1, 0], [1, 1, 0]])
-    return TokenBatch(lp, lp, _t([2, 0]), mask)
+    return TokenBatch(logprobs=lp, old_logprobs=lp, advantages=_t([2, 0]), mask=mask)
 
 
 def test_cw_grpo_hand_values():
@@ -169,12 +171,14 @@ def test_cw_grpo_mean_one_and_degenerate_batch():
     lp = -torch.rand(6, 9, generator=g, dtype=F64) * 4
     mask = (torch.rand(6, 9, generator=g) > 0.3).to(F64)
     w = get_weighting("cw_grpo")(
-        TokenBatch(lp, lp, torch.randn(6, generator=g, dtype=F64), mask)
+        TokenBatch(logprobs=lp, old_logprobs=lp, advantages=torch.randn(6, generator=g, dtype=F64), mask=mask)
     ).advantage_weight
     assert w[mask > 0].mean().item() == pytest.approx(1.0, abs=1e-12)
     assert w[mask > 0].std().item() > 0.05  # a real batch is actually reweighted
     # equal advantages -> every c is 0, sigma 0 -> all weights 1 instead of 0/0
-    flat = get_weighting("cw_grpo")(TokenBatch(lp, lp, torch.ones(6, dtype=F64), mask)).advantage_weight
+    flat = get_weighting("cw_grpo")(
+        TokenBatch(logprobs=lp, old_logprobs=lp, advantages=torch.ones(6, dtype=F64), mask=mask)
+    ).advantage_weight
     assert torch.equal(flat, torch.ones_like(flat))
 
 
@@ -188,7 +192,7 @@ def _clip_cov_batch():
 
 def test_clip_cov_hand_selection():
     lp, mask = _clip_cov_batch()
-    batch = TokenBatch(lp, lp, _t([2, -2]), mask)
+    batch = TokenBatch(logprobs=lp, old_logprobs=lp, advantages=_t([2, -2]), mask=mask)
     # default r = 2e-4: floor(2e-4 * 4) = 0 -> at least 1 token zeroed, one of the two candidates
     w = get_weighting("clip_cov")(batch, seed=0).loss_weight
     assert w.sum().item() == 5.0 and w[:, 1:].eq(1).all() and w[:, 0].sum().item() == 1.0
@@ -202,7 +206,7 @@ def test_clip_cov_excludes_already_clipped_tokens():
     lp, mask = _clip_cov_batch()
     old = lp.clone()
     old[0, 0] = lp[0, 0] - math.log(1.5)  # r = 1.5 with A = +2 > 0: above 1.2, PPO already clipped it
-    batch = TokenBatch(lp, old, _t([2, -2]), mask)
+    batch = TokenBatch(logprobs=lp, old_logprobs=old, advantages=_t([2, -2]), mask=mask)
     assert get_weighting("clip_cov")(batch, fraction=1.0).loss_weight.tolist() == [[1, 1, 1], [0, 1, 1]]
     # with the authors' clip range 1.0 it is not clipped and is a candidate again
     both = get_weighting("clip_cov")(batch, fraction=1.0, eps_high=1.0).loss_weight
@@ -214,7 +218,7 @@ def test_clip_cov_zeroes_exactly_the_selected_count_and_is_seeded():
     lp = -torch.rand(16, 64, generator=g, dtype=F64) * 6
     adv = torch.randn(16, generator=g, dtype=F64) * 3
     mask = (torch.rand(16, 64, generator=g) > 0.2).to(F64)
-    batch = TokenBatch(lp, lp, adv, mask)
+    batch = TokenBatch(logprobs=lp, old_logprobs=lp, advantages=adv, mask=mask)
     cov = weighting._token_covariance(batch)
     cand = (mask > 0) & (cov > 1) & (cov < 5)
     fraction = 0.02
@@ -234,7 +238,7 @@ def test_kl_cov_top_k_and_penalty_only_there():
     # c = [[3, -1], [2, 0]]; top-1 = (0, 0), top-2 = (0, 0) and (1, 0). Padding column holds junk.
     lp = _t([[-0.5, -2.5, 5.0], [-3, -2, 9.0]])
     mask = _t([[1, 1, 0], [1, 1, 0]])
-    batch = TokenBatch(lp, lp, _t([2, -2]), mask)
+    batch = TokenBatch(logprobs=lp, old_logprobs=lp, advantages=_t([2, -2]), mask=mask)
     assert get_weighting("kl_cov")(batch).kl_cov_coef.tolist() == [
         [1, 0, 0],
         [0, 0, 0],
@@ -267,19 +271,28 @@ def test_weight_curve_none_for_batch_dependent_rules():
 def test_token_batch_boundary_checks():
     lp = torch.zeros(2, 3)
     with pytest.raises(ValueError, match=r"logprobs=\[2, 3\], old_logprobs=\[2, 4\]"):
-        TokenBatch(lp, torch.zeros(2, 4), torch.zeros(2), torch.ones(2, 3))
+        TokenBatch(
+            logprobs=lp, old_logprobs=torch.zeros(2, 4), advantages=torch.zeros(2), mask=torch.ones(2, 3)
+        )
     with pytest.raises(ValueError, match="advantages"):
-        TokenBatch(lp, lp, torch.zeros(3), torch.ones(2, 3))
+        TokenBatch(logprobs=lp, old_logprobs=lp, advantages=torch.zeros(3), mask=torch.ones(2, 3))
     bad = lp.clone()
     bad[1, 2] = float("nan")
     with pytest.raises(ValueError, match="logprobs has NaN"):
-        TokenBatch(bad, lp, torch.zeros(2), torch.ones(2, 3))
+        TokenBatch(logprobs=bad, old_logprobs=lp, advantages=torch.zeros(2), mask=torch.ones(2, 3))
     # NaN outside the mask is fine; bf16 is promoted, grads are cut, [N] advantages broadcast
     src = torch.zeros(2, 3, dtype=torch.bfloat16, requires_grad=True)
-    b = TokenBatch(src, lp, torch.tensor([1.0, 2.0]), torch.tensor([[1, 1, 1], [1, 1, 0]]))
+    b = TokenBatch(
+        logprobs=src,
+        old_logprobs=lp,
+        advantages=torch.tensor([1.0, 2.0]),
+        mask=torch.tensor([[1, 1, 1], [1, 1, 0]]),
+    )
     assert b.logprobs.dtype == torch.float32 and not b.logprobs.requires_grad
     assert b.advantages.tolist() == [[1, 1, 1], [2, 2, 2]] and b.mask.dtype == torch.float32
-    TokenBatch(bad, lp, torch.zeros(2), torch.tensor([[1.0, 1, 1], [1, 1, 0]]))
+    TokenBatch(
+        logprobs=bad, old_logprobs=lp, advantages=torch.zeros(2), mask=torch.tensor([[1.0, 1, 1], [1, 1, 0]])
+    )
 
 
 @pytest.mark.parametrize("name", ALL_RULES)
@@ -289,7 +302,7 @@ def test_every_rule_runs_in_the_loss(name):
     old = lp.detach() + 0.05 * torch.randn(4, 7, generator=g)
     adv = torch.randn(4, generator=g)
     mask = (torch.rand(4, 7, generator=g) > 0.2).float()
-    w = get_weighting(name)(TokenBatch(lp, old, adv, mask))
+    w = get_weighting(name)(TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, mask=mask))
     out = policy_loss(lp, old, adv, mask, w)
     (grad,) = torch.autograd.grad(out.loss, lp)
     assert torch.isfinite(grad).all() and grad.abs().sum() > 0
@@ -311,7 +324,9 @@ def test_what_the_built_in_rules_declare():
 def test_each_declaration_matches_what_the_rule_returns():
     """Every rule on a batch with both sides of Lopti's eta returns exactly the fields it declares."""
     lp = _t([[0.05, 0.3, 0.6, 0.95], [0.2, 0.5, 0.7, 0.9]]).log()
-    batch = TokenBatch(lp, lp - 0.1, _t([1.0, -1.0]), torch.ones(2, 4, dtype=F64))
+    batch = TokenBatch(
+        logprobs=lp, old_logprobs=lp - 0.1, advantages=_t([1.0, -1.0]), mask=torch.ones(2, 4, dtype=F64)
+    )
     for name in ALL_RULES:
         for params in ({}, {"placement": "ratio"}) if name.startswith("tr_grpo") else ({},):
             w = get_weighting(name)(batch, **params)

@@ -193,7 +193,13 @@ def _synthetic_step(path, budget, step=3):
             sum_p2 = prob**2 + (1 - prob) ** 2 / (v - 1)
             ent = -(prob * prob.log()) * 3
             ent[0, 1] = float("nan")
-            stats = TokenStats(lp.detach(), prob, ent, sum_p2, (1 - 2 * prob + sum_p2).sqrt())
+            stats = TokenStats(
+                logprob=lp.detach(),
+                prob=prob,
+                entropy=ent,
+                sum_p2=sum_p2,
+                logit_grad_unit=(1 - 2 * prob + sum_p2).sqrt(),
+            )
             mask = torch.arange(t)[None] < torch.randint(3, t + 1, (n,), generator=g)[:, None]  # [N, T]
             loss_mask = mask.clone()
             loss_mask[:, 0] = False

@@ -106,7 +106,7 @@ def test_reuse_of_the_loss_pass_follows_the_declaration(counted):
 def test_update_stats_log_what_is_set():
     stats = UpdateStats(loss=0.25, grad_norm=1.5, n_updates=2, kl=None)
     assert stats.scalars() == {"loss": 0.25, "grad_norm": 1.5, "n_updates": 2}
-    assert UpdateStats(None, None, 0, None).scalars() == {"n_updates": 0}
+    assert UpdateStats(loss=None, grad_norm=None, n_updates=0, kl=None).scalars() == {"n_updates": 0}
 
 
 def test_the_trainer_package_is_not_the_entry_point(monkeypatch):

@@ -27,7 +27,7 @@ from tokengrad.doctor.spike_rule import MAD_Z, robust_z  # noqa: F401 - the doct
 _INVERSION_BLOCK = 1024  # elements compared pairwise at once when counting discordant pairs
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Trend:
     """A monotone trend of a series over its index: Mann-Kendall's tau and two-sided p-value (the
     Mann-Kendall test is Kendall's tau between the series and time, Kendall 1975) and the Theil-Sen slope
@@ -56,10 +56,10 @@ def trend(values, x=None) -> Trend:
     keep = np.isfinite(y) & np.isfinite(t)
     y, t = y[keep], t[keep]
     if y.size < 3 or np.all(y == y[0]):
-        return Trend(0.0, 1.0, 0.0, int(y.size))
+        return Trend(tau=0.0, p_value=1.0, slope=0.0, n=int(y.size))
     tau, p = kendall_tau(t, y)
     slope = theil_sen_slope(y, t)
-    return Trend(float(tau), float(p), float(slope), int(y.size))
+    return Trend(tau=float(tau), p_value=float(p), slope=float(slope), n=int(y.size))
 
 
 def runs_of(mask) -> list[tuple[int, int]]:

@@ -192,7 +192,7 @@ def _run_specs(name: str, run, *, smoothing: float, low, high, step_range, max_w
             lambda: make_layer_grad_norm_figure(run.layers, smoothing=smoothing, title=name),
             "page",
         ),
-        _Pending(f"wordcloud_{slug}", wordcloud, "page", 2.6),
+        _Pending(name=f"wordcloud_{slug}", make=wordcloud, width="page", height_in=2.6),
     ]
 
 
@@ -230,7 +230,11 @@ def build_figure_set(
         if why:
             notes.append(f"{p.name}: {why}")
         else:
-            kept.append(FigureSpec(p.name, fig, p.width, p.height_in, keep_title))
+            kept.append(
+                FigureSpec(
+                    name=p.name, figure=fig, width=p.width, height_in=p.height_in, keep_title=keep_title
+                )
+            )
     return FigureSet(kept, notes, failed)
 
 

@@ -69,7 +69,10 @@ def token_weights(rule, logps, old, adv, loss_mask) -> torch.Tensor | None:
         return None
     fn, params = rule
     # resolve_weighting refused rules that declare more than a scale; the rule's call refuses the undeclared
-    tw = fn(TokenBatch(logps.detach(), old.detach(), adv, loss_mask.float()), **params)
+    batch = TokenBatch(
+        logprobs=logps.detach(), old_logprobs=old.detach(), advantages=adv, mask=loss_mask.float()
+    )
+    tw = fn(batch, **params)
     if all(w is None for w in (tw.loss_weight, tw.advantage_weight)):
         return None
     return tw.effective().to(logps.device)  # [B, T]

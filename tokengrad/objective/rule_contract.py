@@ -61,7 +61,7 @@ def broadcast_tokens(x: Tensor, like: Tensor, name: str) -> Tensor:
     return x
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TokenBatch:
     """What every rule sees. Tensors are detached and promoted to at least float32 on construction;
     ``advantages`` may be given per sequence [N] and is broadcast to [N, T]."""

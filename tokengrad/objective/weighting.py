@@ -117,7 +117,8 @@ def weight_curve(name: str, params: dict | None = None, n: int = 101) -> dict | 
     p = torch.linspace(0.0, 1.0, n, dtype=torch.float64)  # [n]
     lp = p.clamp_min(1e-30).log()[None, :]  # [1, n]; log 0 would be -inf
     ones = torch.ones_like(lp)
-    w = rule(TokenBatch(lp, lp, ones, ones), **params).effective(ones)  # [1, n]
+    batch = TokenBatch(logprobs=lp, old_logprobs=lp, advantages=ones, mask=ones)
+    w = rule(batch, **params).effective(ones)  # [1, n]
     return {"p": p.tolist(), "w": w[0].tolist()}
 
 

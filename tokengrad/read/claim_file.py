@@ -124,11 +124,11 @@ def parse(data: bytes) -> Holder | str:
         return f"names no host (host {json.dumps(host)[:40]})"
     started, proc_start, boot = info.get("started"), info.get("proc_start"), info.get("boot_id")
     return Holder(
-        pid,
-        host,
-        float(started) if type(started) in (int, float) else None,
-        proc_start if type(proc_start) is int else None,
-        boot if isinstance(boot, str) and boot else None,
+        pid=pid,
+        host=host,
+        started=float(started) if type(started) in (int, float) else None,
+        proc_start=proc_start if type(proc_start) is int else None,
+        boot_id=boot if isinstance(boot, str) and boot else None,
     )
 
 

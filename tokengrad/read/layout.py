@@ -32,7 +32,7 @@ from tokengrad import schema
 TMP_SUFFIX = ".tmp"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Part:
     """One data file to read: its sequence range and the step ranges [lo, hi] of its rows to leave out."""
 
@@ -110,7 +110,7 @@ def resolve(found: list[tuple[int, int, Path]]) -> tuple[list[Part], list[Path]]
             continue
         overlapping = [k for k in kept if k.first <= last and first <= k.last]
         ranges = tuple(r for r in (step_range(k.path) for k in overlapping) if r is not None)
-        kept.append(Part(p, first, last, ranges))
+        kept.append(Part(path=p, first=first, last=last, exclude=ranges))
     return sorted(kept, key=lambda k: k.first), sorted(redundant)
 
 

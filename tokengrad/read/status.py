@@ -87,7 +87,9 @@ def run_status(run_dir: str | os.PathLike, now: float | None = None, stale_s: fl
     now = time.time() if now is None else now
     newest, steps = _newest(run)
     if meta_file.finished(_meta(run)):
-        return RunStatus("finished", newest, steps, "the recorder closed the run normally")
+        return RunStatus(
+            state="finished", last_write=newest, steps_seen=steps, why="the recorder closed the run normally"
+        )
     closed = []
     for p in layout.rank_status_files(run):
         try:
@@ -96,14 +98,20 @@ def run_status(run_dir: str | os.PathLike, now: float | None = None, stale_s: fl
             continue
     if any(isinstance(c, dict) and c.get("finished") is False for c in closed):
         return RunStatus(
-            "crashed", newest, steps, "the training loop raised: the recorder closed it unfinished"
+            state="crashed",
+            last_write=newest,
+            steps_seen=steps,
+            why="the training loop raised: the recorder closed it unfinished",
         )
     idle = now - newest
     claims = _claims(run)
     alive = [h for h, v in claims if v.state == "alive"]
     if alive:
         return RunStatus(
-            "running", newest, steps, f"the recording process (pid {alive[0].pid}) runs; {_written(idle)}"
+            state="running",
+            last_write=newest,
+            steps_seen=steps,
+            why=f"the recording process (pid {alive[0].pid}) runs; {_written(idle)}",
         )
     gone = [(h, v) for h, v in claims if v.state == "gone"]
     if gone and len(gone) == len(claims):  # every claim checked here (another host's: the clock rule)
@@ -111,14 +119,16 @@ def run_status(run_dir: str | os.PathLike, now: float | None = None, stale_s: fl
         cause = "killed or crashed" if "restarted" not in verdict.why else "the machine restarted"
         return _stopped(run, newest, steps, f"the recording process (pid {holder.pid}) is gone: {cause}")
     if idle <= stale_s:
-        return RunStatus("running", newest, steps, _written(idle))
+        return RunStatus(state="running", last_write=newest, steps_seen=steps, why=_written(idle))
     return _stopped(run, newest, steps, f"never closed and no file written for {idle / 60:.0f} min")
 
 
 def _stopped(run: Path, newest: float, steps: bool, why: str) -> RunStatus:
     step = last_step(run) if steps else None
     last = f"last committed step {step}" if step is not None else "no step was committed"
-    return RunStatus("stopped", newest, steps, f"{why}; {last}", step)
+    return RunStatus(
+        state="stopped", last_write=newest, steps_seen=steps, why=f"{why}; {last}", last_step=step
+    )
 
 
 def _written(idle: float) -> str:

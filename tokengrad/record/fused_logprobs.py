@@ -83,4 +83,6 @@ def logprobs_with_stats(
     """
     check_stats_inputs(logits, token_ids, None)
     logp, ent, s2, unit = _SelectiveLogSoftmax.apply(logits, token_ids, chunk_rows)
-    return logp, TokenStats(logp.detach(), logp.detach().exp(), ent, s2, unit)
+    return logp, TokenStats(
+        logprob=logp.detach(), prob=logp.detach().exp(), entropy=ent, sum_p2=s2, logit_grad_unit=unit
+    )

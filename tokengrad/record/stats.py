@@ -94,7 +94,9 @@ def token_stats(
             )  # [k, V] view if possible
             lp, h, s2, u = chunk_stats(x, token_ids[n, idx], buf_d[:k], buf_e[:k])
             logprob[n, idx], entropy[n, idx], sum_p2[n, idx], unit[n, idx] = lp, h, s2, u
-    return TokenStats(logprob, logprob.exp(), entropy, sum_p2, unit)
+    return TokenStats(
+        logprob=logprob, prob=logprob.exp(), entropy=entropy, sum_p2=sum_p2, logit_grad_unit=unit
+    )
 
 
 def chunk_stats(

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Column:
     name: str
     type: pa.DataType
@@ -17,7 +17,7 @@ class Column:
 
 
 def _c(name: str, typ: pa.DataType, doc: str, nullable: bool = True) -> Column:
-    return Column(name, typ, doc, nullable)
+    return Column(name=name, type=typ, doc=doc, nullable=nullable)
 
 
 _KEY = [

@@ -123,5 +123,10 @@ def update_weights(
         return None
     if current is None:
         raise ValueError("a rule with batch statistics needs the log-probs at the start of the update")
-    tb = TokenBatch(current[rows], b.old_logprobs[rows], b.advantages[rows], b.loss_mask[rows])
+    tb = TokenBatch(
+        logprobs=current[rows],
+        old_logprobs=b.old_logprobs[rows],
+        advantages=b.advantages[rows],
+        mask=b.loss_mask[rows],
+    )
     return rule(tb, **params)

@@ -42,7 +42,12 @@ def loss_settings_of(cfg: TrainConfig, max_len: int) -> LossSettings:
 
 def schedule_of(cfg: TrainConfig) -> Schedule:
     """How a step's rows become optimizer updates."""
-    return Schedule(cfg.num_iterations, cfg.mini_batches, cfg.grad_accum, cfg.grad_clip)
+    return Schedule(
+        num_iterations=cfg.num_iterations,
+        mini_batches=cfg.mini_batches,
+        grad_accum=cfg.grad_accum,
+        grad_clip=cfg.grad_clip,
+    )
 
 
 def update_of(

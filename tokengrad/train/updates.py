@@ -240,7 +240,15 @@ class GRPOUpdate:
         rule, params = self.weighting
         phases = [b.loss_mask]
         if rule.has_phases(params):  # Lopti's phases, fixed from pi_old for the whole step: found up front
-            first = rule(TokenBatch(b.old_logprobs, b.old_logprobs, b.advantages, b.loss_mask), **params)
+            first = rule(
+                TokenBatch(
+                    logprobs=b.old_logprobs,
+                    old_logprobs=b.old_logprobs,
+                    advantages=b.advantages,
+                    mask=b.loss_mask,
+                ),
+                **params,
+            )
             phases = phase_masks(first, b.loss_mask)  # each [N, T]
         return tb.plan_updates(self.layout(len(b.sample_ids)), phases, self.schedule.num_iterations)
 
@@ -267,7 +275,9 @@ class GRPOUpdate:
         old, adv, loss_mask = b.old_logprobs[rows], b.advantages[rows], b.loss_mask[rows]
         rule, params = self.weighting
         if weights is None:
-            w = rule(TokenBatch(logprobs, old, adv, loss_mask), **params)
+            w = rule(
+                TokenBatch(logprobs=logprobs, old_logprobs=old, advantages=adv, mask=loss_mask), **params
+            )
         else:
             w = tb.slice_weights(weights, micro)
         out = policy_loss(

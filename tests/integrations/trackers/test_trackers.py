@@ -249,10 +249,12 @@ def test_publish_counts_and_names_the_nan_and_inf_values_it_leaves_out(tmp_path,
     _write(run_dir, "layers", layers, seq=9)
     run = load_run(run_dir)
     assert nonfinite_values(run) == [
-        NonFinite("tokengrad/grad_norm", 0, 1, 4, 4),
-        NonFinite("tokengrad/kl", 1, 0, 2, 2),  # the null steps are not counted: nothing was recorded
-        NonFinite("tokengrad/layer/total/grad_norm", 0, 1, 6, 6),
-        NonFinite("tokengrad/loss", 3, 0, 5, 7),
+        NonFinite(tag="tokengrad/grad_norm", nan=0, inf=1, first_step=4, last_step=4),
+        NonFinite(
+            tag="tokengrad/kl", nan=1, inf=0, first_step=2, last_step=2
+        ),  # the null steps are not counted: nothing was recorded
+        NonFinite(tag="tokengrad/layer/total/grad_norm", nan=0, inf=1, first_step=6, last_step=6),
+        NonFinite(tag="tokengrad/loss", nan=3, inf=0, first_step=5, last_step=7),
     ]
     assert main(["publish", str(run_dir), "--tensorboard", str(tmp_path / "tb")]) == 0
     out, err = capsys.readouterr()
@@ -267,6 +269,8 @@ def test_publish_counts_and_names_the_nan_and_inf_values_it_leaves_out(tmp_path,
     got = _read_tb(tmp_path / "tb")
     assert sorted(got["tokengrad/loss"]) == [0, 1, 2, 3, 4]  # the finite points are all there
     assert (
-        report_nonfinite([NonFinite("t", 1, 2, 0, 3)] * 3, shown=1).splitlines()[-1]
+        report_nonfinite(
+            [NonFinite(tag="t", nan=1, inf=2, first_step=0, last_step=3)] * 3, shown=1
+        ).splitlines()[-1]
         == "  ... and 2 more metric(s)"
     )

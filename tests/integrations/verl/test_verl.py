@@ -131,7 +131,12 @@ def test_tr_grpo_scales_each_tokens_gradient(run_dir, agg):
 
     lp = no_padding_2_padding(log_probs.detach(), data)  # [B, R]
     w = get_weighting("tr_grpo")(
-        TokenBatch(lp, data["old_log_probs"], data["advantages"], data["response_mask"])
+        TokenBatch(
+            logprobs=lp,
+            old_logprobs=data["old_log_probs"],
+            advantages=data["advantages"],
+            mask=data["response_mask"],
+        )
     ).effective()  # [B, R]
     mask = data["response_mask"].bool()
     got = no_padding_2_padding(log_probs.grad, data)  # the gradient that reached the model

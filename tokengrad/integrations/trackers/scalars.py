@@ -213,7 +213,13 @@ def _nonfinite_of(run, table: str, keys: list[str], col: str) -> list[NonFinite]
         f"max(step) FILTER (WHERE {bad}) AS last FROM {table} {'GROUP BY ' + group if group else ''}"
     )
     return [
-        NonFinite(_nonfinite_tag(table, row, col), int(row.nan), int(row.inf), int(row.first), int(row.last))
+        NonFinite(
+            tag=_nonfinite_tag(table, row, col),
+            nan=int(row.nan),
+            inf=int(row.inf),
+            first_step=int(row.first),
+            last_step=int(row.last),
+        )
         for row in df.itertuples(index=False)
         if row.nan or row.inf
     ]

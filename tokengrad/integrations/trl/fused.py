@@ -165,7 +165,7 @@ def fused_token_stats(
         rows = (p > 0.5) & mask.bool()  # [B, T]
         h, s2, u = _confident_stats(captured, weight, captured.hidden[rows], token_ids[rows])
         ent[rows], sum_p2[rows], unit[rows] = h, s2, u
-    return TokenStats(lp, p, ent, sum_p2, unit)
+    return TokenStats(logprob=lp, prob=p, entropy=ent, sum_p2=sum_p2, logit_grad_unit=unit)
 
 
 def _head_weight(captured: Captured) -> torch.Tensor | None:

@@ -172,7 +172,12 @@ def _weights(resolved, log_prob, old, adv, mask) -> torch.Tensor | None:
     if resolved is None:
         return None
     rule, params = resolved
-    tw = rule(TokenBatch(log_prob.detach(), old.detach(), adv.detach(), mask.float()), **params)
+    tw = rule(
+        TokenBatch(
+            logprobs=log_prob.detach(), old_logprobs=old.detach(), advantages=adv.detach(), mask=mask.float()
+        ),
+        **params,
+    )
     if tw.loss_weight is None and tw.advantage_weight is None:
         return None
     return tw.effective().to(log_prob.device, log_prob.dtype)  # [B, T]

@@ -182,7 +182,7 @@ def kept_rows(passes: list, k: int) -> int:
     return n_rows if n_rows <= k else k
 
 
-@dataclass
+@dataclass(kw_only=True)
 class BudgetOutput:
     """A budgeted step on the host: the kept rows per pass, the exact token statistics of the steps
     table, the prob_bins rows and the vocab arrays."""
@@ -232,4 +232,4 @@ def budget_step(passes: list, budget: Budget, step: int, rank: int, edges: tuple
     vocab = vocab_arrays(passes, values, edges=edges, top=budget.vocab_top, finite=finite, signs=signs)
     sel = select_rows(passes, values, budget, step, rank)
     batches = [capture_pass(p, s, v) for p, s, v in zip(passes, sel, values)]
-    return BudgetOutput(batches, scalars, bins, vocab)
+    return BudgetOutput(batches=batches, scalars=scalars, prob_bins=bins, vocab=vocab)

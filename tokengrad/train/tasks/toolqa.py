@@ -74,7 +74,7 @@ INDUSTRIES = ("shipping", "textile", "software", "mining", "glassware", "publish
 COMPANY_SUFFIXES = ("Works", "Holdings", "Industries", "Trading", "Labs", "Foundry", "Group")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Entity:
     kind: str  # "person" | "city" | "company" | "river"
     name: str
@@ -149,25 +149,25 @@ def _entities(people: dict, cities: dict, companies: dict, lengths: dict) -> dic
     for name, a in people.items():
         given = name.split()[0]
         world[name] = Entity(
-            "person",
-            name,
-            a,
-            f"{name}\n{name} is a {a['occupation']} born in {a['city']} in "
+            kind="person",
+            name=name,
+            attrs=a,
+            passage=f"{name}\n{name} is a {a['occupation']} born in {a['city']} in "
             f"{a['birth_year']}. {given} now lives in {a['residence']}.",
         )
     for name, a in cities.items():
         world[name] = Entity(
-            "city",
-            name,
-            a,
-            f"{name}\n{name} is a city on the {a['river']}. It was founded in {a['founded']}.",
+            kind="city",
+            name=name,
+            attrs=a,
+            passage=f"{name}\n{name} is a city on the {a['river']}. It was founded in {a['founded']}.",
         )
     for name, a in companies.items():
         world[name] = Entity(
-            "company",
-            name,
-            a,
-            f"{name}\n{name} is a {a['industry']} company headquartered "
+            kind="company",
+            name=name,
+            attrs=a,
+            passage=f"{name}\n{name} is a {a['industry']} company headquartered "
             f"in {a['city']}. It was founded in {a['founded']}, and its "
             f"chief executive is {a['ceo']}.",
         )
@@ -175,10 +175,10 @@ def _entities(people: dict, cities: dict, companies: dict, lengths: dict) -> dic
         on = sorted(c for c, a in cities.items() if a["river"] == river)
         flows = f" It flows through {', '.join(on)}." if on else ""
         world[river] = Entity(
-            "river",
-            river,
-            {"length": lengths[river]},
-            f"{river}\n{river} is a river {lengths[river]} kilometres long.{flows}",
+            kind="river",
+            name=river,
+            attrs={"length": lengths[river]},
+            passage=f"{river}\n{river} is a river {lengths[river]} kilometres long.{flows}",
         )
     return world
 
