@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tokengrad import schema
+from tokengrad.read import layout
 
 
 @dataclass(frozen=True)
@@ -115,3 +116,18 @@ def _kind(t: pa.DataType) -> str:
     if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_dictionary(t):
         return "text"
     return "booleans" if pa.types.is_boolean(t) else str(t)
+
+
+def claimed_twice(files: list[tuple[Path, FileFacts]]) -> dict[Path, str]:
+    """Files of a table whose rows all name another rank than their folder does, while that rank's own
+    folder holds files too (a rank folder copied over another's): path -> why it is left out, so the
+    claimed rank's rows are read once, from its own folder."""
+    folders = {layout.folder_rank(p.parent.name) for p, _ in files}
+    out = {}
+    for p, facts in files:
+        own = layout.folder_rank(p.parent.name)
+        if facts.ranks is None or facts.ranks[0] != facts.ranks[1] or facts.ranks[0] == own:
+            continue
+        if facts.ranks[0] in folders:
+            out[p] = f"its rows are rank {facts.ranks[0]}'s, which the rank{facts.ranks[0]:03d} folder holds"
+    return out

@@ -60,6 +60,11 @@ def entries(folder: Path) -> list[tuple[int, int, Path]]:
     return out
 
 
+def folder_rank(name: str) -> int | None:
+    """The rank a folder named rankRRR (or a status file rankRRR.json's stem) is of; None for another name."""
+    return int(name[4:]) if name.startswith("rank") and name[4:].isdigit() else None
+
+
 def rank_folders(run_dir: Path, table: str) -> list[Path]:
     base = Path(run_dir) / table
     return sorted(p for p in base.glob("rank*") if p.is_dir()) if base.is_dir() else []

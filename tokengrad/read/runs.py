@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from tokengrad import schema
 from tokengrad.read import duck, layout
-from tokengrad.read.file_check import FileCheck, FileFacts
+from tokengrad.read.file_check import FileCheck, FileFacts, claimed_twice
 from tokengrad.read.unreadable import Unreadable, unreadable
 from tokengrad.read.meta_file import count_rows, is_run_dir, read_meta, rows_dropped, run_name
 
@@ -173,7 +173,11 @@ class Run:
             listed = layout.table_parts(self.path, table)
             usable = [self._usable(table, p.path) for p in listed]
             if None not in usable:  # none vanished while checked (else a merge replaced it: list again)
-                out = [p for p, facts in zip(listed, usable) if facts and facts.rows]
+                kept = [(p, facts) for p, facts in zip(listed, usable) if facts and facts.rows]
+                twice = claimed_twice([(p.path, facts) for p, facts in kept])
+                for path, why in twice.items():
+                    self._skip(path, why, keep_lists=True)
+                out = [p for p, _ in kept if p.path not in twice]
                 self._listed[table] = [p.path for p in out]
                 self._lists[table] = (stamp, out)
                 return out
@@ -206,13 +210,14 @@ class Run:
         self._skip(p, why)
         return False
 
-    def _skip(self, p: Path, why: str) -> None:
+    def _skip(self, p: Path, why: str, keep_lists: bool = False) -> None:
         """Say a file is skipped (a warning, the first WARNED one by one) and list it in `unreadable`."""
         corrupt = why.startswith("corrupt: ")
         self._warn(f"skipped corrupt file {p}: {why[9:]}" if corrupt else f"skipped file {p}: {why}")
         if p not in self._unreadable:
             self._unreadable[p] = unreadable(p, why)
-        self._lists.clear()  # a file found damaged while read: list again without it
+        if not keep_lists:
+            self._lists.clear()  # a file found damaged while read: list again without it
 
     def _outside(self, p: Path) -> str | None:
         """Why a file may not be read because of where it really is (a link out of the run folder)."""

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from tokengrad import schema
 from tokengrad.read import layout
+from tokengrad.read.missing_ranks import MissingRank, missing_ranks
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,7 @@ def unreadable(path: Path, reason: str) -> Unreadable:
     """The record of a skipped file at RUN/TABLE/rankRRR/sFIRST-LAST.parquet."""
     path = Path(path)
     rng = schema.parse_file_name(path.name) or (-1, -1)
-    folder = path.parent.name
-    rank = int(folder[4:]) if folder.startswith("rank") and folder[4:].isdigit() else None
+    rank = layout.folder_rank(path.parent.name)
     return Unreadable(path, path.parent.parent.name, rank, rng[0], rng[1], reason.replace(str(path), "it"))
 
 
@@ -81,7 +81,11 @@ class Loss:
         where = _relative(first.path)
         if len(self.files) > 1:
             where = f"{len(self.files):,} files {where} … {last.path.name}"
-        return f"{self.what} unreadable: {where}: {first.reason}"
+        return f"{self.what} {self.verb}: {where}: {first.reason}"
+
+    @property
+    def verb(self) -> str:
+        return "unreadable" if self.files[0].reason.startswith("corrupt") else "not read"
 
 
 def _span(word: str, lo: int, hi: int) -> str:
@@ -154,3 +158,34 @@ class _StepFinder:
                 rng = layout.step_range(path)
                 out += [rng] if rng else []
         return out
+
+
+@dataclass(frozen=True)
+class RunLosses:
+    """Everything a run's reads lack: its unreadable files (as losses) and its missing rank folders."""
+
+    unreadable: tuple[Loss, ...]
+    missing: tuple[MissingRank, ...]
+
+    def __bool__(self) -> bool:
+        return bool(self.unreadable or self.missing)
+
+    @property
+    def lines(self) -> list[str]:
+        return [x.text for x in (*self.unreadable, *self.missing)]
+
+    def about(self, tables: tuple[str, ...]) -> str | None:
+        """Why a check of `tables` cannot be trusted: the first loss of one of them (and how many more),
+        None when they lost nothing."""
+        hit = [x for x in (*self.unreadable, *self.missing) if x.table in tables]
+        if not hit:
+            return None
+        first = hit[0]
+        lost = f"{first.what} {first.verb}"
+        return lost + (f" (and {len(hit) - 1} more losses)" if len(hit) > 1 else "")
+
+
+def run_losses(run) -> RunLosses:
+    """A tokengrad.read.Run's losses: every table's footers checked (Run.check_files), then grouped."""
+    items = run.check_files()
+    return RunLosses(tuple(losses(run.path, items)), tuple(missing_ranks(run.path, run.meta)))
