@@ -18,8 +18,8 @@ from tokengrad.cli.dashboard import serving
 
 CHROMIUM = "/usr/bin/chromium"
 PAGES = ("", "buckets", "wordclouds", "inspector", "entropy", "rollout", "evaluation")
-# A hang guard (the damage reported never settled, > 150 s): the 10 s holds on an idle 2-core machine
-# (benchmarks/bench_damaged.py --pages prints each page's time); 30 s leaves room for a loaded one.
+# A hang guard (the damaged runs reported never settled, > 150 s): pages took 1.5-8.5 s on a 2-core machine
+# at load 6, over 10 s at load 11; 30 s leaves room for a loaded machine.
 PAGE_TIMEOUT_MS = 30_000
 LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-sync"]
 LOSS_WORDS = r"/unreadable: |not read: |missing: /"  # every loss line holds one (tokengrad.read.unreadable)

@@ -26,13 +26,15 @@ HANG_GUARD_S = 60  # generous: a hang, not a speed, fails it
 CASES = {  # damage -> (finding id, message start, steps of the finding, token rows still read)
     "steps_cut": (
         "unreadable_files",
-        "steps 0–7 of the steps table (rank 0) unreadable: steps/rank000/s00000001-00000008.parquet: corrupt:",
+        "steps 0–7 of the steps table (rank 0) unreadable: steps/rank000/s00000001-00000008.parquet: "
+        "corrupt:",
         (0, 7),
         732,
     ),
     "tokens_cut": (
         "unreadable_files",
-        "steps 0–7 of the tokens table (rank 0) unreadable: tokens/rank000/s00000001-00000008.parquet: corrupt:",
+        "steps 0–7 of the tokens table (rank 0) unreadable: tokens/rank000/s00000001-00000008.parquet: "
+        "corrupt:",
         (0, 7),
         0,
     ),
@@ -95,8 +97,10 @@ def test_each_damage_is_a_finding_and_its_checks_are_not_checked(tmp_path, quiet
     assert message in json.dumps(report, ensure_ascii=False)
     table = {"tokens_cut": "tokens", "ranks_same_steps": "layers"}.get(damage, "steps")  # the first loss
     lost = [n for n in result.not_checked if n.detector == "gradient_spike"]  # reads steps, layers, tokens
-    assert lost and lost[0].reason.startswith(f"steps 0–7 of the {table} table") or damage.startswith(
-        "steps_many"
+    assert (
+        lost
+        and lost[0].reason.startswith(f"steps 0–7 of the {table} table")
+        or damage.startswith("steps_many")
     ), result.not_checked
     assert lost and lost[0].reason.endswith("(a files finding names them)")
     assert len(load_run(run).tokens(columns=["step"])) == token_rows  # the rest still reads
@@ -120,7 +124,7 @@ def test_many_skipped_files_warn_a_bounded_number_of_times(tmp_path):
     run_dir = damaged_run(tmp_path / "r", "steps_many_empty", n=50)
     with pytest.warns(RuntimeWarning) as told:
         run = load_run(run_dir)
-        run.steps
+        assert run.steps["step"].tolist() == list(range(8))
     assert len(run.warnings) == 50 and len(run.unreadable) == 50
     assert len(told) == 21  # 20 one by one, then one that says more were skipped
 

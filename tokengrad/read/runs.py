@@ -31,8 +31,8 @@ import pyarrow.parquet as pq
 from tokengrad import schema
 from tokengrad.read import duck, layout
 from tokengrad.read.file_check import FileCheck, FileFacts, claimed_twice
-from tokengrad.read.unreadable import Unreadable, unreadable
 from tokengrad.read.meta_file import count_rows, is_run_dir, read_meta, rows_dropped, run_name
+from tokengrad.read.unreadable import Unreadable, unreadable
 
 READ_ATTEMPTS = 5  # listings tried while compaction keeps replacing files under a reader
 WARNED = 20  # skipped files told as Python warnings one by one; the rest in one more (all in `unreadable`)

@@ -4,7 +4,7 @@
     run.steps                                  # reading skips what it cannot read ...
     run.unreadable                             # ... and lists it: [Unreadable(path, table, rank, ...)]
     for loss in losses(run.path, run.unreadable):
-        print(loss.text)   # "steps 0–7 of the steps table (rank 0) unreadable: steps/rank000/s...: corrupt: ..."
+        print(loss.text)   # "steps 0–7 of the steps table (rank 0) unreadable: steps/rank000/...: ..."
 
 A file's name gives its table, its rank and the writer's commits it holds (tokengrad.read.layout), never its
 steps. The steps are read from the footers of the other tables' files of the same rank whose commits lie
@@ -104,8 +104,10 @@ def losses(run_dir: str | Path, items: list[Unreadable]) -> list[Loss]:
     group: list[Unreadable] = []
     for u in sorted(items, key=lambda u: (u.table, u.rank if u.rank is not None else -1, u.first, u.last)):
         prev = group[-1] if group else None
-        if prev and (prev.table, prev.rank, prev.reason) == (u.table, u.rank, u.reason) and (
-            u.first == prev.last + 1
+        if (
+            prev
+            and (prev.table, prev.rank, prev.reason) == (u.table, u.rank, u.reason)
+            and (u.first == prev.last + 1)
         ):
             group.append(u)
             continue
