@@ -25,7 +25,7 @@ from tokengrad.read import layout
 from tokengrad.read.missing_ranks import MissingRank, missing_ranks
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Unreadable:
     """A data file the reader skipped: where it lies, the commits its name says it holds, why."""
 
@@ -42,7 +42,14 @@ def unreadable(path: Path, reason: str) -> Unreadable:
     path = Path(path)
     rng = schema.parse_file_name(path.name) or (-1, -1)
     rank = layout.folder_rank(path.parent.name)
-    return Unreadable(path, path.parent.parent.name, rank, rng[0], rng[1], reason.replace(str(path), "it"))
+    return Unreadable(
+        path=path,
+        table=path.parent.parent.name,
+        rank=rank,
+        first=rng[0],
+        last=rng[1],
+        reason=reason.replace(str(path), "it"),
+    )
 
 
 @dataclass(frozen=True)
