@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import sys
 import tempfile
@@ -58,10 +59,18 @@ def _measure(damage: str, n: int) -> None:
         script = str(Path(__file__).resolve())
         load = run_child(script, {"what": "load_run", "run": run})
         doc = run_child(script, {"what": "doctor", "run": run})
-    print(f"[{damage}] {n:,} files in steps/rank000")
-    line("load_run + steps, s", f"{load['seconds']:.2f}", "<= 5", verdict(load["seconds"], TARGETS["load_run"]))
+    busy = "/".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"[{damage}] {n:,} files in steps/rank000 ({os.cpu_count()} CPUs, load average {busy} after)")
+    line(
+        "load_run + steps, s", f"{load['seconds']:.2f}", "<= 5", verdict(load["seconds"], TARGETS["load_run"])
+    )
     line("doctor, s", f"{doc['seconds']:.2f}", "<= 10", verdict(doc["seconds"], TARGETS["doctor"]))
-    line("doctor peak RSS, MB", f"{doc['peak_mb']:.0f}", "<= 300", verdict(doc["peak_mb"], TARGETS["doctor_mb"]))
+    line(
+        "doctor peak RSS, MB",
+        f"{doc['peak_mb']:.0f}",
+        "<= 300",
+        verdict(doc["peak_mb"], TARGETS["doctor_mb"]),
+    )
     line("doctor findings", str(doc["found"]))
 
 

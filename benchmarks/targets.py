@@ -129,8 +129,12 @@ def many_files(label: str, limit: float, unit: str):
     """The worst of bench_damaged.py's two runs (5,000 zero-row / invalid step files) on one figure."""
 
     def read(lines: list[str]) -> tuple[str, bool]:
-        values = [numbers_after(lines, label, f"[{d}]")[0] for d in ("steps_many_zero_rows", "steps_many_empty")]
-        return f"{max(values):.3g}{unit} (zero-row {values[0]:.3g}, invalid {values[1]:.3g})", max(values) <= limit
+        values = [
+            numbers_after(lines, label, f"[{d}]")[0] for d in ("steps_many_zero_rows", "steps_many_empty")
+        ]
+        return f"{max(values):.3g}{unit} (zero-row {values[0]:.3g}, invalid {values[1]:.3g})", max(
+            values
+        ) <= limit
 
     return read
 
