@@ -75,6 +75,10 @@ def pick_one(runs: list[str], key: str, label: str = "Run") -> str:
 def pick_token_run(runs: list[str], key: str) -> str | None:
     """The single run a token page shows; None (after saying what is missing) when it has no token table."""
     run = pick_one(runs, key)
+    lost = lost_note(run, "tokens")
+    if lost and not len(data.query(run, "token_steps")):  # files, none of them readable
+        st.info(f"No readable token rows in {run_name(run)}.{lost}", icon=":material/info:")
+        return None
     if data.has_table(run, "tokens"):
         return run
     from app.views.hints import hint
