@@ -81,7 +81,8 @@ def test_every_page_draws_on_five_thousand_zero_row_files(server, page, where):
     page.wait_for_selector("[data-testid=stMain] [data-testid=stHeading]", timeout=PAGE_TIMEOUT_MS)
     page.wait_for_function(
         "!document.querySelector('[data-testid=stStatusWidget]') && "
-        "document.querySelectorAll('[data-testid=stMain] [data-testid=stElementContainer]').length > 3",
+        "document.querySelector('[data-testid=stMain] [data-testid=stPlotlyChart], "
+        "[data-testid=stMain] [data-testid=stAlert]')",  # it draws, or says what it lacks
         timeout=PAGE_TIMEOUT_MS,
     )
     text = page.evaluate("document.querySelector('[data-testid=stMain]').innerText")
