@@ -42,6 +42,7 @@ from tokengrad.read import status as run_state
 from tokengrad.read.remote import RemoteError, local_copy
 from tokengrad.read.runs import Run, load_run
 from tokengrad.read.served_root import runs_below
+from tokengrad.read.unreadable import run_losses
 
 Signature = tuple[tuple[str, int, int], ...]
 SMALL_TABLES = ("steps", "layers", "buckets", "samples", "evals")
@@ -182,6 +183,12 @@ def _load_warnings(run_dir: str, sig: Signature) -> tuple[str, ...]:
 
 
 @st.cache_data(show_spinner=False, max_entries=_CACHE_ENTRIES, ttl=_CACHE_TTL_S)
+def _load_losses(run_dir: str, sig: Signature) -> tuple[tuple[str, str], ...]:
+    found = run_losses(_open(run_dir))
+    return tuple((x.table, x.text) for x in (*found.unreadable, *found.missing))
+
+
+@st.cache_data(show_spinner=False, max_entries=_CACHE_ENTRIES, ttl=_CACHE_TTL_S)
 def _run_query(run_dir: str, name: str, sig: Signature, kwargs: tuple[tuple[str, Any], ...]) -> Any:
     return QUERIES[name](_open(run_dir), **dict(kwargs))
 
@@ -233,6 +240,17 @@ def has_table(run_dir: str, name: str) -> bool:
 def warnings_for(run_dir: str) -> tuple[str, ...]:
     """Problems met reading the run (corrupt or unreadable files), one message each."""
     return _current(_load_warnings, (run_dir,), signature(run_dir))
+
+
+def losses_for(run_dir: str) -> tuple[tuple[str, str], ...]:
+    """What the run's reads lack, as (table, line): unreadable files grouped with the steps they held,
+    missing rank folders (tokengrad.read.unreadable); 5,000 empty files are one line."""
+    return _current(_load_losses, (run_dir,), signature(run_dir))
+
+
+def is_skip_warning(msg: str) -> bool:
+    """A reader warning about one skipped file: losses_for says it, grouped."""
+    return msg.startswith(("skipped file ", "skipped corrupt file "))
 
 
 def query(run_dir: str, name: str, **kwargs) -> Any:

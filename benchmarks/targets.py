@@ -139,6 +139,26 @@ def dashboard(lines: list[str]) -> tuple[str, bool]:
     return f"{wall:.2f} wall, {cpu:.2f} CPU (judged on {'CPU' if on_cpu else 'wall'})", value <= 2.0
 
 
+def many_files(label: str, limit: float, unit: str):
+    """The worst of bench_damaged.py's two runs (5,000 zero-row / invalid step files) on one figure."""
+
+    def read(lines: list[str]) -> tuple[str, bool]:
+        values = [
+            numbers_after(lines, label, f"[{d}]")[0] for d in ("steps_many_zero_rows", "steps_many_empty")
+        ]
+        return f"{max(values):.3g}{unit} (zero-row {values[0]:.3g}, invalid {values[1]:.3g})", max(
+            values
+        ) <= limit
+
+    return read
+
+
+def _doctor_many(lines: list[str]) -> tuple[str, bool]:
+    secs, secs_ok = many_files("doctor, s", 10.0, " s")(lines)
+    mb, mb_ok = many_files("doctor peak RSS, MB", 300.0, " MB")(lines)
+    return f"{secs} / {mb}", secs_ok and mb_ok
+
+
 TARGETS = (
     Target(
         "recorder",
@@ -214,6 +234,22 @@ TARGETS = (
         ("bench_sharded.py",),
         ("bench_sharded.py", "--smoke"),
         sharded("[fsdp2 x2]"),
+    ),
+    Target(
+        "many_files_load",
+        "`load_run` + steps on a run with 5,000 zero-row or invalid files in one table",
+        "<= 5 s",
+        ("bench_damaged.py",),
+        ("bench_damaged.py", "--smoke"),
+        many_files("load_run + steps, s", 5.0, " s"),
+    ),
+    Target(
+        "many_files_doctor",
+        "the doctor on the same runs: wall time / peak RSS",
+        "<= 10 s / <= 300 MB",
+        ("bench_damaged.py",),
+        ("bench_damaged.py", "--smoke"),
+        _doctor_many,
     ),
     Target(
         "dashboard",

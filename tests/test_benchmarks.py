@@ -65,6 +65,7 @@ FIGURES = {
         "slope after warm-up per refresh",
         "slope after warm-up per minute",
     ),
+    "bench_damaged.py": ("load_run + steps, s", "doctor, s", "doctor peak RSS, MB", "doctor findings"),
     "bench_doctor.py": (
         "step boundary, no doctor    median ms",
         "step boundary, doctor on    median ms",

@@ -75,6 +75,10 @@ def pick_one(runs: list[str], key: str, label: str = "Run") -> str:
 def pick_token_run(runs: list[str], key: str) -> str | None:
     """The single run a token page shows; None (after saying what is missing) when it has no token table."""
     run = pick_one(runs, key)
+    lost = lost_note(run, "tokens")
+    if lost and not len(data.query(run, "token_steps")):  # files, none of them readable
+        st.info(f"No readable token rows in {run_name(run)}.{lost}", icon=":material/info:")
+        return None
     if data.has_table(run, "tokens"):
         return run
     from app.views.hints import hint
@@ -158,14 +162,27 @@ def chart(fig: go.Figure, key: str, name: str | None = None, table: pd.DataFrame
 
 
 def show_run_warnings(runs: list[str]) -> None:
-    """One warning per problem met reading the runs (skipped corrupt files)."""
+    """What reading the runs lacks, one box per loss (unreadable files grouped with the steps they held,
+    missing rank folders), then the reader's other warnings."""
     for run_dir in runs:
         try:
-            problems = data.warnings_for(run_dir)
+            lost = [line for _, line in data.losses_for(run_dir)]
+            problems = [m for m in data.warnings_for(run_dir) if not data.is_skip_warning(m)]
         except data.RunLoadError as err:
-            problems = (str(err),)
+            lost, problems = [], [str(err)]
+        for line in lost:
+            st.error(f"{run_name(run_dir)}: {line}", icon=":material/broken_image:")
         for msg in problems:
             st.warning(f"{run_name(run_dir)}: {msg}", icon=":material/warning:")
+
+
+def lost_note(run_dir: str, table: str) -> str:
+    """' Its files could not all be read: …' when the table lost files (losses_for), else ''."""
+    try:
+        lines = [line for t, line in data.losses_for(run_dir) if t == table]
+    except data.RunLoadError:
+        return ""
+    return f" Its files could not all be read: {lines[0]}" if lines else ""
 
 
 def empty(message: str, how: str) -> None:

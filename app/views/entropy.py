@@ -27,7 +27,8 @@ HOW = (
 def _steps(run: str, name: str) -> None:
     steps = data.table(run, "steps")
     if STEP.dentropy_mean not in steps.columns or steps[STEP.dentropy_mean].isna().all():
-        common.empty(f"No entropy attribution in {name}.", HOW)
+        common.empty(f"No entropy attribution in {name}.{common.lost_note(run, 'steps')}", HOW)
+        common.show_run_warnings([run])  # what could not be read, before the page stops
         st.stop()
     rows = steps.dropna(subset=[STEP.dentropy_mean_pred])
     rows = rows[rows[STEP.rank] == rows[STEP.rank].min()][[c for c in STEP_COLUMNS if c in rows.columns]]

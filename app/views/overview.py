@@ -159,7 +159,9 @@ def _waiting(runs: list[str]) -> list[str]:
             elif state.state == "stopped":
                 st.warning(f"{common.run_name(r)} stopped: {state.why}.", icon=":material/stop_circle:")
             else:
-                common.empty(f"No steps table in {common.run_name(r)}.", hints.hint(data.meta(r), "steps"))
+                lost = common.lost_note(r, "steps")
+                how = "" if lost else hints.hint(data.meta(r), "steps")
+                common.empty(f"No steps table in {common.run_name(r)}.{lost}", how)
     return out
 
 

@@ -62,8 +62,22 @@ def summarize(run) -> str:
     for table in ("layers", "buckets", "samples", "evals"):
         lines.append(f"{table:<10} {len(run.table(table))} rows")
     lines += _provenance_lines(m)
-    lines += [f"warning    {w}" for w in skipped_lines(run.warnings)]  # skipped files: count + first few
+    lines += _loss_lines(run)  # unreadable files grouped, with the steps they held
+    lines += [f"warning    {w}" for w in skipped_lines([w for w in run.warnings if not _is_skip(w)])]
     return "\n".join(visible_text(line) for line in lines)
+
+
+def _loss_lines(run) -> list[str]:
+    """What the run's reads lack, one line per loss (files grouped: 5,000 empty files are one line):
+    unreadable files with the steps they held, rank folders that are gone (tokengrad.read.unreadable)."""
+    from tokengrad.read.unreadable import run_losses
+
+    return [f"lost       {line}" for line in run_losses(run).lines]
+
+
+def _is_skip(warning: str) -> bool:
+    """A reader warning about a skipped file: said by a `lost` line already."""
+    return warning.startswith(("skipped file ", "skipped corrupt file "))
 
 
 def _provenance_lines(meta: dict) -> list[str]:

@@ -8,7 +8,9 @@
 A detector that fails on a run's data does not hide the others: its error becomes an `info` finding
 `detector_error` naming it (so a damaged table shows up instead of silently passing). A detector that
 cannot run on a run (a setting or column it needs is missing) raises `NotChecked(reason)`: it is listed in
-`not_checked`, so "no finding" never stands for "could not look".
+`not_checked`, so "no finding" never stands for "could not look". A detector that found nothing on a table
+that lost files (unreadable, or a rank's folder gone: tokengrad.doctor.detect_files) is listed there too,
+with the loss as its reason: it looked at part of the run only.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ DETECTOR_MODULES = (
     "detect_ranks",
     "detect_rewards",
     "detect_upload",
+    "detect_files",
 )
 
 
@@ -72,12 +75,29 @@ def examine(
             try:
                 found = entry(view)
             except NotChecked as why:
-                skipped.append(NotChecked(why.reason, name, view.name))
-                continue
+                found, reason = [], why.reason
             except Exception as err:  # noqa: BLE001 - one detector's failure must not hide the others
-                found = [_error(name, err)]
+                found, reason = [_error(name, err)], None
+            else:
+                reason = None
+            lost = None if found else _lost(view, entry)
+            if lost or reason:
+                skipped.append(NotChecked(lost or reason, name, view.name))
             out += [replace(f, run=view.name, page=getattr(entry, "page", f.page)) for f in found]
     return Diagnosis(rank_findings(out), sorted(skipped, key=lambda n: (n.run, n.detector)))
+
+
+def _lost(view: RunView, entry) -> str | None:
+    """Why a detector that found nothing did not look at the whole run: a table it reads lost files
+    (tokengrad.doctor.detect_files reports them), else None."""
+    tables = tuple(getattr(entry, "tables", ()))
+    if not tables:
+        return None
+    try:
+        lost = view.losses.about(tables)
+    except Exception:  # noqa: BLE001 - the listing itself failed: unreadable_files reports that
+        return None
+    return f"{lost} (a files finding names them)" if lost else None
 
 
 def _error(name: str, err: Exception) -> Finding:

@@ -26,6 +26,7 @@ import pandas as pd
 from tokengrad.doctor.finding import NotChecked
 from tokengrad.doctor.settings import RunSettings, settings_of
 from tokengrad.read.runs import Run, load_run
+from tokengrad.read.unreadable import RunLosses, run_losses
 from tokengrad.schema import STEP, TOK
 
 # ranks of one step merge by: a sum for counts and times, a max for the gradient norm, else the mean
@@ -104,6 +105,12 @@ class RunView:
         if col is None:
             raise NotChecked(f"the run records no {what or name}" + (f" ({name})" if what else ""))
         return col
+
+    @cached_property
+    def losses(self) -> RunLosses:
+        """What the run's reads lack: unreadable files and missing rank folders (tokengrad.read.unreadable);
+        every table's footers are checked for it once per view."""
+        return run_losses(self.run)
 
     @cached_property
     def has_tokens(self) -> bool:

@@ -9,7 +9,9 @@ Files are listed per rank and resolved by their sequence ranges (a compacted fil
 files it covers, see tokengrad.read.layout), so reading while a run is being written or compacted is
 consistent. A file compacted away between listing and reading makes the read start again from a fresh
 listing (at most READ_ATTEMPTS times). A corrupt or truncated file, one with a corrupt page behind a valid
-footer, and one whose column types clash with the run's other files are skipped with a warning naming it.
+footer, and one whose column types clash with the run's other files are skipped with a warning naming it
+and listed in `Run.unreadable` (tokengrad.read.unreadable says what each one takes away). A file with no
+rows is left out of every read: it holds nothing, and 5,000 of them cost no more than one.
 """
 
 from __future__ import annotations
@@ -28,9 +30,12 @@ import pyarrow.parquet as pq
 
 from tokengrad import schema
 from tokengrad.read import duck, layout, remote
+from tokengrad.read.file_check import FileCheck, FileFacts, claimed_twice
 from tokengrad.read.meta_file import count_rows, is_run_dir, read_meta, rows_dropped, run_name
+from tokengrad.read.unreadable import Unreadable, unreadable
 
 READ_ATTEMPTS = 5  # listings tried while compaction keeps replacing files under a reader
+WARNED = 20  # skipped files told as Python warnings one by one; the rest in one more (all in `unreadable`)
 
 
 class SchemaVersionError(ValueError):
@@ -76,7 +81,8 @@ class Run:
     """One run directory, open for reading: its meta.json (`meta`, read once by
     tokengrad.read.meta_file), its small tables as pandas (`steps`, `layers`, `buckets`, `samples`,
     `evals`, `table(name)`) and every table through DuckDB (`sql`, `tokens`), over the files
-    tokengrad.read.layout resolves. A file it cannot use is skipped and named in `warnings`.
+    tokengrad.read.layout resolves. A file it cannot use is skipped, named in `warnings` and listed in
+    `unreadable` (`check_files()` looks at every table's footers at once).
 
     Args:
         path: the run folder (holding meta.json), or its URL in a bucket (`s3://bucket/prefix/run`: read
@@ -104,9 +110,11 @@ class Run:
             )
         self.schema_version: int = version
         self.warnings: list[str] = []
-        self._checked: dict[str, bool] = {}  # "path:size:mtime" -> usable
-        self._types: dict[str, dict[str, str]] = {}  # table -> extra column -> type class of the run
+        self._told: set[str] = set()
+        self._unreadable: dict[Path, Unreadable] = {}
+        self._check = FileCheck()
         self._listed: dict[str, list[Path]] = {}
+        self._lists: dict[str, tuple] = {}  # table -> (its folders' stamp, the parts listed under it)
 
     @property
     def name(self) -> str:
@@ -148,19 +156,41 @@ class Run:
         return rows_dropped(self.meta)
 
     # ---- files ----------------------------------------------------------------------------------
+    @property
+    def unreadable(self) -> list[Unreadable]:
+        """The data files skipped so far because they cannot be read (of the tables read so far; after
+        `check_files()`, of every table), in the order met."""
+        return list(self._unreadable.values())
+
+    def check_files(self) -> list[Unreadable]:
+        """Check every table's files (their footers) and return every file that cannot be read."""
+        for table in schema.TABLES:
+            self.parts(table)
+        return self.unreadable
+
     def parts(self, table: str) -> list[layout.Part]:
         """The table's files to read, all ranks, resolved (see tokengrad.read.layout); unusable ones skipped
-        with a warning."""
+        with a warning, those without rows left out."""
         schema.column_names(table)  # validates the table name
         if self.url is not None and table not in self._fetched:  # a run in a bucket: its files, once
             remote.local_copy(str(self.url), tables=(table,))
             self._fetched.add(table)
         for _ in range(READ_ATTEMPTS):
+            stamp = layout.folders_stamp(self.path, table)
+            cached = self._lists.get(table)
+            if stamp is not None and cached is not None and cached[0] == stamp:
+                return cached[1]  # no file added, renamed or removed since: the same parts
+            self._folders: dict[Path, bool] = {}
             listed = layout.table_parts(self.path, table)
             usable = [self._usable(table, p.path) for p in listed]
             if None not in usable:  # none vanished while checked (else a merge replaced it: list again)
-                out = [p for p, ok in zip(listed, usable) if ok]
+                kept = [(p, facts) for p, facts in zip(listed, usable) if facts and facts.rows]
+                twice = claimed_twice([(p.path, facts) for p, facts in kept])
+                for path, why in twice.items():
+                    self._skip(path, why, keep_lists=True)
+                out = [p for p, _ in kept if p.path not in twice]
                 self._listed[table] = [p.path for p in out]
+                self._lists[table] = (stamp, out)
                 return out
         raise OSError(
             f"could not list {table} of {self.path}: its files kept changing over {READ_ATTEMPTS} listings"
@@ -171,8 +201,9 @@ class Run:
         warning."""
         return [str(p.path) for p in self.parts(table)]
 
-    def _usable(self, table: str, p: Path) -> bool | None:
-        """Whether the file can be read with the others; None if it vanished (compacted away)."""
+    def _usable(self, table: str, p: Path) -> FileFacts | bool | None:
+        """The file's facts when it can be read with the others, False when not, None if it vanished
+        (compacted away)."""
         why = self._outside(p)
         try:
             st = p.stat()
@@ -180,61 +211,51 @@ class Run:
             return None
         except OSError as err:  # a symlink loop, a permission
             why = why or f"{type(err).__name__}: {err.strerror}"
-        if why:
-            self._warn(f"skipped file {p}: {why}")
-            return False
-        key = f"{p}:{st.st_size}:{st.st_mtime_ns}"
-        if key not in self._checked:
+        if not why:
             try:
-                file_schema = pq.read_schema(p)
+                facts, why = self._check(table, p, st)
             except FileNotFoundError:
                 return None
-            except Exception as err:  # noqa: BLE001 - any unreadable footer is a corrupt file
-                self._warn(f"skipped corrupt file {p}: {type(err).__name__}: {err}")
-                self._checked[key] = False
-                return False
-            clash = "it has no columns" if not len(file_schema) else self._type_clash(table, file_schema)
-            if clash:
-                self._warn(f"skipped file {p}: {clash}")
-            self._checked[key] = not clash
-        return self._checked[key]
+            if facts is not None:
+                return facts
+        self._skip(p, why)
+        return False
+
+    def _skip(self, p: Path, why: str, keep_lists: bool = False) -> None:
+        """Say a file is skipped (a warning, the first WARNED one by one) and list it in `unreadable`."""
+        corrupt = why.startswith("corrupt: ")
+        self._warn(f"skipped corrupt file {p}: {why[9:]}" if corrupt else f"skipped file {p}: {why}")
+        if p not in self._unreadable:
+            self._unreadable[p] = unreadable(p, why)
+        if not keep_lists:
+            self._lists.clear()  # a file found damaged while read: list again without it
 
     def _outside(self, p: Path) -> str | None:
         """Why a file may not be read because of where it really is (a link out of the run folder)."""
         if self._inside is None:
             return None
-        try:
+        try:  # a plain file in a folder inside the run is inside (one lstat, the folder resolved once)
+            if not p.is_symlink() and self._folder_inside(p.parent):
+                return None
             real = p.resolve()
         except (OSError, RuntimeError) as err:  # RuntimeError: a symlink loop (Python < 3.13)
             return f"it cannot be resolved ({err})"
         return None if real.is_relative_to(self._inside) else f"it links outside the run folder, to {real}"
 
-    def _type_clash(self, table: str, file_schema: pa.Schema) -> str | None:
-        """Why the file's column types cannot be read together with the run's other files, or None. Fixed
-        columns must have the schema's type; an extra column keeps the kind (number, text, bool, ...) the
-        first file that has it gives it."""
-        fixed = schema.arrow_schema(table)
-        seen = self._types.setdefault(table, {})
-        for field in file_schema:
-            if field.name in fixed.names:
-                want = fixed.field(field.name).type
-                if field.type != want and not pa.types.is_null(field.type):
-                    return f"column {field.name!r} is {field.type} here, the run format says {want}"
-                continue
-            kind = _kind(field.type)
-            if seen.get(field.name, "null") == "null":
-                seen[field.name] = kind
-            elif kind not in ("null", seen[field.name]):
-                return f"column {field.name!r} holds {kind} here but {seen[field.name]} in earlier files"
-        return None
+    def _folder_inside(self, folder: Path) -> bool:
+        """Whether a rank folder really lies inside the run folder (asked once per folder and listing)."""
+        if folder not in self._folders:
+            self._folders[folder] = folder.resolve().is_relative_to(self._inside)
+        return self._folders[folder]
 
     def _mark_bad(self, p: Path, err: BaseException) -> None:
         try:
             st = p.stat()
         except OSError:
             return
-        self._checked[f"{p}:{st.st_size}:{st.st_mtime_ns}"] = False
-        self._warn(f"skipped corrupt file {p}: {type(err).__name__}: {err}")
+        why = f"corrupt: {type(err).__name__}: {err}"
+        self._check.forget(p, st, why)
+        self._skip(p, why)
 
     def _find_corrupt(self, message: str) -> int:
         """Read listed files in full, with page checksums, and mark the damaged ones; files named in
@@ -256,9 +277,15 @@ class Run:
         return any(not p.exists() for paths in self._listed.values() for p in paths)
 
     def _warn(self, msg: str) -> None:
-        if msg not in self.warnings:
-            self.warnings.append(msg)
-            warnings.warn(msg, RuntimeWarning, stacklevel=3)
+        if msg in self._told:
+            return
+        self._told.add(msg)
+        self.warnings.append(msg)
+        if len(self.warnings) <= WARNED:
+            warnings.warn(msg, RuntimeWarning, stacklevel=4)
+        elif len(self.warnings) == WARNED + 1:
+            more = f"{self.path}: more files skipped than the {WARNED} told; Run.warnings lists them all"
+            warnings.warn(more, RuntimeWarning, stacklevel=4)
 
     # ---- small tables -----------------------------------------------------------------------------
     def table(self, table: str) -> pd.DataFrame:
@@ -373,17 +400,6 @@ def _tables_in(query: str) -> list[str]:
     """The run's tables a query names (a view costs its files' opening; a word that only looks like a
     table name costs one view too many, never a missing one)."""
     return [t for t in schema.TABLES if re.search(rf"\b{t}\b", query, re.IGNORECASE)]
-
-
-def _kind(t: pa.DataType) -> str:
-    """What kind of value a column holds, for the clash check: numbers mix (int widens to float)."""
-    if pa.types.is_null(t):
-        return "null"
-    if pa.types.is_integer(t) or pa.types.is_floating(t):
-        return "numbers"
-    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_dictionary(t):
-        return "text"
-    return "booleans" if pa.types.is_boolean(t) else str(t)
 
 
 def _has_keys(columns: list[str]) -> bool:
