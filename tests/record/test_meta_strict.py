@@ -12,7 +12,8 @@ import pytest
 from test_reliability import TOKENS_PER_STEP, record, record_step, step_counts
 
 from tokengrad import Recorder, load_run
-from tokengrad.record import RunInfo, claim
+from tokengrad.record import RunInfo
+from tokengrad.record.store import claim
 from tokengrad.record.store.strict_json import to_json
 
 

@@ -13,7 +13,8 @@ import pytest
 from test_reliability import record, record_step, step_counts
 
 from tokengrad import Recorder, faults, load_run
-from tokengrad.record import RunInfo, claim
+from tokengrad.record import RunInfo
+from tokengrad.record.store import claim
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = """
