@@ -41,6 +41,8 @@ ALLOWED = {
     "tokengrad.objective": GROUND + OBJECTIVE,
     # doctor.live only when doctor= is set; doctor.spike_rule (numpy only) for Attribution(on_spike=True)
     "tokengrad.record": GROUND + LAYOUT + RECORD + ["tokengrad.doctor.live", "tokengrad.doctor.spike_rule"],
+    # what-if updates evaluate the weighting rules of objective/ on the recorded passes
+    "tokengrad.record.whatif": GROUND + LAYOUT + RECORD + OBJECTIVE,
     "tokengrad.train": GROUND + OBJECTIVE + RECORD + TRAIN,
     "tokengrad.integrations": GROUND + OBJECTIVE + RECORD + INTEGRATIONS + READ,
     "tokengrad.figures": GROUND + READ + FIGURES,

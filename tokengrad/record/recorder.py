@@ -49,6 +49,7 @@ from tokengrad.record.options import (
 from tokengrad.record.rows import TokenDecoder, scalar_table
 from tokengrad.record.spike_replay import SpikeWatch
 from tokengrad.record.step_recorder import StepRecorder
+from tokengrad.record.whatif import WhatIf, as_whatif
 from tokengrad.record.writer import Rows, RunWriter
 
 MAX_STEP = 2**31 - 1  # the step column is int32
@@ -70,6 +71,9 @@ class Recorder:
         budget: `Budget(k, ...)`, or k: at most k token rows per step and rank (None = all): whole sampled
             sequences plus the largest |update_share| (else gradient norm) tokens, flagged in
             `selected_by`; steps, buckets, prob_bins and vocab stay exact over all tokens (record/budget.py).
+        whatif: `WhatIf(rules, every, buckets, loss, max_grad_norm)`: every N steps, the gradient each
+            rule of `rules` would have produced from the same parameters on the same passes (the `whatif`
+            table; record/whatif.py), without touching `.grad` or the optimizer.
         output: `Output(on_error, compact_every, trackers)`: writer failures, compaction, live trackers.
         doctor: `Doctor(halt, on_finding, min_confidence, ...)` or True: the detectors of tokengrad.doctor
             on committed steps, off the training thread (rank 0); alerts to the trackers and `on_finding`;
@@ -92,6 +96,7 @@ class Recorder:
         buckets: Buckets | int = 0,
         attribution: Attribution | int = 0,
         budget: Budget | int | None = None,
+        whatif: WhatIf | None = None,
         output: Output | None = None,
         doctor: Doctor | bool | None = None,
         layers: NamesFilter = None,
@@ -103,7 +108,7 @@ class Recorder:
             raise TypeError(f"Recorder() got unexpected keyword(s) {sorted(unknown)} (see docs/api.md)")
         info, output = info or RunInfo(), output or Output()
         self.buckets, self.attribution = as_buckets(buckets), as_attribution(attribution)
-        self.budget = as_budget(budget)
+        self.budget, self.whatif = as_budget(budget), as_whatif(whatif)
         self.run_dir = Path(run_dir)
         self.model = model
         self.layers = layers
@@ -244,7 +249,8 @@ class Recorder:
         step = self._check_step(step)
         bucket = self.bucket_every > 0 and step % self.bucket_every == 0
         attribute = self.attribute_every > 0 and step % self.attribute_every == 0
-        self._step = StepRecorder(self, step, bucket, attribute)
+        whatif = self.whatif.every > 0 and step % self.whatif.every == 0
+        self._step = StepRecorder(self, step, bucket, attribute, whatif)
         return self._step
 
     def _check_step(self, step) -> int:
@@ -343,6 +349,7 @@ class Recorder:
             buckets=self.buckets,
             attribution=self.attribution,
             budget=self.budget,
+            whatif=self.whatif,
         )
 
     def _claim(self) -> dict | None:

@@ -29,6 +29,7 @@ from tokengrad.record.stats import TokenStats
 from tokengrad.record.step_attribution import StepAttribution, bucket_share_rows
 from tokengrad.record.step_buckets import StepBuckets
 from tokengrad.record.tracked_pass import PassInputs, TrackedPass, build_pass
+from tokengrad.record.whatif import StepWhatIf
 from tokengrad.record.writer import Rows
 
 _NUMERIC_STEP_COLUMNS = {
@@ -45,10 +46,15 @@ class StepRecorder:
     to the writer; Ctrl-C drops them. `bucket_step`, `attribute_step`: this step's schedule (both need the
     recorder's model)."""
 
-    def __init__(self, recorder, step: int, bucket_step: bool, attribute_step: bool = False):
+    def __init__(
+        self, recorder, step: int, bucket_step: bool, attribute_step: bool = False, whatif_step: bool = False
+    ):
         self.rec = recorder
         self.step = step
         self.is_bucket_step = bucket_step and recorder.model is not None
+        # the what-if updates of the rules in Recorder(whatif=...) on this step (record/whatif.py)
+        on = whatif_step and recorder.model is not None
+        self.whatif = StepWhatIf(recorder.whatif, recorder.bucket_edges, step, recorder.rank) if on else None
         self.attribution = self._new_attribution() if attribute_step and recorder.model is not None else None
         self._spike: dict = {}  # the replay columns of the step's largest spiking update (spike_replay.py)
         self._passes: list[TrackedPass] = []
@@ -142,12 +148,33 @@ class StepRecorder:
         `st.clip_grad_norm_`, as for any clip."""
         if loss_scale is not None:
             self.set_loss_scale(loss_scale)
-        if not self.is_bucket_step:
+        if not self.keeps_graph:
             loss.backward(**kwargs)
             return
-        self.before_bucket_backward()
+        if self.is_bucket_step:
+            self.before_bucket_backward()
         loss.backward(retain_graph=True, **kwargs)
-        self.analyze_buckets(loss)
+        self.analyze_passes(loss)
+
+    @property
+    def keeps_graph(self) -> bool:
+        """The backward of this step's passes keeps their graph for the bucket or what-if passes."""
+        return self.is_bucket_step or self.whatif is not None
+
+    def analyze_passes(self, loss: torch.Tensor | None = None) -> None:
+        """After a backward that kept the graph: the what-if gradients of the passes tracked since, then
+        their bucket gradients (`analyze_buckets`); the last of them frees the graph."""
+        if self.whatif is not None:
+            t = time.perf_counter()
+            self.buckets.in_backward = True  # the coef hook leaves these backwards alone
+            try:
+                named = trainable_params(self.rec.model)
+                self.whatif.analyze(self._passes, named, keep_graph=self.is_bucket_step)
+            finally:
+                self.buckets.in_backward = False
+            self._t_record += time.perf_counter() - t
+        if self.is_bucket_step:
+            self.analyze_buckets(loss)
 
     def set_loss_scale(self, loss_scale: float) -> None:
         """The fp16 gradient scaler's scale the next backward's loss carries: coef is recorded divided by
@@ -173,8 +200,10 @@ class StepRecorder:
 
     def skip_bucket_analysis(self) -> None:
         """No bucket analysis this step after all, though it was scheduled: under several processes the
-        buckets are all-reduced, so a step in which some rank trains on no rows records none."""
+        buckets are all-reduced, so a step in which some rank trains on no rows records none (nor what-if
+        updates, all-reduced too)."""
         self.is_bucket_step = False
+        self.whatif = None
 
     def take_open_buckets(self, update_id: int) -> BucketState | None:
         """Hand over the bucket gradients of an update that has no optimizer step yet, for an update that
@@ -187,6 +216,8 @@ class StepRecorder:
         self.is_bucket_step = analyze and self.rec.model is not None
         if state is not None:
             self.buckets.state[update_id] = state
+        if self.whatif is not None:  # its first passes' what-if gradients were not carried
+            self.whatif.skip_update(update_id)
 
     def record_grad_norms(self, update_id: int = 0) -> float:
         """Total and per-block gradient norms of the update, read before clipping; returns the total."""
@@ -207,6 +238,10 @@ class StepRecorder:
         self.add_grad_norms(total, blocks, update_id)
         if update_id in self.buckets.state:
             self.buckets.finish_update(
+                update_id, [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in named]
+            )
+        if self.whatif is not None:
+            self.whatif.finish_update(
                 update_id, [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in named]
             )
         if self.attribution is not None and not self.buckets.has_rows(update_id):
@@ -380,6 +415,7 @@ class StepRecorder:
         if self.rec.spike_watch is not None and self._update_norms:
             self.rec.spike_watch.add(max(self._update_norms.values()))
         layer_rows, bucket_rows, sample_rows = self._layer_rows, self.buckets.rows, self._samples
+        whatif_rows = self.whatif.rows if self.whatif is not None else []
         # Rows(build, n): built on the writer thread; n counts them exactly if building fails there
         return {
             "tokens": Rows(lambda: tokens_table(step, rank, captured(), decode), n_token_rows),
@@ -389,5 +425,6 @@ class StepRecorder:
             "layers": Rows(lambda: scalar_table("layers", layer_rows), len(layer_rows)),
             "buckets": Rows(lambda: scalar_table("buckets", bucket_rows), len(bucket_rows)),
             "samples": Rows(lambda: scalar_table("samples", sample_rows), len(sample_rows)),
+            "whatif": Rows(lambda: scalar_table("whatif", whatif_rows), len(whatif_rows)),
             **tables,
         }
