@@ -57,9 +57,9 @@ def rule_coefs(
     loss: Mapping,
     ref_logprobs: Tensor | None = None,
     is_weight: Tensor | None = None,
-) -> list[Tensor]:
-    """c^R = dL_R/dlog pi of rule ``rule`` on these tokens, one [N, T] tensor per update the rule makes
-    (one, or one per phase), each for a loss aggregated over ``mask`` alone (times ``normaliser`` of the
+) -> list[tuple[Tensor, Tensor]]:
+    """(c^R = dL_R/dlog pi, the update's loss mask) of rule ``rule`` on these tokens, [N, T] each, one pair
+    per update the rule makes (one, or one per phase), each for a loss aggregated over ``mask`` alone (times ``normaliser`` of the
     mask gives the micro-batch's weight in a larger batch: ``pass_weight``).
 
     Args ([N, T] unless noted; all detached): logprobs and old_logprobs, log pi_theta and log pi_old;
@@ -85,7 +85,7 @@ def rule_coefs(
             **loss,
         )
         (coef,) = torch.autograd.grad(res.loss, leaf)  # [N, T]
-        out.append(torch.where(m > 0, coef, 0.0))
+        out.append((torch.where(m > 0, coef, 0.0), phase > 0))
     return out
 
 

@@ -125,7 +125,7 @@ class StepWhatIf:
         todo = [p for p in passes if p.pass_id not in self._done and p.logprobs.grad_fn is not None]
         self._done.update(p.pass_id for p in passes)
         jobs = [(p, job) for p in todo if p.update_id not in self._skipped for job in self._coefs(p)]
-        for i, (p, (key, coef, weight)) in enumerate(jobs):
+        for i, (p, (key, coef, phase, weight)) in enumerate(jobs):
             idx = self._bucket(p)  # [N, T]
             grads = bk.bucket_gradients(
                 p.logprobs,
@@ -142,7 +142,7 @@ class StepWhatIf:
             bk.accumulate(s.grads, grads)
             s.weight += weight
             for b in range(self.n_buckets):
-                s.n_tokens[b] += int(((idx == b) & p.in_loss).sum())
+                s.n_tokens[b] += int(((idx == b) & phase).sum())
 
     def _bucket(self, p) -> torch.Tensor:
         """[N, T] bucket of each token by its probability, as the buckets table (all 0 without buckets)."""
@@ -151,7 +151,8 @@ class StepWhatIf:
         return bk.bucket_index(p.tensors["prob"], self.edges)
 
     def _coefs(self, p) -> list[tuple]:
-        """[((label, phase), c^R [N, T], pass weight)] of every rule and phase on pass `p`."""
+        """[((label, phase), c^R [N, T], the phase's loss tokens [N, T], pass weight)] of every rule and
+        phase on pass `p`."""
         missing = [k for k in ("old_logprob", "advantage") if k not in p.tensors]
         if missing:
             names = {"old_logprob": "old_logprobs", "advantage": "advantages"}
@@ -178,7 +179,7 @@ class StepWhatIf:
                 is_weight=t.get("is_weight"),
             )
             label = rule_label(name, params)
-            out += [((label, k), c, weight) for k, c in enumerate(coefs)]
+            out += [((label, k), c, phase, weight) for k, (c, phase) in enumerate(coefs)]
         return out
 
     def finish_update(self, update_id: int, total: list[torch.Tensor]) -> None:
