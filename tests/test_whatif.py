@@ -8,8 +8,8 @@ import math
 
 import pytest
 import torch
-
 from conftest import forward_logprobs, make_model
+
 from tokengrad import load_run
 from tokengrad.objective.loss import phase_masks, policy_loss
 from tokengrad.objective.weighting import TokenBatch, get_weighting

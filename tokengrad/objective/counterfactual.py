@@ -59,8 +59,8 @@ def rule_coefs(
     is_weight: Tensor | None = None,
 ) -> list[tuple[Tensor, Tensor]]:
     """(c^R = dL_R/dlog pi, the update's loss mask) of rule ``rule`` on these tokens, [N, T] each, one pair
-    per update the rule makes (one, or one per phase), each for a loss aggregated over ``mask`` alone (times ``normaliser`` of the
-    mask gives the micro-batch's weight in a larger batch: ``pass_weight``).
+    per update the rule makes (one, or one per phase), each for a loss aggregated over ``mask`` alone
+    (``pass_weight`` of the mask gives the micro-batch's weight in a larger batch).
 
     Args ([N, T] unless noted; all detached): logprobs and old_logprobs, log pi_theta and log pi_old;
     advantages [N] or [N, T]; mask 1 = loss token; loss: ``loss_settings``; ref_logprobs for beta > 0;
