@@ -59,10 +59,23 @@ def parse_rule(spec, *, known: Collection[str], defaults: Callable[[str], Mappin
     return name, params
 
 
+def regroup(pieces: list) -> list:
+    """A list split at every comma (``whatif=tr_grpo:alpha=0.5,upper=1.8,lopti`` on a command line) put
+    back into rules: a ``key=value`` piece without a ``:`` continues the rule before it."""
+    out: list = []
+    for piece in pieces:
+        if isinstance(piece, str) and out and isinstance(out[-1], str) and "=" in piece and ":" not in piece:
+            out[-1] += "," + piece
+        else:
+            out.append(piece)
+    return out
+
+
 def parse_rules(specs, *, known: Collection[str], defaults: Callable[[str], Mapping]) -> list[tuple]:
     """Several rule specs (one spec, or a list of them) -> [(name, params)], each label at most once."""
     if isinstance(specs, (str, Mapping)):
         specs = [specs]
+    specs = regroup(list(specs))
     rules = [parse_rule(s, known=known, defaults=defaults) for s in specs]
     labels = [rule_label(*r) for r in rules]
     twice = sorted({x for x in labels if labels.count(x) > 1})
