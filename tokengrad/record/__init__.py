@@ -10,6 +10,7 @@ from tokengrad.record.options import Attribution, Buckets, Doctor, DoctorHalt, O
 from tokengrad.record.recorder import Recorder
 from tokengrad.record.stats import TokenStats, token_stats
 from tokengrad.record.step_recorder import StepRecorder
+from tokengrad.record.whatif import WhatIf
 
 __all__ = [
     "Attribution",
@@ -22,6 +23,7 @@ __all__ = [
     "RunInfo",
     "StepRecorder",
     "TokenStats",
+    "WhatIf",
     "logprobs_with_stats",
     "token_stats",
 ]

@@ -298,14 +298,14 @@ class TRLRecording:
         scale = loss_scale(self.trainer.accelerator)
         if st is not None and scale is not None:  # fp16: accelerate backpropagates scaler.scale(loss)
             st.set_loss_scale(scale)  # coef is read unscaled
-        if st is None or not st.is_bucket_step:
+        if st is None or not st.keeps_graph:
             return orig(loss, **kwargs)
-        kwargs.setdefault("retain_graph", True)  # the bucket passes run on the same graph
+        kwargs.setdefault("retain_graph", True)  # the bucket and what-if passes run on the same graph
         plain = deepspeed_setup(self.trainer) is None  # DeepSpeed partitions .grad: no bucket is derived
-        if plain:
+        if plain and st.is_bucket_step:
             st.before_bucket_backward()
         orig(loss, **kwargs)
-        st.analyze_buckets(loss if plain else None)
+        st.analyze_passes(loss if plain else None)
 
     def _on_step_end(self) -> None:
         self.update_id += 1
