@@ -41,7 +41,7 @@ from tokengrad.read.runs import Run, load_run
 from tokengrad.read.served_root import runs_below
 
 Signature = tuple[tuple[str, int, int], ...]
-SMALL_TABLES = ("steps", "layers", "buckets", "samples", "evals")
+SMALL_TABLES = ("steps", "layers", "buckets", "samples", "evals", "whatif")
 # The token-table aggregations the pages run (tokengrad.read.queries, all computed inside DuckDB).
 QUERIES = {
     f.__name__: f

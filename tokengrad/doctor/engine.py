@@ -74,8 +74,18 @@ def examine(
                 continue
             except Exception as err:  # noqa: BLE001 - one detector's failure must not hide the others
                 found = [_error(name, err)]
-            out += [replace(f, run=view.name, page=getattr(entry, "page", f.page)) for f in found]
+            out += [replace(f, run=view.name, page=_page(f, entry)) for f in found]
     return Diagnosis(rank_findings(out), sorted(skipped, key=lambda n: (n.run, n.detector)))
+
+
+def _page(finding: Finding, entry) -> str:
+    """The detector's page, unless the finding names another itself (a spike with what-if rows at its
+    step opens the What if page)."""
+    own = finding.page != DEFAULT_PAGE
+    return finding.page if own else getattr(entry, "page", finding.page)
+
+
+DEFAULT_PAGE = Finding.__dataclass_fields__["page"].default
 
 
 def _error(name: str, err: Exception) -> Finding:
