@@ -11,8 +11,9 @@ differ only in the weighting rule and its parameters). `lab_kk_<rule>`: configs/
 model `lab-kk` on Knights and Knaves with a plain-word trace; the configs and seed of the seed-0 runs of
 `scripts/study.py --organism kk`, recorded under a token budget of 512 rows per step).
 `lab_grpo_whatif`: configs/lab_add_grpo_whatif.toml (GRPO with seed 2, 100 steps, the what-if updates of
-TR-GRPO and Lopti and the bucket analysis every 5 steps). `lab_grpo_rollout`: configs/lab_add_grpo_rollout.toml (a bf16, top-p 0.9 sampler against the fp32 trainer,
-TRL's sequence_mask removing sequences, num_iterations = 2). `lab_grpo_entropy`:
+TR-GRPO and Lopti and the bucket analysis every 5 steps). `lab_grpo_rollout`:
+configs/lab_add_grpo_rollout.toml (a bf16, top-p 0.9 sampler against the fp32 trainer, TRL's
+sequence_mask removing sequences, num_iterations = 2). `lab_grpo_entropy`:
 configs/lab_add_grpo_entropy.toml (lab_grpo's config with seed 1, 100 steps, entropy attribution and the
 bucket analysis every 5 steps).
 `smollm_<rule>`: configs/smollm_sample.toml
