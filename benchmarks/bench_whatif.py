@@ -28,6 +28,7 @@ for path in (ROOT, ROOT / "benchmarks"):  # run as a script from a checkout
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
+from bench_attribution import make_model  # noqa: E402
 from measure import SMOKE_HELP  # noqa: E402
 
 from tokengrad.objective.loss import policy_loss  # noqa: E402
@@ -41,21 +42,6 @@ VARIANTS = {
     "1 rule, 4 buckets": WhatIf(rules=ONE, every=1),
     "3 rules, 4 buckets": WhatIf(rules=THREE, every=1),
 }
-
-
-def model_of(hidden: int, layers: int, vocab: int):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    return LlamaForCausalLM(cfg).float()
 
 
 def step(model, rec, i: int, ids: torch.Tensor, adv: torch.Tensor) -> float:
@@ -89,7 +75,7 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = ap.parse_args(argv)
     hidden, layers, n, t, steps = (32, 1, 4, 8, 2) if args.smoke else (256, 4, 16, 64, args.steps)
-    model = model_of(hidden, layers, vocab=512)
+    model = make_model(512, hidden, layers)
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, 512, (n, t + 1), generator=g)
     adv = torch.randn(n, generator=g)
