@@ -40,23 +40,29 @@ def spike_steps(norms: pd.DataFrame, k: float = DEFAULT_SPIKE_K) -> list[int]:
     return [int(s) for s in actual.step.to_numpy()[idx]]
 
 
+def _lines(frame: pd.DataFrame, column: str, colors: dict[str, str]) -> go.Figure:
+    """One line per series of `column` against step, the actual update drawn heavier."""
+    fig = go.Figure()
+    for name, df in frame.groupby("series", sort=False):
+        width = 2.5 if name == ACTUAL else 1.5
+        fig.add_trace(
+            go.Scatter(
+                x=df.step,
+                y=df[column],
+                name=name,
+                mode="lines+markers",
+                line=dict(color=colors[name], width=width),
+            )
+        )
+    return fig
+
+
 def make_whatif_norm_figure(norms: pd.DataFrame, title: str | None = None) -> go.Figure:
     """Pre-clip gradient norm per analysed step: the actual update and each rule on the same states;
     spike steps of the actual update are marked with a ring."""
     if norms.empty:
         return empty_figure(NO_WHATIF, title)
-    colors = series_colors(norms.series)
-    fig = go.Figure()
-    for name, df in norms.groupby("series", sort=False):
-        fig.add_trace(
-            go.Scatter(
-                x=df.step,
-                y=df.grad_norm,
-                name=name,
-                mode="lines+markers",
-                line=dict(color=colors[name], width=2.5 if name == ACTUAL else 1.5),
-            )
-        )
+    fig = _lines(norms, "grad_norm", series_colors(norms.series))
     spikes = spike_steps(norms)
     if spikes:
         hit = norms[(norms.series == ACTUAL) & norms.step.isin(spikes)]
@@ -103,14 +109,7 @@ def make_whatif_cos_figure(norms: pd.DataFrame, title: str | None = None) -> go.
     rules = norms[norms.series != ACTUAL]
     if rules.empty:
         return empty_figure(NO_WHATIF, title)
-    colors = series_colors(norms.series)
-    fig = go.Figure()
-    for name, df in rules.groupby("series", sort=False):
-        fig.add_trace(
-            go.Scatter(
-                x=df.step, y=df.cos_to_actual, name=name, mode="lines+markers", line_color=colors[name]
-            )
-        )
+    fig = _lines(rules, "cos_to_actual", series_colors(norms.series))
     integer_step_axis(fig, rules.step)
     fig.update_layout(xaxis_title="step", yaxis_title="cosine to the actual update")
     return dashboard_layout(fig, title or "Direction of each rule's update")
