@@ -45,7 +45,7 @@ from tokengrad.read.served_root import runs_below
 from tokengrad.read.unreadable import run_losses
 
 Signature = tuple[tuple[str, int, int], ...]
-SMALL_TABLES = ("steps", "layers", "buckets", "samples", "evals")
+SMALL_TABLES = ("steps", "layers", "buckets", "samples", "evals", "whatif")
 # The token-table aggregations the pages run (tokengrad.read.queries, all computed inside DuckDB).
 QUERIES = {
     f.__name__: f

@@ -18,6 +18,7 @@ from tokengrad.read.pages import (
     INSPECTOR,
     OVERVIEW,
     ROLLOUT,
+    WHATIF,
     WORDCLOUDS,
     check_page,
 )
@@ -37,6 +38,7 @@ PAGES: dict[str, Page] = {  # in tokengrad.read.pages.PAGE_IDS' order (the sideb
     INSPECTOR: Page("Token inspector", ":material/text_fields:"),
     ENTROPY: Page("Entropy", ":material/water_drop:"),
     ROLLOUT: Page("Rollout vs trainer", ":material/compare_arrows:"),
+    WHATIF: Page("What if", ":material/alt_route:"),
     EVALUATION: Page("Evaluation", ":material/checklist:"),
 }
 

@@ -73,6 +73,14 @@ def upto(label: str, limit: float, unit: str = "", section: str = "", index: int
     return read
 
 
+def whatif_ratios(lines: list[str]) -> tuple[str, bool]:
+    """bench_whatif.py's step ratios for 1 and 3 rules, met when each rule costs at most ~one backward."""
+    one = numbers_after(lines, "ratio 1 rule, buckets=False / plain:")[0]
+    three = numbers_after(lines, "ratio 3 rules, buckets=False / plain:")[0]
+    per = [numbers_after(lines, f"backwards per rule, {k}:")[0] for k in ("1 rule", "3 rules")]
+    return f"{one:.2f} / {three:.2f} ({per[0]:.2f} / {per[1]:.2f} backwards per rule)", max(per) <= 1.1
+
+
 def recorder_ratios(section: str):
     """The instrumented and fused step ratios of one model section of bench_recorder.py."""
 
@@ -186,6 +194,15 @@ TARGETS = (
         ("bench_attribution.py", "--quick"),
         ("bench_attribution.py", "--smoke"),
         attribution,
+    ),
+    Target(
+        "whatif",
+        "recorded step with WhatIf for 1 / 3 rules (buckets=False) / without, in backwards per rule, "
+        "4-layer Llama 16 x 64 on CPU",
+        "<= 1.1 backwards per rule",
+        ("bench_whatif.py",),
+        ("bench_whatif.py", "--smoke"),
+        whatif_ratios,
     ),
     Target(
         "budget",

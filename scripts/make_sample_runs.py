@@ -1,7 +1,7 @@
 """Create the shipped sample runs: the two CPU lab models and SmolLM2-135M, each under GRPO, TR-GRPO and
-AR+Lopti, and two lab-add GRPO runs for the Rollout and Entropy pages.
+AR+Lopti, and three lab-add GRPO runs for the Rollout, Entropy and What if pages.
 
-    python scripts/make_sample_runs.py                              # all eleven runs into sample_runs/
+    python scripts/make_sample_runs.py                              # all twelve runs into sample_runs/
     python scripts/make_sample_runs.py --only lab_grpo --steps 5    # a quick look at one run
     python scripts/make_sample_runs.py --from-study runs/study      # lab runs = the study's seed-0 runs
     tokengrad dashboard sample_runs                                 # then look at them
@@ -10,8 +10,10 @@ AR+Lopti, and two lab-add GRPO runs for the Rollout and Entropy pages.
 differ only in the weighting rule and its parameters). `lab_kk_<rule>`: configs/lab_kk_<rule>.toml (the lab
 model `lab-kk` on Knights and Knaves with a plain-word trace; the configs and seed of the seed-0 runs of
 `scripts/study.py --organism kk`, recorded under a token budget of 512 rows per step).
-`lab_grpo_rollout`: configs/lab_add_grpo_rollout.toml (a bf16, top-p 0.9 sampler against the fp32 trainer,
-TRL's sequence_mask removing sequences, num_iterations = 2). `lab_grpo_entropy`:
+`lab_grpo_whatif`: configs/lab_add_grpo_whatif.toml (GRPO with seed 2, 100 steps, the what-if updates of
+TR-GRPO and Lopti and the bucket analysis every 5 steps). `lab_grpo_rollout`:
+configs/lab_add_grpo_rollout.toml (a bf16, top-p 0.9 sampler against the fp32 trainer, TRL's
+sequence_mask removing sequences, num_iterations = 2). `lab_grpo_entropy`:
 configs/lab_add_grpo_entropy.toml (lab_grpo's config with seed 1, 100 steps, entropy attribution and the
 bucket analysis every 5 steps).
 `smollm_<rule>`: configs/smollm_sample.toml
@@ -58,7 +60,8 @@ RUNS = (
     }
     # runs that fill the Rollout and Entropy pages: a bf16 / top-p sampler against the fp32 trainer with
     # sequence_mask and mu = 2, and GRPO with entropy attribution every 5 steps (the configs say why)
-    | {f"lab_grpo_{extra}": (f"lab_add_grpo_{extra}.toml", {}) for extra in ("rollout", "entropy")}
+    # and GRPO with the what-if updates of TR-GRPO and Lopti every 5 steps (the What if page)
+    | {f"lab_grpo_{extra}": (f"lab_add_grpo_{extra}.toml", {}) for extra in ("rollout", "entropy", "whatif")}
 )
 
 STUDY_RUNS = {f"lab_{r}" for r in RULE_PARAMS}  # the study's seed-0 configs (--from-study copies these)

@@ -54,6 +54,8 @@ ALLOWED = {
     "tokengrad.objective": GROUND + OBJECTIVE,
     # doctor.live only when doctor= is set; doctor.spike_rule (numpy only) for Attribution(on_spike=True)
     "tokengrad.record": GROUND + LAYOUT + RECORD + ["tokengrad.doctor.live", "tokengrad.doctor.spike_rule"],
+    # what-if updates evaluate the weighting rules of objective/ on the recorded passes
+    "tokengrad.record.buckets.whatif": GROUND + LAYOUT + RECORD + OBJECTIVE,
     # train reads its own run's metadata back (resume) through read/'s one reader of meta.json
     "tokengrad.train": GROUND + OBJECTIVE + RECORD + TRAIN + ["tokengrad.read.meta_file"],
     "tokengrad.integrations": GROUND + OBJECTIVE + RECORD + INTEGRATIONS + READ,

@@ -137,6 +137,16 @@ FIGURES = {
         "ratio trl bucket step (activations kept) / recorded step:",
         "ours, median wall seconds per phase",
     ),
+    "bench_whatif.py": (
+        "plain recorded step, median s:",
+        "ratio 1 rule, buckets=False / plain:",
+        "ratio 3 rules, buckets=False / plain:",
+        "ratio 1 rule, 4 buckets / plain:",
+        "ratio 3 rules, 4 buckets / plain:",
+        "one backward through the retained graph, median s:",
+        "backwards per rule, 1 rule, buckets=False:",
+        "backwards per rule, 3 rules, buckets=False:",
+    ),
     "bench_writer.py": ("no tokenizer:", "byte tokenizer:", "tokens_table build only (no Parquet)"),
 }
 NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\d+|nan|inf)", re.IGNORECASE)

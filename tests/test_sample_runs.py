@@ -16,15 +16,16 @@ RUNS = (
     {f"lab_{r}": (r, "lab-add", 200, 0.8) for r in RULES}
     | {f"lab_kk_{r}": (r, "lab-kk", 100, 0.8) for r in RULES}
     | {f"smollm_{r}": (r, "smollm2-135m-instruct", 8, 0.7) for r in RULES}
-    | {f"lab_grpo_{extra}": ("grpo", "lab-add", 100, 0.8) for extra in ("rollout", "entropy")}
+    | {f"lab_grpo_{extra}": ("grpo", "lab-add", 100, 0.8) for extra in ("rollout", "entropy", "whatif")}
 )
 # the run whose step 0 a run shares (same seed and config up to the rule): the rollout run samples with
-# another engine (bf16, top-p), so it shares the prompts only; the entropy run has its own seed
+# another engine (bf16, top-p), so it shares the prompts only; the entropy and what-if runs have their own
+# seeds
 SAME_STEP0 = {"lab_grpo_rollout": "lab_grpo"}
 SAME_PROMPTS_ONLY = {"lab_grpo_rollout"}
-OWN_SEED = {"lab_grpo_entropy"}
+OWN_SEED = {"lab_grpo_entropy", "lab_grpo_whatif"}
 # the dashboard's pages (app/streamlit_app.py)
-PAGES = ("overview", "buckets", "wordclouds", "inspector", "entropy", "rollout", "evaluation")
+PAGES = ("overview", "buckets", "wordclouds", "inspector", "entropy", "rollout", "whatif", "evaluation")
 # difficulty levels each family evaluates: carries 0-4, people 2-4, one-digit sums
 LEVELS = {"lab_kk_": 3, "lab_": 5, "smollm_": 1}
 SIZE_LIMIT = 30 * 2**20
@@ -79,7 +80,7 @@ ADDED_IN = {
     6: {"policy_version", "trainer_version"},
     7: {"loss_scale"},
 }
-TABLES_ADDED_IN = {"prob_bins": 2, "vocab": 2}  # tables an older run has no files of
+TABLES_ADDED_IN = {"prob_bins": 2, "vocab": 2, "whatif": 8}  # tables an older run has no files of
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +123,10 @@ def test_every_file_has_the_fixed_columns_with_their_dtypes(runs, table):
         if version < TABLES_ADDED_IN.get(table, 0):
             assert not files, f"{name}: {table} files in a version-{version} run"
             continue
-        if table in TABLES_ADDED_IN and not run.meta.get("token_budget"):  # written under a budget only
+        if table == "whatif" and not run.meta.get("whatif_every"):  # written with WhatIf only
+            assert not files, f"{name}: whatif files without what-if rules"
+            continue
+        if table in ("prob_bins", "vocab") and not run.meta.get("token_budget"):  # under a budget only
             assert not files, f"{name}: {table} files without a token budget"
             continue
         assert files, f"{name}: no {table} files"
@@ -222,7 +226,8 @@ def test_every_export_figure_has_data(runs):
         for kind in ("bucket_shares", "bucket_update_share")
     }
     assert set(notes) <= no_shares
-    assert len(specs) + len(notes) == 6 + 6 * len(runs)  # 6 comparison figures (headline first)
+    with_whatif = sum(1 for r in runs.values() if r.meta.get("whatif_every"))  # one what-if figure each
+    assert len(specs) + len(notes) == 6 + 6 * len(runs) + with_whatif  # 6 comparison figures (headline first)
 
 
 def test_sample_runs_fit_the_size_limit():
@@ -276,6 +281,23 @@ def test_the_entropy_run_checks_the_entropy_law(runs):
     assert pooled["n"] > 4000 and pooled["pearson"] > 0.85 and 0.7 < pooled["slope"] < 1.0, pooled.to_dict()
     first = entropy_law_fit(entropy_law(run), pred="dentropy_pred").iloc[-1]  # first order is exact here
     assert first["pearson"] > 0.99 and first["slope"] == pytest.approx(1.0, abs=0.05), first.to_dict()
+
+
+def test_the_whatif_run_compares_rules_on_the_same_states(runs):
+    from tokengrad.read.whatif_frames import ACTUAL, bucket_share_table, norm_trajectories
+
+    run = runs["lab_grpo_whatif"]
+    w = run.table("whatif")
+    assert sorted(set(w["rule"])) == ["lopti", "tr_grpo"] and sorted(set(w["step"])) == list(range(0, 100, 5))
+    norms = norm_trajectories(w, run.layers)
+    assert set(norms["series"]) == {ACTUAL, "lopti", "tr_grpo"}
+    live = norms[norms["grad_norm"] > 0]
+    tr = live[live["series"] == "tr_grpo"].set_index("step")["grad_norm"]
+    act = live[live["series"] == ACTUAL].set_index("step")["grad_norm"]
+    assert (tr.sub(act).abs() > 1e-3 * act).any()  # TR-GRPO's weights (1 to 1.4) change the step
+    shares = bucket_share_table(w, run.buckets)
+    total = shares.groupby("series")["update_share"].sum()
+    assert total.sub(1.0).abs().max() < 1e-3, total.to_dict()  # each update split over the buckets
 
 
 @pytest.mark.slow

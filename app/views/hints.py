@@ -23,6 +23,8 @@ _LOOP = {
     "steps": "Log step scalars with `st.log(loss=..., reward_mean=..., kl=...)` in each `rec.step()`.",
     "layers": "Record gradient norms with `st.record_grad_norms()` after the last backward of each update.",
     "evals": "Log evaluations with `rec.log_eval(step, task=..., difficulty=..., accuracy=..., n=...)`.",
+    "whatif": 'Record them with `Recorder(..., whatif=WhatIf(rules=["tr_grpo", "lopti"], every=N, '
+    "loss={...}))`: each rule's gradient from the same parameters on the same passes.",
 }
 HINTS = {
     "loop": _LOOP,
@@ -34,6 +36,8 @@ HINTS = {
         "with `Recorder(..., attribution=N)`.",
         "layers": "The verl integration records no gradient norms.",
         "evals": "The verl integration records no evaluations.",
+        "whatif": "The verl integration records no what-if updates; a plain loop, TRL or the built-in "
+        "trainer records them (`WhatIf`, `attach(..., whatif=...)`, the config key `whatif`).",
     },
     "trl": {
         "buckets": "Record it with `attach(trainer, dir, buckets=N)` (one extra backward per bucket on every "
@@ -45,6 +49,9 @@ HINTS = {
         "layers": "`attach(trainer, dir)` records gradient norms before clipping at every optimizer step.",
         "evals": "TRL evaluations are not recorded; log them with `rec.log_eval(...)` on the recorder "
         "`attach` returns.",
+        "whatif": 'Record them with `attach(trainer, dir, whatif=WhatIf(rules=["tr_grpo", "lopti"], '
+        "every=N))`: each rule's gradient from the same parameters on the same batch, with TRL's loss "
+        "settings.",
     },
     "trainer": {
         "buckets": "Train with the config key `bucket_every = N` (one extra backward per bucket on every "
@@ -55,6 +62,8 @@ HINTS = {
         "steps": "The built-in trainer records every step; this run has none yet.",
         "layers": "The built-in trainer records gradient norms at every update; this run has none yet.",
         "evals": "Train with the config key `eval_every = K` (and `eval_at_start = true` for step −1).",
+        "whatif": 'Train with the config keys `whatif = ["tr_grpo", "lopti"]` and `whatif_every = N`: each '
+        "rule's gradient from the same parameters on the same batch, beside the real update.",
     },
 }
 

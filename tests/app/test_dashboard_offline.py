@@ -16,7 +16,7 @@ from tokengrad.cli.dashboard import serving
 
 CHROMIUM = "/usr/bin/chromium"
 REPO = Path(__file__).resolve().parents[2]
-PAGES = ("", "buckets", "wordclouds", "inspector", "entropy", "rollout", "evaluation")
+PAGES = ("", "buckets", "wordclouds", "inspector", "entropy", "rollout", "whatif", "evaluation")
 LOCAL_HOSTS = {"127.0.0.1", "localhost"}
 
 NO_CHROMIUM = not os.access(CHROMIUM, os.X_OK)

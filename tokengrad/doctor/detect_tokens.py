@@ -13,6 +13,7 @@ from tokengrad.doctor.spike_rule import SPIKE_MIN_STEPS, SPIKE_Z, robust_z
 from tokengrad.doctor.stats import confidence_from_excess, sign_test_greater, trend
 from tokengrad.doctor.thresholds import TREND_ALPHA
 from tokengrad.doctor.view import RunView
+from tokengrad.doctor.whatif_actions import dominance_action, has_rows_at, spike_action
 from tokengrad.read.headline import DEFINITION, UPDATE_SHARE_NAME, low_prob_label, low_prob_shares
 from tokengrad.schema import BUCKET, LAYER, REPLAY_K, RESIDUAL_BUCKET, STEP, TOK, TOTAL_LAYER
 
@@ -111,6 +112,7 @@ def gradient_spike(view: RunView) -> list[Finding]:
         }
         actions = (
             Action("inspect the culprit tokens; down-weight low-probability tokens (Lopti)", _LOPTI),
+            *filter(None, [spike_action(view, step=step)]),  # what the rules would have done here
             Action("lower the learning rate or clip the gradient norm", "Pascanu et al., arXiv 1211.5063"),
         )
         conf = confidence_from_excess(float(row.z), SPIKE_Z)
@@ -125,6 +127,7 @@ def gradient_spike(view: RunView) -> list[Finding]:
                 evidence=evidence,
                 tokens=tokens,
                 actions=actions,
+                page="whatif" if has_rows_at(view, step) else "inspector",  # the rules at this step
             )
         )
     return out
@@ -212,6 +215,7 @@ def low_prob_dominance(view: RunView) -> list[Finding]:
     )
     actions = (
         Action("separate the low-probability tokens' update (Lopti) or reweight them", _LOPTI),
+        *filter(None, [dominance_action(view)]),  # what the rules would have made of these steps
         Action("compare with up-weighting them (Lp-Reg), the opposite prescription", "arXiv 2510.03222"),
     )
     return [

@@ -83,7 +83,7 @@ def examine(
             lost = None if found else _lost(view, entry)
             if lost or reason:
                 skipped.append(NotChecked(lost or reason, name, view.name))
-            out += [replace(f, run=view.name, page=getattr(entry, "page", f.page)) for f in found]
+            out += [replace(f, run=view.name, page=_page(f, entry)) for f in found]
     return Diagnosis(rank_findings(out), sorted(skipped, key=lambda n: (n.run, n.detector)))
 
 
@@ -98,6 +98,16 @@ def _lost(view: RunView, entry) -> str | None:
     except Exception:  # noqa: BLE001 - the listing itself failed: unreadable_files reports that
         return None
     return f"{lost} (a files finding names them)" if lost else None
+
+
+def _page(finding: Finding, entry) -> str:
+    """The detector's page, unless the finding names another itself (a spike with what-if rows at its
+    step opens the What if page)."""
+    own = finding.page != DEFAULT_PAGE
+    return finding.page if own else getattr(entry, "page", finding.page)
+
+
+DEFAULT_PAGE = Finding.__dataclass_fields__["page"].default
 
 
 def _error(name: str, err: Exception) -> Finding:

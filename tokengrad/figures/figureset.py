@@ -4,7 +4,8 @@
 
 Run-comparison figures overlay every run (the headline, each probability bucket's share of the update;
 reward, entropy, gradient norm, accuracy by difficulty, weight curves); per-run figures (share of tokens vs
-share of the update and of the summed gradient norm, bucket token vs update shares, bucket update shares
+share of the update and of the summed gradient norm, the actual vs what-if gradient norms where the run
+recorded other rules' updates, bucket token vs update shares, bucket update shares
 over steps, gradient norm vs probability, per-layer norms, word clouds) carry the run's name as their
 title. A figure without data, or one that would print "NaN" in a label, is left out with a one-line note
 saying why; a figure whose tables or drawing raise is left out and listed in `failed`, and the rest are
@@ -173,7 +174,8 @@ def _run_specs(name: str, run, *, smoothing: float, low, high, step_range, max_w
             title=name,
         )
 
-    return [
+    whatif = _whatif_specs(name, run, slug)
+    return whatif + [
         _Pending(f"gradient_share_{slug}", gradient_share),
         _Pending(
             f"bucket_shares_{slug}", lambda: make_bucket_share_figure(run.buckets, step_range, title=name)
@@ -194,6 +196,19 @@ def _run_specs(name: str, run, *, smoothing: float, low, high, step_range, max_w
         ),
         _Pending(name=f"wordcloud_{slug}", make=wordcloud, width="page", height_in=2.6),
     ]
+
+
+def _whatif_specs(name: str, run, slug: str) -> list[_Pending]:
+    """The actual vs what-if gradient norms, for a run that recorded what-if updates (WhatIf)."""
+    if not run.meta.get("whatif_every"):
+        return []
+    from tokengrad.figures.whatif import make_whatif_norm_figure
+    from tokengrad.read.whatif_frames import norm_trajectories
+
+    def norms():
+        return make_whatif_norm_figure(norm_trajectories(run.table("whatif"), run.layers), title=name)
+
+    return [_Pending(f"whatif_grad_norm_{slug}", norms, "page")]
 
 
 def build_figure_set(

@@ -13,8 +13,8 @@ from __future__ import annotations
 from urllib.parse import urlencode
 
 # In sidebar order. Streamlit serves a page at its file's stem, and the first page at the root.
-PAGE_IDS = ("overview", "buckets", "wordclouds", "inspector", "entropy", "rollout", "evaluation")
-OVERVIEW, BUCKETS, WORDCLOUDS, INSPECTOR, ENTROPY, ROLLOUT, EVALUATION = PAGE_IDS
+PAGE_IDS = ("overview", "buckets", "wordclouds", "inspector", "entropy", "rollout", "whatif", "evaluation")
+OVERVIEW, BUCKETS, WORDCLOUDS, INSPECTOR, ENTROPY, ROLLOUT, WHATIF, EVALUATION = PAGE_IDS
 HOME = PAGE_IDS[0]
 
 

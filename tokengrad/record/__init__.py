@@ -4,6 +4,7 @@ into the run format (`tokengrad.schema`). Needs torch; never imports the trainer
     from tokengrad.record import Recorder, logprobs_with_stats, token_stats
 """
 
+from tokengrad.record.buckets.whatif import WhatIf
 from tokengrad.record.budget.kept_rows import Budget
 from tokengrad.record.fused_logprobs import logprobs_with_stats
 from tokengrad.record.options import Attribution, Buckets, Doctor, DoctorHalt, Output, RunInfo
@@ -22,6 +23,7 @@ __all__ = [
     "RunInfo",
     "StepRecorder",
     "TokenStats",
+    "WhatIf",
     "logprobs_with_stats",
     "token_stats",
 ]

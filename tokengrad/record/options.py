@@ -21,7 +21,7 @@ from tokengrad.record.budget.kept_rows import Budget
 ON_ERROR = ("count", "raise")
 
 
-def _every(name: str, value) -> int:
+def every_steps(name: str, value) -> int:
     """A step interval: an int >= 0 (0 = never). A string or float is refused, not parsed."""
     try:
         every = operator.index(value)
@@ -55,7 +55,7 @@ class Buckets:
     edges: tuple = schema.DEFAULT_BUCKET_EDGES
 
     def __post_init__(self):
-        object.__setattr__(self, "every", _every("buckets.every", self.every))
+        object.__setattr__(self, "every", every_steps("buckets.every", self.every))
         object.__setattr__(self, "edges", tuple(validate_edges(self.edges)))
 
 
@@ -81,7 +81,7 @@ class Attribution:
     on_spike: bool = False
 
     def __post_init__(self):
-        object.__setattr__(self, "every", _every("attribution.every", self.every))
+        object.__setattr__(self, "every", every_steps("attribution.every", self.every))
         for name in ("entropy", "on_spike"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"attribution.{name} must be True or False, got {getattr(self, name)!r}")
@@ -105,7 +105,7 @@ class Output:
     def __post_init__(self):
         if self.on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {self.on_error!r}")
-        if _every("compact_every", self.compact_every) < 1:
+        if every_steps("compact_every", self.compact_every) < 1:
             raise ValueError(f"compact_every must be >= 1, got {self.compact_every}")
         if not self.upload_wait >= 0:  # also refuses nan
             raise ValueError(f"upload_wait must be a number of seconds >= 0, got {self.upload_wait!r}")

@@ -33,6 +33,7 @@ from tokengrad.record import distributed as dist
 from tokengrad.record.attribution.spike_replay import SpikeWatch
 from tokengrad.record.buckets.agreement import RankAgreement
 from tokengrad.record.buckets.sharded import refuse_sharding
+from tokengrad.record.buckets.whatif import WhatIf, as_whatif
 from tokengrad.record.budget.kept_rows import Budget
 from tokengrad.record.gradnorms import NamesFilter
 from tokengrad.record.options import (
@@ -75,6 +76,9 @@ class Recorder:
         budget: `Budget(k, ...)`, or k: at most k token rows per step and rank (None = all): whole sampled
             sequences plus the largest |update_share| (else gradient norm) tokens, flagged in
             `selected_by`; steps, buckets, prob_bins and vocab stay exact over all tokens (budget/).
+        whatif: `WhatIf(rules, every, buckets, loss, max_grad_norm)`: every N steps, the gradient each
+            rule of `rules` would have produced from the same parameters on the same passes (the `whatif`
+            table; record/buckets/whatif.py), without touching `.grad` or the optimizer.
         output: `Output(on_error, compact_every, trackers)`: writer failures, compaction, live trackers.
         doctor: `Doctor(halt, on_finding, min_confidence, ...)` or True: the detectors of tokengrad.doctor
             on committed steps, off the training thread (rank 0); alerts to the trackers and `on_finding`;
@@ -97,6 +101,7 @@ class Recorder:
         buckets: Buckets | int = 0,
         attribution: Attribution | int = 0,
         budget: Budget | int | None = None,
+        whatif: WhatIf | None = None,
         output: Output | None = None,
         doctor: Doctor | bool | None = None,
         layers: NamesFilter = None,
@@ -108,7 +113,7 @@ class Recorder:
             raise TypeError(f"Recorder() got unexpected keyword(s) {sorted(unknown)} (see docs/api.md)")
         info, output = info or RunInfo(), output or Output()
         self.buckets, self.attribution = as_buckets(buckets), as_attribution(attribution)
-        self.budget = as_budget(budget)
+        self.budget, self.whatif = as_budget(budget), as_whatif(whatif)
         self.bucket = BucketRun.at(run_dir)  # None for a local folder; a bad URL is refused here
         self.run_dir = self.bucket.staging if self.bucket else Path(run_dir)
         self.model = model
@@ -269,7 +274,8 @@ class Recorder:
         step = self._check_step(step)
         bucket = self.bucket_every > 0 and step % self.bucket_every == 0
         attribute = self.attribute_every > 0 and step % self.attribute_every == 0
-        self._step = StepRecorder(self, step, bucket, attribute)
+        whatif = self.whatif.every > 0 and step % self.whatif.every == 0
+        self._step = StepRecorder(self, step, bucket, attribute, whatif)
         return self._step
 
     def _check_step(self, step) -> int:
@@ -368,6 +374,7 @@ class Recorder:
             buckets=self.buckets,
             attribution=self.attribution,
             budget=self.budget,
+            whatif=self.whatif,
         )
 
     def _claim(self) -> dict | None:

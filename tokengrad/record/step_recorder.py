@@ -20,6 +20,7 @@ from tokengrad.record.attribution.spike_replay import replay_spike
 from tokengrad.record.attribution.step import StepAttribution, bucket_share_rows
 from tokengrad.record.buckets.passes import BucketPasses
 from tokengrad.record.buckets.step import StepBuckets
+from tokengrad.record.buckets.whatif import StepWhatIf
 from tokengrad.record.budget.aggregates import vocab_table
 from tokengrad.record.budget.kept_rows import BudgetedStep, capture_pass
 from tokengrad.record.checks import RESERVED, as_ids, check_scalars, safe_texts
@@ -49,11 +50,16 @@ class StepRecorder:
     norms read elsewhere, clip with the recorded norms, non-finite check; record/host.py).
     `bucket_step`, `attribute_step`: this step's schedule (both need the recorder's model)."""
 
-    def __init__(self, recorder, step: int, bucket_step: bool, attribute_step: bool = False):
+    def __init__(
+        self, recorder, step: int, bucket_step: bool, attribute_step: bool = False, whatif_step: bool = False
+    ):
         self.rec = recorder
         self.step = step
         self.bucket_passes = BucketPasses(self, bucket_step)  # the bucket-pass verbs of a host's backward
         self.host = HostHooks(self)  # the verbs of a host that owns the backward, clip or scaler
+        # the what-if updates of the rules in Recorder(whatif=...) on this step (record/buckets/whatif.py)
+        on = whatif_step and recorder.model is not None
+        self.whatif = StepWhatIf(recorder.whatif, recorder.bucket_edges, step, recorder.rank) if on else None
         self.attribution = self._new_attribution() if attribute_step and recorder.model is not None else None
         self._spike: dict = {}  # the replay columns of the step's largest spiking update (spike_replay.py)
         self.passes: list[TrackedPass] = []
@@ -153,7 +159,7 @@ class StepRecorder:
         `st.clip_grad_norm_`, as for any clip."""
         if loss_scale is not None:
             self.host.set_loss_scale(loss_scale)
-        if not self.bucket_passes.scheduled:
+        if not self.bucket_passes.keeps_graph:
             loss.backward(**kwargs)
             return
         self.bucket_passes.before_backward()
@@ -183,6 +189,10 @@ class StepRecorder:
             self.buckets.finish_sharded(update_id, self.rec.model, *agreed)
         elif update_id in self.buckets.state:
             self.buckets.finish_update(
+                update_id, [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in named]
+            )
+        if self.whatif is not None:
+            self.whatif.finish_update(
                 update_id, [p.grad if p.grad is not None else torch.zeros_like(p) for _, p in named]
             )
         if self.attribution is not None and not self.buckets.has_rows(update_id):
@@ -325,6 +335,7 @@ class StepRecorder:
         if self.rec.spike_watch is not None and self.update_norms:
             self.rec.spike_watch.add(max(self.update_norms.values()))
         layer_rows, bucket_rows, sample_rows = self.layer_rows, self.buckets.rows, self._samples
+        whatif_rows = self.whatif.rows if self.whatif is not None else []
         # Rows(build, n): built on the writer thread; n counts them exactly if building fails there
         return {
             "tokens": Rows(lambda: tokens_table(step, rank, captured(), decode), n_token_rows),
@@ -334,5 +345,6 @@ class StepRecorder:
             "layers": Rows(lambda: scalar_table("layers", layer_rows), len(layer_rows)),
             "buckets": Rows(lambda: scalar_table("buckets", bucket_rows), len(bucket_rows)),
             "samples": Rows(lambda: scalar_table("samples", sample_rows), len(sample_rows)),
+            "whatif": Rows(lambda: scalar_table("whatif", whatif_rows), len(whatif_rows)),
             **tables,
         }

@@ -36,10 +36,11 @@ from tokengrad.schema.columns import (  # noqa: E402, F401
     TABLES,
     TOKENS,
     VOCAB,
+    WHATIF,
     Column,
 )
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 # Version history: 2 added tokens.update_share / dlogprob_pred / dlogprob / selected_by, steps.n_token_rows
 # and the prob_bins and vocab tables (attribution and budgeted recording); 3 added tokens.rollout_logprob,
 # steps.rollout_mismatch / groups_generated / groups_kept / gen_rounds / ds_grad_norm and meta temperature
@@ -54,7 +55,8 @@ SCHEMA_VERSION = 7
 # added tokens.policy_version / trainer_version (which weights sampled a sequence and which scored the
 # row: the staleness of an off-policy token apart from the engine's mismatch, tokengrad.read.rollout_queries);
 # 7 added steps.loss_scale (fp16 gradient scaling: coef and norms are recorded unscaled, and an update the
-# scaler skipped for overflow is told apart from a non-finite loss).
+# scaler skipped for overflow is told apart from a non-finite loss); 8 added the whatif table (the gradient
+# each requested weighting rule would have produced from the same parameters on the same passes, WhatIf).
 
 META_FILE = "meta.json"
 RANKS_DIR = "ranks"
@@ -147,6 +149,8 @@ SAMPLE = _names("samples")
 EVAL = _names("evals")
 PBIN = _names("prob_bins")
 VOCAB_COL = _names("vocab")
+WHAT = _names("whatif")
+WHATIF_ALL = "all"  # whatif.bucket of the whole counterfactual update
 
 # Columns of the binned/aggregated frames that tokengrad.read.queries returns (not stored in the run format).
 BIN = SimpleNamespace(lo="lo", hi="hi", count="count")

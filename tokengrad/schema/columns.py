@@ -356,6 +356,36 @@ VOCAB = [
     _c("sum_logit_grad_norm", pa.float64(), "sum of logit_grad_norm"),
 ]
 
+WHATIF = [
+    *_KEY,
+    _UPDATE,
+    _c(
+        "rule",
+        pa.string(),
+        "weighting rule evaluated on the update's passes: its name, or name:key=value,... with parameters",
+        False,
+    ),
+    _c("phase", pa.int8(), "the rule's update phase (Lopti: 0 and 1, both at the same parameters)", False),
+    _c(
+        "bucket",
+        pa.string(),
+        "'all' (the whole counterfactual update g_R) or a probability bucket '[lo,hi)'",
+        False,
+    ),
+    _c("lo", pa.float32(), "lower probability edge (inclusive); null on 'all'"),
+    _c("hi", pa.float32(), "upper probability edge (exclusive; 1 is inclusive); null on 'all'"),
+    _c("n_tokens", pa.int64(), "loss tokens in the bucket (all of the update's on 'all')"),
+    _c("grad_norm", pa.float64(), "norm of g_R ('all', before any clipping) or of its bucket part g_R,B"),
+    _c(
+        "update_share",
+        pa.float64(),
+        "bucket rows: <g_R,B, g_R> / norm(g_R)^2, summing to 1; 'all': <g_R, g> / norm(g)^2, against the "
+        "actual update g",
+    ),
+    _c("cos_to_actual", pa.float64(), "cosine(g_R, g) ('all') or cosine(g_R,B, g) to the actual update g"),
+    _c("would_clip", pa.bool_(), "'all': norm(g_R) exceeds the host's max_grad_norm (null: no clip known)"),
+]
+
 TABLES: dict[str, list[Column]] = {
     "tokens": TOKENS,
     "steps": STEPS,
@@ -365,6 +395,7 @@ TABLES: dict[str, list[Column]] = {
     "evals": EVALS,
     "prob_bins": PROB_BINS,
     "vocab": VOCAB,
+    "whatif": WHATIF,
 }
 # Tables that accept extra caller-defined columns (float/int/str), merged by name when read.
 EXTENSIBLE = frozenset({"tokens", "steps", "samples"})

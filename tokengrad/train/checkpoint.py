@@ -260,6 +260,8 @@ RESUMABLE_KEYS = {
     "checkpoint",
     "checkpoint_every",
     "bucket_every",
+    "whatif",  # what-if updates are recorded beside the run and change none of its numbers
+    "whatif_every",
     "reuse_old_logprobs",  # the same numbers either way: only whether pi_old has its own forward
 }
 

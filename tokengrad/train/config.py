@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from tokengrad.objective.params import check_params
+from tokengrad.objective.rule_spec import parse_rules, regroup
 from tokengrad.train import config_registries as reg
 from tokengrad.train.config_files import read_config_file  # noqa: F401  (importable from here too)
 from tokengrad.train.names import registered, weighting_defaults
@@ -220,6 +221,16 @@ class TrainConfig:
         "probability-bucket gradient analysis every N steps (0 = off; one extra backward per bucket)",
         _at_least(0),
     )
+    whatif: list = _f(
+        [],
+        "what-if updates: weighting rules (a name, 'tr_grpo:alpha=0.5', or a list) whose gradient from the "
+        "same parameters on the same batch is recorded beside the real update (whatif table)",
+    )
+    whatif_every: int = _f(
+        10,
+        "what-if updates every N steps when whatif names rules (one extra backward per bucket and rule)",
+        _at_least(0),
+    )
     attribute_every: int = _f(
         0,
         "every N steps each token's exact share of its update (update_share, one "
@@ -350,6 +361,7 @@ def make_config(values: Mapping[str, Any]) -> TrainConfig:
         if problem:
             raise ValueError(f"config key {name!r} = {getattr(cfg, name)!r}: {problem}")
     _check_weighting_params(cfg)
+    _check_whatif(cfg)
     if cfg.rollout_correction_clip_min >= cfg.rollout_correction_clip_max:
         raise ValueError(
             f"config key 'rollout_correction_clip_min' = {cfg.rollout_correction_clip_min!r} must be below "
@@ -373,6 +385,15 @@ def _coerce(key: str, value: Any) -> Any:
     if not ok:
         raise ValueError(f"config key {key!r} must be {want.__name__}, got {type(value).__name__} {value!r}")
     return want(value) if want in (dict, list) else value
+
+
+def _check_whatif(cfg: TrainConfig) -> None:
+    """The what-if rules checked, and kept as one entry per rule (a command line splits at every comma)."""
+    try:
+        parse_rules(cfg.whatif, known=registered("weighting"), defaults=weighting_defaults)
+    except ValueError as err:
+        raise ValueError(f"config key 'whatif': {err}") from None
+    cfg.whatif = regroup(cfg.whatif)
 
 
 def _check_weighting_params(cfg: TrainConfig) -> None:

@@ -10,11 +10,13 @@ the built-in trainer, a test or another loop.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
 from tokengrad.objective.rollout_correction import RolloutCorrection
 from tokengrad.objective.weighting import get_weighting, rule_meta, rule_params
 from tokengrad.record import Attribution, RunInfo
+from tokengrad.record.buckets.whatif import WhatIf
 from tokengrad.record.options import Doctor
 from tokengrad.record.recorder import Recorder
 from tokengrad.record.store.claim import in_bucket
@@ -81,8 +83,10 @@ def recorder_of(
     temperature: float,
     start_step: int,
     doctor: Doctor | None,
+    loss: LossSettings,
 ) -> Recorder:
-    """The run's Recorder, with the config's buckets, attribution, budget, doctor options and resume step."""
+    """The run's Recorder, with the config's buckets, attribution, budget, what-if rules (evaluated with
+    the run's own `loss` and clip), doctor options and resume step."""
     return Recorder(
         cfg.run_dir if in_bucket(cfg.run_dir) else run_dir,  # a run in a bucket: its URL
         model=model,
@@ -102,6 +106,17 @@ def recorder_of(
             on_spike=cfg.attribute_on_spike,
         ),
         budget=cfg.token_budget or None,
+        whatif=whatif_of(cfg, loss),
         resume_step=start_step if cfg.resume else None,  # no checkpoint yet: from step 0
         doctor=doctor,
+    )
+
+
+def whatif_of(cfg: TrainConfig, loss: LossSettings) -> WhatIf:
+    """The config's what-if rules (`whatif`, every `whatif_every` steps), with the run's loss and clip."""
+    return WhatIf(
+        rules=cfg.whatif,
+        every=cfg.whatif_every if cfg.whatif else 0,
+        loss=asdict(loss),
+        max_grad_norm=cfg.grad_clip or None,
     )

@@ -122,6 +122,7 @@ class Trainer:
             temperature=self.temperature,
             start_step=self.start_step,
             doctor=self.doctor.options(),
+            loss=self.updates.loss,
         )
         self.dead_steps = DeadSteps()  # steps without a gradient, by cause
         return self

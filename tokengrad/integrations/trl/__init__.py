@@ -31,7 +31,7 @@ penalty or extra update phases are refused (weighting.py). docs/api.md has the d
 Modules: this one (attach and its checks), recording (the hooks), fused (the fused LM head's
 statistics), loss (TRL's clip definitions), step_values (the step's own scalars), logs (TRL's logs
 joined), weighting (a rule's parameters from the trainer; the rule as a gradient scale is
-tokengrad.objective.gradient_scale).
+tokengrad.objective.gradient_scale), whatif (other rules' updates with TRL's loss settings).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from tokengrad.integrations.trl.loss import check_loss_type
 from tokengrad.integrations.trl.recording import SAMPLE_KEY, TRLRecording, announce
 from tokengrad.integrations.trl.unsloth import check_not_unsloth
 from tokengrad.integrations.trl.weighting import trainer_params, warn_if_kl_scaled
+from tokengrad.integrations.trl.whatif import trl_whatif
 from tokengrad.objective.gradient_scale import (
     NOT_A_GRADIENT_SCALE,
     resolve_weighting,
@@ -84,6 +85,7 @@ def attach(
     run_name: str | None = None,
     buckets: Buckets | int = 0,
     attribution: Attribution | int = 0,
+    whatif=None,
     allow_untested_trl: bool = False,
     bucket_activations: bool = False,
     **recorder_kwargs,
@@ -98,6 +100,9 @@ def attach(
         attribution: each token's exact share of the update every N steps, or a
             `tokengrad.record.Attribution` (default method here: the central difference, since TRL's fused
             LM head has no forward-mode derivative).
+        whatif: a `tokengrad.record.WhatIf`, or a rule spec or list of them (then every 10 steps): the
+            gradient each rule would have produced from the same parameters on the same micro-batches,
+            evaluated with TRL's clip, beta, aggregation and max_grad_norm (whatif.py; PPO-clip loss types).
         allow_untested_trl: try a TRL version outside `TESTED_TRL` instead of refusing it.
         bucket_activations: on bucket steps, run the loss's forward with gradient checkpointing off, so that
             the backward and each bucket pass recompute no layer (about one forward saved per pass); costs
@@ -127,6 +132,7 @@ def attach(
         info=_run_info(trainer, run_name, weighting, weighting_params),
         buckets=buckets,
         attribution=attribution,
+        whatif=trl_whatif(whatif, trainer),
         **recorder_kwargs,
     )
     rec.raise_on_halt = False  # doctor=Doctor(halt=True): the callback sets control.should_training_stop

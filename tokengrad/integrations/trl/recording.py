@@ -330,9 +330,9 @@ class TRLRecording:
         scale = loss_scale(self.trainer.accelerator)
         if st is not None and scale is not None:  # fp16: accelerate backpropagates scaler.scale(loss)
             st.host.set_loss_scale(scale)  # coef is read unscaled
-        if st is None or not st.bucket_passes.scheduled:
+        if st is None or not st.bucket_passes.keeps_graph:
             return orig(loss, **kwargs)
-        kwargs.setdefault("retain_graph", True)  # the bucket passes run on the same graph
+        kwargs.setdefault("retain_graph", True)  # the bucket and what-if passes run on the same graph
         plain = deepspeed_setup(self.trainer) is None  # DeepSpeed partitions .grad: no bucket is derived
         if plain:
             st.bucket_passes.before_backward()

@@ -49,14 +49,17 @@ def bucket_gradients(
     n_buckets: int,
     params: list[torch.Tensor],
     skip: int | None = None,
+    keep_graph: bool = False,
 ) -> list[list[torch.Tensor] | None]:
     """g_B for every bucket but `skip`: one backward of sum_{t in B} coef_t log pi_t each; frees the graph
-    at the end.
+    at the end
+    (unless `keep_graph`).
 
     Args:
         logprobs: [N, T] with its autograd graph retained.  coef: [N, T] dL/dlog pi.
         in_loss: [N, T] bool.  bucket: [N, T] bucket index.  params: trainable parameters.
         skip: a bucket left without a pass (the derived bucket, from g minus the others), or None.
+        keep_graph: keep the graph after the last pass (another analysis of the same pass follows).
     Returns: per bucket a list of per-parameter gradients (None for a bucket without a token of non-zero
     coef, and for `skip`).
     """
@@ -69,7 +72,7 @@ def bucket_gradients(
             logprobs,
             params,
             grad_outputs=go.to(logprobs.dtype),
-            retain_graph=i < len(todo) - 1,
+            retain_graph=keep_graph or i < len(todo) - 1,
             allow_unused=True,
         )
         grads[b] = [torch.zeros_like(p) if gi is None else gi for p, gi in zip(params, g)]

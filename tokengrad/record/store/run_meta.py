@@ -31,7 +31,7 @@ def tokenizer_label(name: str | None) -> str | None:
 
 
 def make_meta(
-    run_dir: Path, *, config, info, model, tokenizer, world_size, buckets, attribution, budget
+    run_dir: Path, *, config, info, model, tokenizer, world_size, buckets, attribution, budget, whatif=None
 ) -> dict:
     """meta.json of a new run (`info`: a record.options.RunInfo); a ValueError names a config key that JSON
     cannot hold (tokengrad.record.store.strict_json), before anything is claimed or written."""
@@ -52,6 +52,8 @@ def make_meta(
         "attribute_method": attribution.method,
         "attribute_entropy": attribution.entropy,
         "token_budget": budget.k if budget else None,
+        "whatif_every": whatif.every if whatif else 0,
+        "whatif_rules": whatif.labels() if whatif else [],
         "rows_dropped": {},
         "finished": False,
         "temperature": info.temperature,
