@@ -53,12 +53,14 @@ def _train(run_dir, model, rule: str, *, whatif=None, micro=1, aggregation="grpo
         with torch.no_grad():
             old = forward_logprobs(model, ids)[1] + noise  # [N, T]
         weighting = get_weighting(rule)
-        phases = phase_masks(weighting(TokenBatch(old, old, adv, mask)), mask)
+        phases = phase_masks(
+            weighting(TokenBatch(logprobs=old, old_logprobs=old, advantages=adv, mask=mask)), mask
+        )
         for uid, phase in enumerate(phases):
             for r in rows:
                 _, lp, _, tgt = forward_logprobs(model, ids[r])
-                w = weighting(TokenBatch(lp, old[r], adv[r], mask[r]))
-                out = policy_loss(lp, old[r], adv[r], phase[r], w, norm_mask=mask[r], aggregation=aggregation)
+                w = weighting(TokenBatch(logprobs=lp, old_logprobs=old[r], advantages=adv[r], mask=mask[r]))
+                out = policy_loss(lp, old[r], adv[r], phase[r], w, loss_mask=mask[r], aggregation=aggregation)
                 share = mask[r].sum() / mask.sum() if aggregation == "dapo" else len(r) / len(ids)
                 st.track(
                     lp,
@@ -122,7 +124,7 @@ def test_cosine_and_projection_against_the_actual_gradient(tmp_path):
         with torch.no_grad():
             old = forward_logprobs(m, ids)[1] + noise
         _, lp, _, _ = forward_logprobs(m, ids)
-        w = get_weighting(rule)(TokenBatch(lp, old, adv, mask))
+        w = get_weighting(rule)(TokenBatch(logprobs=lp, old_logprobs=old, advantages=adv, mask=mask))
         policy_loss(lp, old, adv, mask, w).loss.backward()
         grads[rule] = torch.cat([p.grad.reshape(-1) for p in m.parameters()]).double()
     run = _train(tmp_path / "a", model, "grpo", whatif=WhatIf(rules=["tr_grpo"], every=1))

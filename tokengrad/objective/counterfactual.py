@@ -12,7 +12,7 @@ log pi (one autograd pass over [N, T] tensors, no model). The recorder then turn
 backward of the model's retained graph per coefficient vector (tokengrad.record.buckets.whatif).
 
 A rule with phases (Lopti, arXiv 2505.12929) gives one coefficient vector per phase; the phases' masks come
-from pi_old as in the trainer, each normalised over the whole loss mask (``policy_loss``'s ``norm_mask``).
+from pi_old as in the trainer, each normalised over the whole loss mask (``policy_loss``'s ``loss_mask``).
 """
 
 from __future__ import annotations
@@ -68,7 +68,9 @@ def rule_coefs(
     weighting = get_weighting(rule)
     lp = logprobs.detach().float()  # [N, T]
     m = mask.detach().to(lp.dtype)  # [N, T]
-    weights = weighting(TokenBatch(lp, old_logprobs, advantages, m), **params)
+    weights = weighting(
+        TokenBatch(logprobs=lp, old_logprobs=old_logprobs, advantages=advantages, mask=m), **params
+    )
     out = []
     for phase in phase_masks(weights, m):  # each [N, T]
         leaf = lp.clone().requires_grad_(True)  # [N, T]
@@ -78,7 +80,7 @@ def rule_coefs(
             advantages.detach().float(),
             phase,
             weights,
-            norm_mask=m,
+            loss_mask=m,
             ppo_clip=weighting.ppo_clip,
             ref_logprobs=ref_logprobs,
             is_weight=is_weight,

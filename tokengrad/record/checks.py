@@ -3,6 +3,8 @@ expected, before anything is recorded (so a bad call never corrupts a step alrea
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from tokengrad import schema
@@ -129,3 +131,16 @@ def safe_texts(value, where: str):
 def as_ids(ids: torch.Tensor | None, n: int, dev) -> torch.Tensor:
     """[n] row ids as given, or 0..n-1."""
     return torch.arange(n, device=dev) if ids is None else torch.as_tensor(ids, device=dev).long()
+
+
+def every_steps(name: str, value) -> int:
+    """A step interval: an int >= 0 (0 = never). A string or float is refused, not parsed."""
+    try:
+        every = operator.index(value)
+    except TypeError:
+        raise ValueError(
+            f"{name} must be an integer >= 0 (0 = never), got {type(value).__name__} {value!r}"
+        ) from None
+    if isinstance(value, bool) or every < 0:
+        raise ValueError(f"{name} must be an integer >= 0 (0 = never), got {value!r}")
+    return every

@@ -9,7 +9,6 @@ refused with the grouped form that replaced them (`refuse_flat_keywords`).
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -17,21 +16,9 @@ from tokengrad import schema
 from tokengrad.record.attribution.shares import ATTRIBUTION_METHODS
 from tokengrad.record.buckets.analysis import validate_edges
 from tokengrad.record.budget.kept_rows import Budget
+from tokengrad.record.checks import every_steps
 
 ON_ERROR = ("count", "raise")
-
-
-def every_steps(name: str, value) -> int:
-    """A step interval: an int >= 0 (0 = never). A string or float is refused, not parsed."""
-    try:
-        every = operator.index(value)
-    except TypeError:
-        raise ValueError(
-            f"{name} must be an integer >= 0 (0 = never), got {type(value).__name__} {value!r}"
-        ) from None
-    if isinstance(value, bool) or every < 0:
-        raise ValueError(f"{name} must be an integer >= 0 (0 = never), got {value!r}")
-    return every
 
 
 @dataclass(frozen=True)

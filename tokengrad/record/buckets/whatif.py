@@ -28,7 +28,7 @@ from tokengrad.objective import counterfactual as cf
 from tokengrad.objective.rule_spec import parse_rules, rule_label
 from tokengrad.objective.weighting import WEIGHTINGS, rule_params
 from tokengrad.record.buckets import analysis as bk
-from tokengrad.record.options import every_steps
+from tokengrad.record.checks import every_steps
 
 ALL = schema.WHATIF_ALL  # bucket label of the whole counterfactual update
 
