@@ -319,12 +319,14 @@ def test_the_live_cut_reads_only_schema_columns(tmp_path):
 
 
 def test_every_detector_was_run_to_a_finding():
-    """The runs above make every registered detector fire (rows_dropped and files_not_uploaded read rank
-    files, no column; tests/doctor/test_doctor.py and tests/record/test_bucket_runs.py)."""
+    """The runs above make every registered detector fire (rows_dropped, files_not_uploaded, unreadable_files
+    and rank_missing read rank files and folders, no column; tests/doctor/test_doctor.py,
+    tests/record/test_bucket_runs.py, tests/read/test_damaged_runs.py)."""
     from tokengrad.doctor.engine import load_detectors
 
     load_detectors()
-    assert set(DETECTORS) - {"rows_dropped", "files_not_uploaded"} == {fires for _, _, fires in RUNS.values()}
+    files = {"rows_dropped", "files_not_uploaded", "unreadable_files", "rank_missing"}
+    assert set(DETECTORS) - files == {fires for _, _, fires in RUNS.values()}
 
 
 @pytest.mark.parametrize(

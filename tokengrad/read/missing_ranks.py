@@ -7,7 +7,8 @@ Every rank of a run writes its own `steps` and `tokens` folders at every step it
 a rank the run knows (meta.json's world_size, a rank status file, a folder of another table) without a
 folder of one of these tables, while another rank has one, lost that table's rows: a folder deleted, or a
 copy that left it out. The steps it held are read from the footers of the rank's other tables' files.
-Tables only rank 0 writes (evals) or that a run may not record at all are not checked.
+Tables only rank 0 writes (evals) or that a run may not record at all are not checked; nor is an imported
+run's steps table, which another framework's dump may hold for one rank only (prime-rl's per-step scalars).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from tokengrad import schema
 from tokengrad.read import layout
+from tokengrad.read.provenance import imported
 
 PER_RANK_TABLES = ("steps", "tokens")  # written by every rank at every recorded step
 
@@ -67,7 +69,8 @@ def missing_ranks(run_dir: str | Path, meta: dict) -> list[MissingRank]:
     run_dir = Path(run_dir)
     known = _known_ranks(run_dir, meta)
     out = []
-    for table in PER_RANK_TABLES:
+    tables = ("tokens",) if imported(meta) else PER_RANK_TABLES
+    for table in tables:
         present = {
             layout.folder_rank(f.name) for f in layout.rank_folders(run_dir, table) if layout.entries(f)
         }

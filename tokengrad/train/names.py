@@ -50,7 +50,7 @@ BUILTIN: dict[str, tuple[str, ...]] = {
     "weighting": tuple(WEIGHTING_PARAMS),
     "aggregation": ("dapo", "dr_grpo", "grpo"),
     "adv_scale": ("batch", "group", "none"),
-    "attribute_method": ("central_difference", "jvp"),
+    "attribute_method": ("central_difference", "jvp", "shard_difference"),
     "rollout_correction": ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
 }
 
