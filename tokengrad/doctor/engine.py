@@ -15,8 +15,10 @@ with the loss as its reason: it looked at part of the run only.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import threading
 import warnings
 from dataclasses import dataclass, replace
 
@@ -68,8 +70,7 @@ def examine(
     names = list(DETECTORS) if only is None else [n for n in only if DETECTORS[n]]
     out: list[Finding] = []
     skipped: list[NotChecked] = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # the reader's skipped-file warnings: in view.run
+    with _quiet_reader():
         for name in names:
             entry = DETECTORS[name]
             try:
@@ -85,6 +86,19 @@ def examine(
                 skipped.append(NotChecked(lost or reason, name, view.name))
             out += [replace(f, run=view.name, page=_page(f, entry)) for f in found]
     return Diagnosis(rank_findings(out), sorted(skipped, key=lambda n: (n.run, n.detector)))
+
+
+@contextlib.contextmanager
+def _quiet_reader():
+    """The reader's skipped-file warnings left out (they are in view.run and the files finding). Only on
+    the main thread: catch_warnings swaps process-wide state, so a live doctor's thread entering it could
+    restore stale filters over a caller's own (pytest.warns, a user's catch_warnings) on its way out."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
 
 
 def _lost(view: RunView, entry) -> str | None:
