@@ -17,7 +17,7 @@ import streamlit as st  # noqa: E402
 
 from app import data  # noqa: E402
 from app.pages import PAGES, view_path  # noqa: E402
-from app.views import sidebar  # noqa: E402
+from app.views import sidebar, welcome  # noqa: E402
 
 # A file, not a ":material/...:" name: Streamlit's browser code fetches a material favicon from a public
 # font host, and a local dashboard must not reach the internet. An SVG file becomes a data: URL.
@@ -27,6 +27,7 @@ ICON = Path(__file__).resolve().parent / "assets" / "icon.svg"
 def run() -> None:
     st.set_page_config(page_title="tokengrad", page_icon=ICON, layout="wide")
     sidebar.render()
+    welcome.render()
     page = st.navigation([st.Page(view_path(p), title=v.title, icon=v.icon) for p, v in PAGES.items()])
     try:
         page.run()

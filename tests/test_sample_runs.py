@@ -310,3 +310,14 @@ def test_every_page_has_content_or_says_why(name, monkeypatch):
 
 def runs_config(name: str) -> dict:
     return load_run(SAMPLE_RUNS / name).meta["config"]
+
+
+def test_the_shipped_demo_run_is_the_smollm_grpo_sample_run():
+    """tokengrad/demo (package data, opened by `tokengrad dashboard` where there are no runs) is a copy of a
+    sample run: remaking sample_runs/ must refresh it too."""
+    from tokengrad.read.served_root import DEMO_ROOT
+
+    demo, sample = DEMO_ROOT / "smollm_grpo", SAMPLE_RUNS / "smollm_grpo"
+    files = lambda root: {p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    assert files(demo) == files(sample) and files(demo)
+    assert sum(len(b) for b in files(demo).values()) < 300_000  # a few hundred KB in the wheel

@@ -448,12 +448,10 @@ def test_dashboard_command_binds_localhost_and_passes_the_root(tmp_path, monkeyp
 def test_dashboard_root_resolution(tmp_path, monkeypatch):
     monkeypatch.delenv(served_root.ENV_ROOT, raising=False)
     monkeypatch.chdir(tmp_path)
-    assert dashboard.resolve_root(None) == (REPO / "sample_runs").resolve()  # no ./sample_runs here
-    (tmp_path / "sample_runs").mkdir()
-    assert dashboard.resolve_root(None) == (tmp_path / "sample_runs").resolve()
+    assert served_root.resolve_root(None) == tmp_path.resolve()  # the current folder
     monkeypatch.setenv(served_root.ENV_ROOT, str(tmp_path / "env_runs"))
-    assert dashboard.resolve_root(None) == (tmp_path / "env_runs").resolve()
-    assert dashboard.resolve_root("explicit") == (tmp_path / "explicit").resolve()
+    assert served_root.resolve_root(None) == (tmp_path / "env_runs").resolve()
+    assert served_root.resolve_root("explicit") == (tmp_path / "explicit").resolve()
 
 
 def test_dashboard_rejects_missing_root_and_bad_port(tmp_path, monkeypatch, capsys):
