@@ -96,10 +96,10 @@ def layout_paths(block: str) -> set[str]:
 
 
 def package_tree() -> set[str]:
-    """Every folder of tokengrad/ and app/ (caches and the shipped demo run's contents left out) and the
+    """Every folder of tokengrad/ (caches and the shipped demo run's contents left out) and the
     modules at the top of tokengrad/."""
     tree = set()
-    for top in ("tokengrad", "app"):
+    for top in ("tokengrad",):
         tree.add(top)
         for path in (REPO / top).rglob("*"):
             in_run = any((folder / "meta.json").is_file() for folder in (path, *path.parents))

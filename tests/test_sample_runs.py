@@ -23,7 +23,7 @@ RUNS = (
 SAME_STEP0 = {"lab_grpo_rollout": "lab_grpo"}
 SAME_PROMPTS_ONLY = {"lab_grpo_rollout"}
 OWN_SEED = {"lab_grpo_entropy"}
-# the dashboard's pages (app/streamlit_app.py)
+# the dashboard's pages (tokengrad/app/streamlit_app.py)
 PAGES = ("overview", "buckets", "wordclouds", "inspector", "entropy", "rollout", "evaluation")
 # difficulty levels each family evaluates: carries 0-4, people 2-4, one-digit sums
 LEVELS = {"lab_kk_": 3, "lab_": 5, "smollm_": 1}
@@ -288,7 +288,7 @@ def test_every_page_has_content_or_says_why(name, monkeypatch):
     from tokengrad.read import served_root
 
     monkeypatch.setenv(served_root.ENV_ROOT, str(SAMPLE_RUNS))
-    at = AppTest.from_file(str(ROOT / "app" / "streamlit_app.py"), default_timeout=120)
+    at = AppTest.from_file(str(ROOT / "tokengrad" / "app" / "streamlit_app.py"), default_timeout=120)
     at.query_params["runs"] = name
     at.run()
     why = {}

@@ -13,7 +13,7 @@ from synthetic_runs import write_meta, write_synthetic_run
 
 from tokengrad.read import claim_file, served_root
 
-APP = Path(__file__).resolve().parents[2] / "app" / "streamlit_app.py"
+APP = Path(__file__).resolve().parents[2] / "tokengrad" / "app" / "streamlit_app.py"
 
 
 def claim_of(run, **fields) -> None:

@@ -9,12 +9,12 @@ from pathlib import Path
 from streamlit.testing.v1 import AppTest
 from synthetic_runs import write_synthetic_run
 
-from app.views import welcome
+from tokengrad.app.views import welcome
 from tokengrad.cli import dashboard
 from tokengrad.read import served_root
 
 REPO = Path(__file__).resolve().parents[2]
-APP = REPO / "app" / "streamlit_app.py"
+APP = REPO / "tokengrad" / "app" / "streamlit_app.py"
 DEMO_RUN = served_root.DEMO_ROOT / "smollm_grpo"
 
 
@@ -56,7 +56,7 @@ def test_the_demo_page_says_how_to_record_and_shows_the_demo_run(tmp_path, monke
     banners = [i.value for i in at.info if "No runs under `/empty`" in i.value]
     assert banners == [welcome.message("/empty")]
     assert all(way in banners[0] for way in welcome.RECORD_WAYS)
-    from app.views.sidebar import RUNS_KEY
+    from tokengrad.app.views.sidebar import RUNS_KEY
 
     assert [Path(r) for r in at.session_state[RUNS_KEY]] == [DEMO_RUN.resolve()]
     assert at.get("plotly_chart"), "the overview draws the demo run"

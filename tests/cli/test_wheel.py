@@ -67,7 +67,7 @@ def venv(wheel, tmp_path_factory) -> Path:
 def test_the_wheel_holds_the_package_its_license_and_the_demo_run(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     info = f"tokengrad-{__version__}.dist-info"
-    assert {n.split("/")[0] for n in names} == {"tokengrad", "app", info}
+    assert {n.split("/")[0] for n in names} == {"tokengrad", info}
     assert f"{info}/licenses/LICENSE" in names and "tokengrad/py.typed" in names
     assert "tokengrad/demo/smollm_grpo/meta.json" in names
     meta = zipfile.ZipFile(wheel).read(f"{info}/METADATA").decode()

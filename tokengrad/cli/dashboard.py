@@ -35,10 +35,9 @@ MALLOC_ARENA = "2"
 
 
 def app_path() -> Path:
-    """The Streamlit entrypoint of the `app` package, installed next to `tokengrad` (editable or not).
-
-    Located by path rather than by `import app`, so another top-level `app` module cannot shadow it."""
-    path = PACKAGE_PARENT / "app" / "streamlit_app.py"
+    """The Streamlit entrypoint of `tokengrad.app` (editable install or not), located by path: Streamlit
+    runs a script file, not a module."""
+    path = PACKAGE_PARENT / "tokengrad" / "app" / "streamlit_app.py"
     if not path.is_file():
         raise FileNotFoundError(f"the dashboard app is missing: {path} (reinstall tokengrad)")
     return path
@@ -144,7 +143,7 @@ def server_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("MALLOC_ARENA_MAX", MALLOC_ARENA)
     # pyarrow's default pool (mimalloc) keeps each thread's freed pages; the system pool is glibc's malloc,
-    # which the app trims after every script run (app.data.release_freed_memory)
+    # which the app trims after every script run (tokengrad.app.data.release_freed_memory)
     env.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     parts = [str(PACKAGE_PARENT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(parts)

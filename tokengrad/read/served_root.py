@@ -13,7 +13,7 @@ from tokengrad.read.meta_file import is_run_dir
 
 ENV_ROOT = "TOKENGRAD_RUNS_ROOT"  # read by the app when it is started without --root
 ALLOW_ANY_FLAG = "--allow-any-folder"
-PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # holds the `tokengrad` and `app` packages
+PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # holds the `tokengrad` package
 DEMO_ROOT = Path(__file__).resolve().parents[1] / "demo"  # the small run shipped inside the package
 NO_RUNS_FLAG = "--no-runs-in"  # the app's flag: this folder holds no runs, so the demo is served instead
 

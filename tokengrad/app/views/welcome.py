@@ -9,7 +9,7 @@ import sys
 
 import streamlit as st
 
-from app.views.sidebar import no_runs_in
+from tokengrad.app.views.sidebar import no_runs_in
 
 RECORD_WAYS = (
     "your own loop: `with Recorder(run_dir, model=model) as rec:` and `st.track(logprobs, ...)` in each "

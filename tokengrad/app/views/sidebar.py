@@ -15,8 +15,8 @@ from pathlib import Path
 
 import streamlit as st
 
-from app import data
-from app.views import urlstate
+from tokengrad.app import data
+from tokengrad.app.views import urlstate
 from tokengrad.figures.style import run_colors
 from tokengrad.read import meta_file
 from tokengrad.read.runs import with_meta_name
@@ -40,7 +40,7 @@ DOWNLOAD_FORMATS = ("png", "svg", "html")
 
 def _script_args(argv: list[str]) -> argparse.Namespace:
     """`--root DIR [--allow-any-folder] [--no-runs-in DIR]` from the script arguments (`streamlit run
-    app/streamlit_app.py -- --root DIR`)."""
+    tokengrad/app/streamlit_app.py -- --root DIR`)."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--root", default=None)
     parser.add_argument(ALLOW_ANY_FLAG, action="store_true")
