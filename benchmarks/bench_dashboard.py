@@ -62,7 +62,7 @@ def _clear_caches() -> None:
 
 def bench_data_layer(run: Path) -> dict[str, float]:
     """Cold timings of the data-layer calls the pages make (each cache cleared first)."""
-    from app import data
+    from tokengrad.app import data
     from tokengrad.figures.curves import make_overview_figure
     from tokengrad.figures.gradnorms import make_grad_norm_figure
     from tokengrad.figures.summary import summarize_run
@@ -126,7 +126,9 @@ def bench_pages(root: Path) -> dict[str, float]:
     res = {}
     at = _timed(
         "page_overview_cold",
-        lambda: AppTest.from_file(str(ROOT / "app" / "streamlit_app.py"), default_timeout=120).run(),
+        lambda: AppTest.from_file(
+            str(ROOT / "tokengrad" / "app" / "streamlit_app.py"), default_timeout=120
+        ).run(),
         res,
     )
     for page in ("buckets", "wordclouds", "inspector", "evaluation"):

@@ -43,6 +43,7 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
 import tokengrad  # noqa: E402
+from tokengrad.read.served_root import DEMO_ROOT  # noqa: E402
 from tokengrad.train.checkpoint import checkpoint_path  # noqa: E402
 
 # lab-kk steps make ~6,400 token rows (traces of ~100 words, 64 per step); last round's shorter traces
@@ -66,6 +67,7 @@ RUNS = (
 
 STUDY_RUNS = {f"lab_{r}" for r in RULE_PARAMS}  # the study's seed-0 configs (--from-study copies these)
 SIZE_LIMIT_MB = 30.0  # the committed sample_runs/ folder, all runs together
+DEMO_RUN = "smollm_grpo"  # copied to tokengrad/demo: the run the dashboard opens where there are none
 
 
 def make_run(name: str, out: Path, overrides: dict) -> tuple[Path, float]:
@@ -133,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         run_dir, seconds = make_run(name, args.out, overrides)
         print(f"{run_dir}: {seconds / 60:.1f} min, {folder_mb(run_dir):.1f} MB", flush=True)
+        if name == DEMO_RUN and args.out == ROOT / "sample_runs" and not args.steps:
+            shutil.rmtree(DEMO_ROOT / name, ignore_errors=True)  # the package's demo is this run's copy
+            shutil.copytree(run_dir, DEMO_ROOT / name)
     total = folder_mb(args.out)
     print(f"{args.out}: {total:.1f} MB in all (limit {SIZE_LIMIT_MB:.0f} MB)")
     return 0 if total <= SIZE_LIMIT_MB else 1

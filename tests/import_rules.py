@@ -64,7 +64,7 @@ ALLOWED = {
     # importers: other frameworks' dumps written through record/'s writer (never the trainer or the app)
     "tokengrad.importers": GROUND + OBJECTIVE + RECORD + READ + IMPORTERS,
     "tokengrad.cli": GROUND + READ + FIGURES + TRAIN + INTEGRATIONS + DOCTOR + IMPORTERS + ["tokengrad.cli"],
-    "app": GROUND + READ + FIGURES + DOCTOR + ["app"],
+    "tokengrad.app": GROUND + READ + FIGURES + DOCTOR + ["tokengrad.app"],
 }
 
 # module prefix -> third-party packages it must never import (statically, anywhere in the module)
@@ -78,7 +78,7 @@ THIRD_PARTY_FORBIDDEN = {
     "tokengrad.figures": ["torch", "streamlit", "transformers", "trl"],
     "tokengrad.doctor": ["torch", "plotly", "streamlit", "transformers", "trl"],
     "tokengrad.importers": ["plotly", "streamlit", "transformers", "trl"],
-    "app": ["torch", "transformers", "trl"],
+    "tokengrad.app": ["torch", "transformers", "trl"],
 }
 
 # Fresh-interpreter check: module imported -> module prefixes that must not be loaded afterwards (what the
@@ -115,7 +115,7 @@ LOADED_FORBIDDEN = {
         "plotly",
         "streamlit",
         "trl",
-        "app",
+        "tokengrad.app",
         "pandas",
         "duckdb",
     ],
@@ -135,11 +135,24 @@ LOADED_FORBIDDEN = {
         "streamlit",
     ],
     "tokengrad.figures.export": ["torch", "tokengrad.record", "tokengrad.train", "streamlit"],
-    "tokengrad.train": ["tokengrad.figures", "plotly", "streamlit", "app", "trl"],
-    "tokengrad.train.trainer": ["tokengrad.figures", "plotly", "streamlit", "app", "trl"],
-    "tokengrad.integrations.trl": ["tokengrad.train", "tokengrad.figures", "plotly", "streamlit", "app"],
+    "tokengrad.train": ["tokengrad.figures", "plotly", "streamlit", "tokengrad.app", "trl"],
+    "tokengrad.train.trainer": ["tokengrad.figures", "plotly", "streamlit", "tokengrad.app", "trl"],
+    "tokengrad.integrations.trl": [
+        "tokengrad.train",
+        "tokengrad.figures",
+        "plotly",
+        "streamlit",
+        "tokengrad.app",
+    ],
     "tokengrad.cli": ["torch", "plotly", "streamlit", "tokengrad.record", "tokengrad.train"],
-    "tokengrad.importers": ["tokengrad.train", "tokengrad.figures", "plotly", "streamlit", "app", "trl"],
+    "tokengrad.importers": [
+        "tokengrad.train",
+        "tokengrad.figures",
+        "plotly",
+        "streamlit",
+        "tokengrad.app",
+        "trl",
+    ],
 }
 
 

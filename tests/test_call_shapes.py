@@ -11,7 +11,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCES = sorted(p for d in ("tokengrad", "app") for p in (REPO / d).rglob("*.py"))
+SOURCES = sorted(p for d in ("tokengrad",) for p in (REPO / d).rglob("*.py"))
 MAX_POSITIONAL = 5
 
 # "path:function" (the def, or the function a call sits in) -> why it keeps 6+ positional slots

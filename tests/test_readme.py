@@ -98,12 +98,15 @@ def layout_paths(block: str) -> set[str]:
 
 
 def package_tree() -> set[str]:
-    """Every folder of tokengrad/ and app/ (caches left out) and the modules at the top of tokengrad/."""
+    """Every folder of tokengrad/ (caches and the shipped demo run's contents left out) and the
+    modules at the top of tokengrad/."""
     tree = set()
-    for top in ("tokengrad", "app"):
+    for top in ("tokengrad",):
         tree.add(top)
         for path in (REPO / top).rglob("*"):
-            if path.is_dir() and "__pycache__" not in path.parts and not path.name.startswith("."):
+            in_run = any((folder / "meta.json").is_file() for folder in (path, *path.parents))
+            hidden = "__pycache__" in path.parts or path.name.startswith(".")
+            if path.is_dir() and not hidden and not in_run:
                 tree.add(path.relative_to(REPO).as_posix())
     tree |= {f"tokengrad/{p.name}" for p in (REPO / "tokengrad").glob("*.py") if p.name != "__init__.py"}
     return tree

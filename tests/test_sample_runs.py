@@ -24,7 +24,7 @@ RUNS = (
 SAME_STEP0 = {"lab_grpo_rollout": "lab_grpo"}
 SAME_PROMPTS_ONLY = {"lab_grpo_rollout"}
 OWN_SEED = {"lab_grpo_entropy", "lab_grpo_whatif"}
-# the dashboard's pages (app/streamlit_app.py)
+# the dashboard's pages (tokengrad/app/streamlit_app.py)
 PAGES = ("overview", "buckets", "wordclouds", "inspector", "entropy", "rollout", "whatif", "evaluation")
 # difficulty levels each family evaluates: carries 0-4, people 2-4, one-digit sums
 LEVELS = {"lab_kk_": 3, "lab_": 5, "smollm_": 1}
@@ -310,7 +310,7 @@ def test_every_page_has_content_or_says_why(name, monkeypatch):
     from tokengrad.read import served_root
 
     monkeypatch.setenv(served_root.ENV_ROOT, str(SAMPLE_RUNS))
-    at = AppTest.from_file(str(ROOT / "app" / "streamlit_app.py"), default_timeout=120)
+    at = AppTest.from_file(str(ROOT / "tokengrad" / "app" / "streamlit_app.py"), default_timeout=120)
     at.query_params["runs"] = name
     at.run()
     why = {}
@@ -332,3 +332,14 @@ def test_every_page_has_content_or_says_why(name, monkeypatch):
 
 def runs_config(name: str) -> dict:
     return load_run(SAMPLE_RUNS / name).meta["config"]
+
+
+def test_the_shipped_demo_run_is_the_smollm_grpo_sample_run():
+    """tokengrad/demo (package data, opened by `tokengrad dashboard` where there are no runs) is a copy of a
+    sample run: remaking sample_runs/ must refresh it too."""
+    from tokengrad.read.served_root import DEMO_ROOT
+
+    demo, sample = DEMO_ROOT / "smollm_grpo", SAMPLE_RUNS / "smollm_grpo"
+    files = lambda root: {p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    assert files(demo) == files(sample) and files(demo)
+    assert sum(len(b) for b in files(demo).values()) < 300_000  # a few hundred KB in the wheel

@@ -22,15 +22,15 @@ import pytest
 from streamlit.testing.v1 import AppTest
 from synthetic_runs import write_synthetic_run
 
-from app.views import hints
 from tokengrad import schema
+from tokengrad.app.views import hints
 from tokengrad.cli import dashboard
 from tokengrad.read import served_root
 from tokengrad.read.headline import low_prob_shares
 from tokengrad.read.runs import load_run
 
 REPO = Path(__file__).resolve().parents[2]
-APP = REPO / "app" / "streamlit_app.py"
+APP = REPO / "tokengrad" / "app" / "streamlit_app.py"
 PAGES = (
     "views/overview.py",
     "views/buckets.py",
@@ -325,7 +325,7 @@ def test_missing_tables_say_how_to_record_them(broken_root, monkeypatch):
 def test_evaluation_opens_on_the_task_most_runs_share():
     import pandas as pd
 
-    from app.views.evaluation import shared_tasks
+    from tokengrad.app.views.evaluation import shared_tasks
 
     ev = {
         "a": pd.DataFrame({"task": ["zeta", "zeta", "alpha"]}),
@@ -367,7 +367,7 @@ def test_sample_runs_render(monkeypatch, page):
 
 # ---- data layer ------------------------------------------------------------------------------------
 def test_cache_is_keyed_on_file_changes(tmp_path, monkeypatch):
-    from app import data
+    from tokengrad.app import data
 
     run = _write(tmp_path / "live", seed=4)
     opened = []
@@ -386,7 +386,7 @@ def test_cache_is_keyed_on_file_changes(tmp_path, monkeypatch):
 
 
 def test_signature_ignores_writer_temp_files(tmp_path):
-    from app import data
+    from tokengrad.app import data
 
     run = _write(tmp_path / "r", seed=5, tables=("steps",))
     before = data.signature(str(run))
@@ -399,7 +399,7 @@ def test_signature_ignores_writer_temp_files(tmp_path):
 
 
 def test_unknown_query_and_table_are_named(good_root):
-    from app import data
+    from tokengrad.app import data
 
     with pytest.raises(ValueError, match="known: .*token_frequencies"):
         data.query(str(good_root / "grpo"), "drop_everything")
@@ -413,7 +413,8 @@ def test_app_never_imports_torch(good_root):
     code = textwrap.dedent(f"""
         import os, sys
         os.environ[{served_root.ENV_ROOT!r}] = {str(good_root)!r}
-        import app.data, app.views.common, app.views.sidebar, tokengrad.cli.dashboard
+        import tokengrad.app.data, tokengrad.app.views.common, tokengrad.app.views.sidebar
+        import tokengrad.cli.dashboard
         from streamlit.testing.v1 import AppTest
         at = AppTest.from_file({str(APP)!r}, default_timeout=60).run()
         for page in {list(PAGES)!r}:
@@ -449,12 +450,10 @@ def test_dashboard_command_binds_localhost_and_passes_the_root(tmp_path, monkeyp
 def test_dashboard_root_resolution(tmp_path, monkeypatch):
     monkeypatch.delenv(served_root.ENV_ROOT, raising=False)
     monkeypatch.chdir(tmp_path)
-    assert dashboard.resolve_root(None) == (REPO / "sample_runs").resolve()  # no ./sample_runs here
-    (tmp_path / "sample_runs").mkdir()
-    assert dashboard.resolve_root(None) == (tmp_path / "sample_runs").resolve()
+    assert served_root.resolve_root(None) == tmp_path.resolve()  # the current folder
     monkeypatch.setenv(served_root.ENV_ROOT, str(tmp_path / "env_runs"))
-    assert dashboard.resolve_root(None) == (tmp_path / "env_runs").resolve()
-    assert dashboard.resolve_root("explicit") == (tmp_path / "explicit").resolve()
+    assert served_root.resolve_root(None) == (tmp_path / "env_runs").resolve()
+    assert served_root.resolve_root("explicit") == (tmp_path / "explicit").resolve()
 
 
 def test_dashboard_rejects_missing_root_and_bad_port(tmp_path, monkeypatch, capsys):
@@ -467,7 +466,7 @@ def test_dashboard_rejects_missing_root_and_bad_port(tmp_path, monkeypatch, caps
 
 
 def test_root_from_script_arguments():
-    from app.views.sidebar import root_from_argv
+    from tokengrad.app.views.sidebar import root_from_argv
 
     assert root_from_argv(["--root", "runs/x"]) == "runs/x"
     assert root_from_argv(["-x", "-q", "tests/app/test_app.py"]) is None  # pytest's own argv is ignored

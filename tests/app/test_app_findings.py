@@ -11,7 +11,7 @@ from test_doctor import kl, spike
 
 from tokengrad.read import served_root
 
-APP = Path(__file__).resolve().parents[2] / "app" / "streamlit_app.py"
+APP = Path(__file__).resolve().parents[2] / "tokengrad" / "app" / "streamlit_app.py"
 
 
 @pytest.fixture(scope="module")

@@ -55,7 +55,7 @@ def test_a_one_megabyte_token_is_capped_in_the_word_cloud_and_the_inspector():
 def test_live_refresh_keeps_one_cached_copy_of_a_growing_table(tmp_path):
     from streamlit.runtime.caching import cache_data_api
 
-    from app import data
+    from tokengrad.app import data
 
     run = _write(tmp_path / "live", seed=4)
     data._load_table.clear()

@@ -1,4 +1,4 @@
-"""The landing page tells a stopped run from a running one (tokengrad.read.status through app/views/overview):
+"""The landing page tells a stopped run from a running one (read/status.py through app/views/overview):
 the status column, and a run without steps whose process died is stopped, not waiting for its first step."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from synthetic_runs import write_meta, write_synthetic_run
 
 from tokengrad.read import claim_file, served_root
 
-APP = Path(__file__).resolve().parents[2] / "app" / "streamlit_app.py"
+APP = Path(__file__).resolve().parents[2] / "tokengrad" / "app" / "streamlit_app.py"
 
 
 def claim_of(run, **fields) -> None:

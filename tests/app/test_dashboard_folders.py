@@ -15,7 +15,7 @@ from tokengrad.cli import dashboard
 from tokengrad.read import served_root
 
 REPO = Path(__file__).resolve().parents[2]
-APP = REPO / "app" / "streamlit_app.py"
+APP = REPO / "tokengrad" / "app" / "streamlit_app.py"
 
 
 @pytest.fixture
@@ -69,7 +69,7 @@ def _app(root: Path, monkeypatch, *argv: str) -> AppTest:
 
 
 def test_the_runs_folder_box_refuses_a_folder_outside_the_root(served, monkeypatch):
-    from app.views.sidebar import ROOT_KEY, RUNS_KEY
+    from tokengrad.app.views.sidebar import ROOT_KEY, RUNS_KEY
 
     root, outside = served
     at = _app(root, monkeypatch)
@@ -86,7 +86,7 @@ def test_the_runs_folder_box_refuses_a_folder_outside_the_root(served, monkeypat
 def test_the_runs_folder_box_names_a_missing_folder_and_takes_relative_names_inside_the_root(
     tmp_path, monkeypatch
 ):
-    from app.views.sidebar import ROOT_KEY, RUNS_KEY
+    from tokengrad.app.views.sidebar import ROOT_KEY, RUNS_KEY
 
     root = tmp_path / "served"
     write_synthetic_run(root / "sweep" / "lr1" / "seed0", n_steps=2, seed=0)  # two levels below
@@ -102,8 +102,8 @@ def test_the_runs_folder_box_names_a_missing_folder_and_takes_relative_names_ins
 
 
 def test_a_first_visit_picks_one_family_of_runs(tmp_path, monkeypatch):
-    from app.views.sidebar import PICK_KEY
     from tests.synthetic_runs import write_meta
+    from tokengrad.app.views.sidebar import PICK_KEY
 
     root = tmp_path / "served"
     for name, steps in (("a_long", 6), ("b_short", 2), ("c_short", 2)):

@@ -11,11 +11,11 @@ import pytest
 from streamlit.testing.v1 import AppTest
 from synthetic_runs import write_synthetic_run
 
-from app.views import sidebar, urlstate
+from tokengrad.app.views import sidebar, urlstate
 from tokengrad.cli import dashboard
 from tokengrad.read import served_root
 
-APP = Path(__file__).resolve().parents[2] / "app" / "streamlit_app.py"
+APP = Path(__file__).resolve().parents[2] / "tokengrad" / "app" / "streamlit_app.py"
 N_RUNS = sidebar.MAX_RUNS + 2
 
 

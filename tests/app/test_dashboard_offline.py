@@ -1,7 +1,8 @@
 """A local dashboard talks to nobody else: every request a page load of the dashboard on sample_runs/ makes
 in headless Chromium goes to the server on 127.0.0.1 (or is a data:/blob: URL the page made itself).
 Streamlit's browser code fetches a ":material/...:" page icon from a public font host, so the app's favicon
-is a local file (app/assets/icon.svg). Needs Debian's /usr/bin/chromium and Playwright; skipped otherwise."""
+is a local file (tokengrad/app/assets/icon.svg).
+Needs Debian's /usr/bin/chromium and Playwright; skipped otherwise."""
 
 from __future__ import annotations
 

@@ -1,18 +1,18 @@
-"""One page registry: the dashboard's page ids (tokengrad.read.pages), their titles and views (app/pages.py),
-the doctor's links and the in-app links all name a page the same way."""
+"""One page registry: the dashboard's page ids (tokengrad.read.pages), their titles and views
+(tokengrad/app/pages.py), the doctor's links and the in-app links all name a page the same way."""
 
 from pathlib import Path
 
 import pytest
 
-from app.pages import PAGES, view_file, view_path
+from tokengrad.app.pages import PAGES, view_file, view_path
 from tokengrad.doctor.engine import load_detectors
 from tokengrad.doctor.finding import Finding, TokenEvidence
 from tokengrad.doctor.links import dashboard_url
 from tokengrad.doctor.registry import DETECTORS
 from tokengrad.read.pages import HOME, INSPECTOR, PAGE_IDS, check_page, page_url, url_path
 
-APP = Path(__file__).resolve().parents[2] / "app"
+APP = Path(__file__).resolve().parents[2] / "tokengrad" / "app"
 
 
 def test_every_page_has_a_title_and_a_view_in_the_sidebar_order():

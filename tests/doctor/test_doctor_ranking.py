@@ -146,7 +146,7 @@ def test_the_landing_page_lists_machine_findings_last(slow_kl_run, monkeypatch):
 
     from tokengrad.read import served_root
 
-    app = Path(__file__).resolve().parents[2] / "app" / "streamlit_app.py"
+    app = Path(__file__).resolve().parents[2] / "tokengrad" / "app" / "streamlit_app.py"
     monkeypatch.setenv(served_root.ENV_ROOT, str(slow_kl_run.parent))
     at = AppTest.from_file(str(app), default_timeout=60)
     at.run()

@@ -75,7 +75,7 @@ def test_export_figures_draw_on_a_one_step_run(one_step):
 
 
 def _dashboard_figures(run) -> dict:
-    """The dashboard's figures of the run (app/views), from the read functions the pages call."""
+    """The dashboard's figures of the run (tokengrad/app/views), from the read functions the pages call."""
     from tokengrad import figures as F
     from tokengrad.figures import entropy as E
     from tokengrad.figures import rollout as R

@@ -130,7 +130,7 @@ def test_dashboard_page(tabular_run, tmp_path, monkeypatch):
     root = tmp_path / "root"
     shutil.copytree(tabular_run.path, root / "tabular")
     monkeypatch.setenv(served_root.ENV_ROOT, str(root))
-    entry = Path(__file__).resolve().parents[2] / "app" / "streamlit_app.py"
+    entry = Path(__file__).resolve().parents[2] / "tokengrad" / "app" / "streamlit_app.py"
     app = AppTest.from_file(str(entry), default_timeout=60).run()
     app.switch_page("views/entropy.py").run()
     assert not app.exception, [e.value for e in app.exception]

@@ -129,7 +129,7 @@ def test_the_landing_page_shows_the_headline_of_every_picked_shipped_run(monkeyp
     from tokengrad.read import served_root
 
     monkeypatch.setenv(served_root.ENV_ROOT, str(REPO / "sample_runs"))
-    at = AppTest.from_file(str(REPO / "app" / "streamlit_app.py"), default_timeout=120).run()
+    at = AppTest.from_file(str(REPO / "tokengrad" / "app" / "streamlit_app.py"), default_timeout=120).run()
     at.multiselect(key="tg_pick").set_value(sorted(SHIPPED)).run()
     assert not at.exception
     summary = at.dataframe[0].value.set_index("run")

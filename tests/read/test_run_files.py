@@ -1,5 +1,5 @@
 """tokengrad.read.layout.run_files: the one listing of a run's files that the dashboard's cache signature
-(app/data.signature) is built from."""
+(tokengrad/app/data.signature) is built from."""
 
 from pathlib import Path
 

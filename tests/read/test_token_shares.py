@@ -23,7 +23,7 @@ from tokengrad.read.token_shares import step_updates, token_shares
 
 REPO = Path(__file__).resolve().parents[2]
 RUNS = REPO / "sample_runs"
-APP = REPO / "app" / "streamlit_app.py"
+APP = REPO / "tokengrad" / "app" / "streamlit_app.py"
 pytestmark = pytest.mark.skipif(
     not (RUNS / "lab_ar_lopti" / "meta.json").exists(), reason="sample_runs/ not generated yet"
 )

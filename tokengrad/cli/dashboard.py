@@ -1,7 +1,7 @@
 """`tokengrad dashboard [RUNS_ROOT] [--port N] [--host ADDR]`: serve the Streamlit dashboard over a runs
 folder.
 
-    tokengrad dashboard                      # ./sample_runs if present, else the sample runs of the checkout
+    tokengrad dashboard                      # the runs below the current folder (none: the shipped demo run)
     tokengrad dashboard runs/ --port 8600    # every run directory (holding meta.json) under runs/
 
 The server binds 127.0.0.1 unless --host says otherwise: run folders hold prompts and completions, so
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from tokengrad.cli.signals import Terminated, sigterm_unwinds
 from tokengrad.read import remote
-from tokengrad.read.served_root import ALLOW_ANY_FLAG, PACKAGE_PARENT, resolve_root
+from tokengrad.read.served_root import ALLOW_ANY_FLAG, NO_RUNS_FLAG, PACKAGE_PARENT, serve_plan
 
 DEFAULT_PORT = 8501
 DEFAULT_HOST = "127.0.0.1"
@@ -36,10 +36,9 @@ MALLOC_ARENA = "2"
 
 
 def app_path() -> Path:
-    """The Streamlit entrypoint of the `app` package, installed next to `tokengrad` (editable or not).
-
-    Located by path rather than by `import app`, so another top-level `app` module cannot shadow it."""
-    path = PACKAGE_PARENT / "app" / "streamlit_app.py"
+    """The Streamlit entrypoint of `tokengrad.app` (editable install or not), located by path: Streamlit
+    runs a script file, not a module."""
+    path = PACKAGE_PARENT / "tokengrad" / "app" / "streamlit_app.py"
     if not path.is_file():
         raise FileNotFoundError(f"the dashboard app is missing: {path} (reinstall tokengrad)")
     return path
@@ -62,8 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
         "root",
         nargs="?",
         default=None,
-        help="folder of run directories, or one run directory (default: ./sample_runs, "
-        "else the sample runs shipped next to the package)",
+        help="folder of run directories, or one run directory (default: the current folder; where it "
+        "holds no runs, the demo run shipped with tokengrad and how to record one)",
     )
     p.add_argument("--port", type=_port, default=DEFAULT_PORT, help=f"port, 1-65535 (default {DEFAULT_PORT})")
     p.add_argument(
@@ -99,31 +98,42 @@ def allowed_hosts(host: str, extra: list[str] | None = None) -> list[str]:
 
 
 def build_command(
-    root: Path | str, host: str, port: int, allow_any: bool = False, extra_hosts: list[str] | None = None
+    root: Path | str,
+    host: str,
+    port: int,
+    allow_any: bool = False,
+    extra_hosts: list[str] | None = None,
+    *,
+    no_runs_in: Path | None = None,
 ) -> list[str]:
-    """The `python -m streamlit run ...` command line; everything after `--` goes to the app."""
+    """The `python -m streamlit run ...` command line; everything after `--` goes to the app (`no_runs_in`:
+    the folder without runs that the served demo stands in for)."""
     hosts = [arg for name in allowed_hosts(host, extra_hosts) for arg in ("--server.allowedHosts", name)]
-    return [
-        sys.executable,
-        "-m",
-        "streamlit",
-        "run",
-        str(app_path()),
-        "--server.address",
-        host,
-        "--server.port",
-        str(port),
-        "--server.headless",
-        "true",
-        "--browser.gatherUsageStats",
-        "false",
-        "--client.toolbarMode",
-        "minimal",
-        *hosts,
-        "--",
-        "--root",
-        str(root),
-    ] + [ALLOW_ANY_FLAG] * allow_any
+    return (
+        [
+            sys.executable,
+            "-m",
+            "streamlit",
+            "run",
+            str(app_path()),
+            "--server.address",
+            host,
+            "--server.port",
+            str(port),
+            "--server.headless",
+            "true",
+            "--browser.gatherUsageStats",
+            "false",
+            "--client.toolbarMode",
+            "minimal",
+            *hosts,
+            "--",
+            "--root",
+            str(root),
+        ]
+        + [ALLOW_ANY_FLAG] * allow_any
+        + ([NO_RUNS_FLAG, str(no_runs_in)] if no_runs_in else [])
+    )
 
 
 def server_env() -> dict[str, str]:
@@ -134,7 +144,7 @@ def server_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("MALLOC_ARENA_MAX", MALLOC_ARENA)
     # pyarrow's default pool (mimalloc) keeps each thread's freed pages; the system pool is glibc's malloc,
-    # which the app trims after every script run (app.data.release_freed_memory)
+    # which the app trims after every script run (tokengrad.app.data.release_freed_memory)
     env.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     parts = [str(PACKAGE_PARENT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(parts)
@@ -147,7 +157,7 @@ def cli_dashboard(argv: list[str]) -> int:
     in_bucket = remote.is_url(args.root or "")
     if in_bucket:  # a first copy before the server starts (a bad URL is one line here, not in the page),
         remote.local_copy(args.root, skip=("tokens",))  # without the largest table: the app copies it
-    root = resolve_root(args.root)
+    root, no_runs_in = serve_plan(args.root)
     if not root.exists():
         print(
             f"tokengrad dashboard: runs root {root} does not exist; pass a folder of runs "
@@ -155,11 +165,18 @@ def cli_dashboard(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    if no_runs_in:
+        print(f"tokengrad dashboard: no runs under {no_runs_in}; opening the demo run shipped with tokengrad")
     shown = f"{args.root} (a local copy in {root})" if in_bucket else root
     print(f"tokengrad dashboard: serving {shown} at http://{args.host}:{args.port}", flush=True)
     try:
         command = build_command(
-            args.root if in_bucket else root, args.host, args.port, args.allow_any_folder, args.allowed_host
+            args.root if in_bucket else root,
+            args.host,
+            args.port,
+            args.allow_any_folder,
+            args.allowed_host,
+            no_runs_in=no_runs_in,
         )
         # SIGTERM unwinds like Ctrl-C: subprocess.call then stops the server instead of orphaning it
         with sigterm_unwinds():

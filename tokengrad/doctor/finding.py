@@ -118,7 +118,7 @@ class Finding:
     tokens: tuple[TokenEvidence, ...] = ()
     actions: tuple[Action, ...] = ()
     run: str = ""
-    page: str = "overview"  # the dashboard page that shows it (app/views/findings.py makes the link)
+    page: str = "overview"  # the dashboard page that shows it (tokengrad.app.views.findings links it)
 
     def __post_init__(self):
         if self.severity not in SEVERITIES:

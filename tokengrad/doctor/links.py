@@ -1,5 +1,5 @@
 """Where a finding shows in the dashboard: its page (an id of tokengrad.read.pages) and the URL query the
-app restores (app/views/urlstate.py: runs, step, sample). `runs` is the run's folder name (Run.name), so a
+app restores (app.views.urlstate: runs, step, sample). `runs` is the run's folder name (Run.name), so a
 link to a copied run folder opens the copy; `sample` is the first listed token's, which for a spike is the
 sample its headline names (doctor.culprits.lead_first).
 

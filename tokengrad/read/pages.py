@@ -1,7 +1,7 @@
 """The dashboard's pages by id: the one list every link to a page is made from. The app builds its sidebar
 from it (app/pages.py adds each page's title and icon; its view is app/views/<id>.py), the doctor's
 findings name their page by id (tokengrad.doctor.links turns it into a URL), and in-app links carry the
-id's URL path with URL state (app/views/urlstate.py) in the query. Here, below both, because the doctor
+id's URL path with URL state (tokengrad.app.views.urlstate) in the query. Here, below both, because the doctor
 may not import the app.
 
     page_url(INSPECTOR, {"runs": "lab_grpo", "step": "97"})    # 'inspector?runs=lab_grpo&step=97'

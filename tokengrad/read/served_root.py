@@ -14,13 +14,24 @@ from tokengrad.read.meta_file import is_run_dir
 
 ENV_ROOT = "TOKENGRAD_RUNS_ROOT"  # read by the app when it is started without --root
 ALLOW_ANY_FLAG = "--allow-any-folder"
-PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # holds the `tokengrad` and `app` packages
+PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # holds the `tokengrad` package
+DEMO_ROOT = Path(__file__).resolve().parents[1] / "demo"  # the small run shipped inside the package
+NO_RUNS_FLAG = "--no-runs-in"  # the app's flag: this folder holds no runs, so the demo is served instead
 
 
 def default_root() -> Path:
-    """./sample_runs when it exists, else the sample_runs folder next to the installed package."""
-    local = Path.cwd() / "sample_runs"
-    return local if local.is_dir() else PACKAGE_PARENT / "sample_runs"
+    """The current folder: `tokengrad dashboard` started without a folder serves the runs below it."""
+    return Path.cwd()
+
+
+def serve_plan(root: str | os.PathLike | None) -> tuple[Path, Path | None]:
+    """The runs root to serve, and the folder without runs it stands in for (None when it stands in for
+    none): started without a folder (nor $TOKENGRAD_RUNS_ROOT) where no run lies below the current folder,
+    the dashboard serves DEMO_ROOT and says how to record a run in that folder."""
+    resolved = resolve_root(root)
+    if root or os.environ.get(ENV_ROOT) or not resolved.is_dir() or runs_below(resolved):
+        return resolved, None
+    return DEMO_ROOT.resolve(), resolved
 
 
 def resolve_root(root: str | os.PathLike | None) -> Path:

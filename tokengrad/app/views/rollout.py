@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import data
-from app.views import common, findings, urlstate
+from tokengrad.app import data
+from tokengrad.app.views import common, findings, urlstate
 from tokengrad.figures.rollout import (
     gap_verdict,
     make_gap_by_position_figure,
@@ -33,7 +33,7 @@ TAUS = (0.001, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0)
 
 
 def inspector_query(run: str, step: int, sample_id: int) -> dict[str, str]:
-    """The URL query (app/views/urlstate.py) that opens the token inspector on this run, step and sample."""
+    """The URL query (urlstate.py) that opens the token inspector on this run, step and sample."""
     return {"runs": common.run_name(run), "step": str(int(step)), "sample": str(int(sample_id))}
 
 

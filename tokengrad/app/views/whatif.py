@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import data
-from app.views import common
-from app.views.hints import hint
+from tokengrad.app import data
+from tokengrad.app.views import common
+from tokengrad.app.views.hints import hint
 from tokengrad.figures.whatif import (
     make_whatif_cos_figure,
     make_whatif_norm_figure,
@@ -19,7 +19,7 @@ from tokengrad.figures.whatif import (
 from tokengrad.read.whatif_frames import ACTUAL, bucket_share_table, norm_trajectories, step_comparison
 
 STEP_KEY = "wi_step"
-LINKED_STEP = "in_step"  # where app/views/urlstate.py puts the URL's step (a doctor finding's link)
+LINKED_STEP = "in_step"  # where tokengrad/app/views/urlstate.py puts the URL's step (a doctor finding's link)
 
 
 def _step_numbers(run: str, norms, spikes: list[int]) -> None:

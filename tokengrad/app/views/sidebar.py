@@ -15,13 +15,13 @@ from pathlib import Path
 
 import streamlit as st
 
-from app import data
-from app.views import urlstate
+from tokengrad.app import data
+from tokengrad.app.views import urlstate
 from tokengrad.figures.style import run_colors
 from tokengrad.read import meta_file
 from tokengrad.read.remote import is_url
 from tokengrad.read.runs import with_meta_name
-from tokengrad.read.served_root import ALLOW_ANY_FLAG, open_folder, resolve_root
+from tokengrad.read.served_root import ALLOW_ANY_FLAG, NO_RUNS_FLAG, open_folder, resolve_root
 
 ROOT_KEY = "tg_root"
 SERVED_KEY = "tg_root_open"  # the resolved folder the run names are relative to
@@ -40,16 +40,23 @@ DOWNLOAD_FORMATS = ("png", "svg", "html")
 
 
 def _script_args(argv: list[str]) -> argparse.Namespace:
-    """`--root DIR [--allow-any-folder]` from the script arguments (`streamlit run app/streamlit_app.py --
-    --root DIR`)."""
+    """`--root DIR [--allow-any-folder] [--no-runs-in DIR]` from the script arguments (`streamlit run
+    tokengrad/app/streamlit_app.py -- --root DIR`)."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--root", default=None)
     parser.add_argument(ALLOW_ANY_FLAG, action="store_true")
+    parser.add_argument(NO_RUNS_FLAG, dest="no_runs_in", default=None)
     return parser.parse_known_args(argv)[0]
 
 
 def root_from_argv(argv: list[str]) -> str | None:
     return _script_args(argv).root
+
+
+def no_runs_in(argv: list[str]) -> str | None:
+    """The folder without runs that the served demo run stands in for (`tokengrad dashboard` started
+    without a folder where none lies below), else None."""
+    return _script_args(argv).no_runs_in
 
 
 def _root_ui() -> str | None:

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from app import data
-from app.views import common
+from tokengrad.app import data
+from tokengrad.app.views import common
 from tokengrad.figures.gradnorms import run_grad_norms
 from tokengrad.figures.liveness import live_mask
 from tokengrad.figures.smoothing import find_spikes

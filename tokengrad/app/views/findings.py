@@ -2,21 +2,21 @@
 button that opens the page, step and sample that show its evidence, then the detectors that could not run
 on a run and why (a missing setting or column), so an unchecked run does not look healthy.
 
-    from app.views import findings
+    from tokengrad.app.views import findings
     findings.render(runs)            # one call, self-contained (cached per run signature)
 
 A finding's link is the same query string `tokengrad doctor` prints (tokengrad.doctor.links): `runs`, `step`
-and `sample` are URL state (app/views/urlstate.py), so a printed link opens the same view in a fresh tab.
+and `sample` are URL state (views/urlstate.py), so a printed link opens the same view in a fresh tab.
 """
 
 from __future__ import annotations
 
 import streamlit as st
 
-from app import data
-from app.pages import PAGES, view_file
-from app.views import common
-from app.views.sidebar import run_title
+from tokengrad.app import data
+from tokengrad.app.pages import PAGES, view_file
+from tokengrad.app.views import common
+from tokengrad.app.views.sidebar import run_title
 from tokengrad.doctor.engine import examine
 from tokengrad.doctor.finding import share_note
 from tokengrad.doctor.links import dashboard_query
@@ -52,7 +52,7 @@ def not_checked_for(run_dir: str) -> list[dict]:
 
 def open_finding(f: dict) -> None:
     """Put the finding's run, step and sample into Session State, then switch to its page (the Overview
-    for a page id app/pages.py does not know)."""
+    for a page id tokengrad/app/pages.py does not know)."""
     q = f["query"]
     if "step" in q:
         st.session_state["in_step"] = int(q["step"])

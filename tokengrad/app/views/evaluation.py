@@ -7,8 +7,8 @@ from collections import Counter
 import pandas as pd
 import streamlit as st
 
-from app import data
-from app.views import common, hints
+from tokengrad.app import data
+from tokengrad.app.views import common, hints
 from tokengrad.figures.evals import make_accuracy_by_difficulty_figure, make_accuracy_over_steps_figure
 from tokengrad.schema import EVAL
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from app import data
-from app.views import common, hints
+from tokengrad.app import data
+from tokengrad.app.views import common, hints
 from tokengrad.figures.buckets import (
     BUCKET_LABELS,
     RESIDUAL_HELP,

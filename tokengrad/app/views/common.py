@@ -12,8 +12,8 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import data
-from app.views.sidebar import FORMAT_KEY, RUNS_KEY, folder_run_names, run_label
+from tokengrad.app import data
+from tokengrad.app.views.sidebar import FORMAT_KEY, RUNS_KEY, folder_run_names, run_label
 from tokengrad.figures.export import figure_to_bytes, find_browser
 from tokengrad.figures.style import captions
 from tokengrad.figures.tables import figure_table
@@ -81,7 +81,7 @@ def pick_token_run(runs: list[str], key: str) -> str | None:
         return None
     if data.has_table(run, "tokens"):
         return run
-    from app.views.hints import hint
+    from tokengrad.app.views.hints import hint
 
     empty(f"No token table in {run_name(run)}.", hint(data.meta(run), "tokens"))
     return None

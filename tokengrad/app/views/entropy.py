@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import data
-from app.views import common
+from tokengrad.app import data
+from tokengrad.app.views import common
 from tokengrad.figures.entropy import (
     make_entropy_law_figure,
     make_entropy_position_figure,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import data
-from app.views import common
+from tokengrad.app import data
+from tokengrad.app.views import common
 from tokengrad.figures.wordclouds import make_high_low_wordcloud_figure, prepare_frequencies
 from tokengrad.read import meta_file
 

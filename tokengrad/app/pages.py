@@ -1,5 +1,5 @@
 """The dashboard's page registry: each page of tokengrad.read.pages with its title, icon and view module.
-The router (app/streamlit_app.py) builds the sidebar from it, the findings' **open** buttons and in-app
+The router (streamlit_app.py) builds the sidebar from it, the findings' **open** buttons and in-app
 links switch to its pages, and the doctor's printed links (tokengrad.doctor.links) name the same ids.
 
     PAGES["inspector"].title       # 'Token inspector'

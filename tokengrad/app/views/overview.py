@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from app import data
-from app.views import common, findings, hints, urlstate
-from app.views.sidebar import run_title
+from tokengrad.app import data
+from tokengrad.app.views import common, findings, hints, urlstate
+from tokengrad.app.views.sidebar import run_title
 from tokengrad.figures.curves import (
     OVERVIEW_METRICS,
     X_AXES,

@@ -1,1 +1,0 @@
-"""Dashboard pages (run by st.navigation from app/streamlit_app.py) and their shared widgets."""

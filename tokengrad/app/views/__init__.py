@@ -1,0 +1,1 @@
+"""Dashboard pages (run by st.navigation from tokengrad/app/streamlit_app.py) and their shared widgets."""
