@@ -149,7 +149,7 @@ def test_help_and_bad_config_values_answer_without_importing_torch():
     assert "unknown name 'tr-grpo'; known: ['ar', 'ar_lopti', " in err[2], err
     assert "weighting rule 'ar' has no parameters ['eta']; it takes ['alpha']" in err[3], err
     assert "model must be one of ['lab-add', 'lab-kk', 'smollm2-135m-instruct', 'tiny']" in err[4], err
-    assert "unknown name 'exact'; known: ['central_difference', 'jvp']" in err[5], err
+    assert "unknown name 'exact'; known: ['central_difference', 'jvp', 'shard_difference']" in err[5], err
     assert "one of: ar, ar_lopti, clip_cov, cw_grpo, grpo, kl_cov, lopti, tr_grpo" in got["help"]
 
 
