@@ -32,7 +32,7 @@ from tokengrad.train import distributed as dist
 from tokengrad.train.models import make_tiny_model, make_tiny_tokenizer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddp_example import GROUP, PROMPT_LEN, local_slice, make_rollout  # noqa: E402
+from ddp_example import GROUP, PROMPT_LEN, local_slice, make_batch  # noqa: E402
 
 # name -> (model) -> the module the loop calls; the recorder is given that module
 WRAPS: Registry = Registry("wrapper")
@@ -143,7 +143,7 @@ def main(
     ) as rec:
         for step in range(steps):
             with rec.step(step) as st:
-                train_step(st, model, opt, make_rollout(step), micro)
+                train_step(st, model, opt, make_batch(step), micro)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 

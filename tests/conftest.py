@@ -10,6 +10,17 @@ import torch
 
 from tests.bucket_server import bucket, s3_server  # noqa: F401 - fixtures, registered by being here
 
+
+def pytest_configure(config):
+    """Child Python processes the tests start (torchrun ranks, killed recorders, scripts) import the shared
+    helpers and other rooms' test modules as the tests do: pyproject's pytest `pythonpath` (tests/ and its
+    rooms) goes into PYTHONPATH, ahead of what was there."""
+    rooms = [str(p) for p in config.getini("pythonpath")]
+    repo = str(config.rootpath)
+    old = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([repo, *rooms, *old]))
+
+
 # DeepSpeed (the deepspeed extra) prints its accelerator guess to stdout on import unless told; tests and the
 # processes they start parse stdout
 os.environ.setdefault("DS_ACCELERATOR", "cpu")

@@ -185,7 +185,7 @@ def test_missing_figures_finds_absent_and_nan_values():
 
 @pytest.mark.subprocess
 def test_every_benchmark_runs_in_smoke_mode_and_prints_its_figures():
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "STREAMLIT_LOGGER_LEVEL": "error"}
+    env = {**os.environ, "PYTHONPATH": os.environ["PYTHONPATH"], "STREAMLIT_LOGGER_LEVEL": "error"}
     out = subprocess.run(
         [sys.executable, str(BENCH / "smoke.py")], capture_output=True, text=True, env=env, timeout=600
     )
@@ -244,7 +244,7 @@ def test_targets_table_reads_each_figure_from_its_line():
 
 @pytest.mark.subprocess
 def test_targets_command_prints_the_table():
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.environ["PYTHONPATH"]}
     cmd = [sys.executable, str(BENCH / "targets.py"), "--smoke", "--only", "cli"]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

@@ -50,7 +50,7 @@ def serving(port: int) -> bool:
 @pytest.fixture
 def server(tmp_path):
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": os.environ["PYTHONPATH"]}
     cmd = [sys.executable, "-m", "tokengrad.cli", "dashboard", str(tmp_path), "--port", str(port)]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.subprocess
 
 
 def cli_import(fmt: str, src: Path, out: Path, fault: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": os.environ["PYTHONPATH"]}
     env.pop(faults.ENV, None)
     if fault:
         env[faults.ENV] = fault

@@ -199,7 +199,7 @@ def test_a_kill_mid_upload_loses_nothing_committed_and_a_resume_finishes_the_upl
 
     url = f"{bucket}/runs/killed"
     repo = Path(__file__).resolve().parents[2]
-    env = {**os.environ, faults.ENV: "upload:kill@6", "PYTHONPATH": str(repo)}
+    env = {**os.environ, faults.ENV: "upload:kill@6", "PYTHONPATH": os.environ["PYTHONPATH"]}
     child = subprocess.run([sys.executable, "-c", KILLED_CHILD, url], cwd=repo, env=env, timeout=120)
     assert child.returncode == -9  # SIGKILL while copying its 6th file to the bucket
     staging = Recorder(url).run_dir

@@ -33,7 +33,7 @@ pytestmark = pytest.mark.subprocess
 @pytest.mark.parametrize("kill", ["commit:kill@2", "commit:kill@4"])
 def test_a_recorder_reopened_on_rows_a_killed_process_left_without_meta(tmp_path, kill):
     run_dir = tmp_path / "r"
-    env = {**os.environ, "PYTHONPATH": str(REPO), faults.ENV: f"meta:raise@1,{kill}"}
+    env = {**os.environ, "PYTHONPATH": os.environ["PYTHONPATH"], faults.ENV: f"meta:raise@1,{kill}"}
     killed = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(run_dir)], env=env, capture_output=True, text=True, timeout=600
     )

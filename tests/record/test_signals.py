@@ -11,7 +11,7 @@ import time
 
 import pytest
 import torch
-from test_kills import CONFIG, REPO, assert_each_step_once, train
+from test_kills import CONFIG, assert_each_step_once, train
 from test_reliability import record_step
 
 from tokengrad import Recorder, faults, load_run
@@ -50,7 +50,7 @@ def test_a_signal_flushes_a_lagging_writer_and_the_run_resumes_exactly(tmp_path,
     config = tmp_path / "tiny.toml"
     # 24 steps: a loaded machine can train 8 tiny steps before the slow writer has committed two
     config.write_text(CONFIG.format(steps=24))
-    env = {**os.environ, "PYTHONPATH": str(REPO), faults.ENV: "commit:sleep=0.4"}  # a slow disk
+    env = {**os.environ, faults.ENV: "commit:sleep=0.4"}  # a slow disk
     cmd = [sys.executable, "-m", "tokengrad.cli", "train", str(config), f"run_dir={run_dir}"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     while proc.poll() is None and len(list((run_dir / "steps").rglob("s*.parquet"))) < 2:

@@ -34,7 +34,7 @@ pytestmark = pytest.mark.subprocess
 def train(tmp_path, run_dir, *extra, fault: str | None = None, steps: int = 3):
     config = tmp_path / "tiny.toml"
     config.write_text(CONFIG.format(steps=steps))
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": os.environ["PYTHONPATH"]}
     env.pop(faults.ENV, None)
     if fault:
         env[faults.ENV] = fault
