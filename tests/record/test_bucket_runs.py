@@ -150,8 +150,10 @@ def test_the_built_in_trainer_records_into_a_bucket(bucket, tmp_path):
     staging = train(tiny(tmp_path, run_dir=url))
     assert staging == Recorder(url).run_dir and (staging / "checkpoint").is_dir()  # checkpoints stay local
     run = load_run(url)
-    check_run(run.path, steps=2)
     assert run.steps["step"].tolist() == [0, 1]
+    for table in ("tokens", "layers", "samples"):  # each table is copied from the bucket when first read
+        assert run.sql(f"SELECT count(*) AS n FROM {table}")["n"].iloc[0] > 0
+    check_run(run.path, steps=2)
     assert "checkpoint" not in {k.split("/")[0] for k in keys(url)}
     assert not list(tmp_path.glob("s3*"))
 
