@@ -187,7 +187,7 @@ def test_missing_figures_finds_absent_and_nan_values():
 def test_every_benchmark_runs_in_smoke_mode_and_prints_its_figures():
     env = {**os.environ, "PYTHONPATH": os.environ["PYTHONPATH"], "STREAMLIT_LOGGER_LEVEL": "error"}
     out = subprocess.run(
-        [sys.executable, str(BENCH / "smoke.py")], capture_output=True, text=True, env=env, timeout=600
+        [sys.executable, str(BENCH / "smoke.py")], capture_output=True, text=True, env=env, timeout=1500
     )
     got = sections(out.stdout)
     assert sorted(got) == sorted(FIGURES), out.stdout[-3000:] + out.stderr[-3000:]
