@@ -77,7 +77,8 @@ def whatif_ratios(lines: list[str]) -> tuple[str, bool]:
     """bench_whatif.py's step ratios for 1 and 3 rules, met when each rule costs at most ~one backward."""
     one = numbers_after(lines, "ratio 1 rule, buckets=False / plain:")[0]
     three = numbers_after(lines, "ratio 3 rules, buckets=False / plain:")[0]
-    per = [numbers_after(lines, f"backwards per rule, {k}:")[0] for k in ("1 rule", "3 rules")]
+    rules = ("1 rule, buckets=False", "3 rules, buckets=False")
+    per = [numbers_after(lines, f"backwards per rule, {k}:")[0] for k in rules]
     return f"{one:.2f} / {three:.2f} ({per[0]:.2f} / {per[1]:.2f} backwards per rule)", max(per) <= 1.1
 
 
