@@ -23,7 +23,13 @@ def distinct_characters(completions, **kwargs) -> list[float]:
     return [len(set(c)) / max(len(c), 1) for c in completions]
 
 
-def main(run_dir: str, weighting: str | None = None, loss_type: str = "dapo", steps: int = 4) -> None:
+def main(
+    run_dir: str,
+    weighting: str | None = None,
+    loss_type: str = "dapo",
+    steps: int = 4,
+    logging_steps: int = 10,
+) -> None:
     # imported here, after the arguments are read, so that --help answers without loading torch and trl
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
@@ -36,6 +42,7 @@ def main(run_dir: str, weighting: str | None = None, loss_type: str = "dapo", st
         output_dir=f"{run_dir}/trl_output",
         loss_type=loss_type,
         max_steps=steps,
+        logging_steps=logging_steps,  # TRL's default; the attach records every step whatever it is
         learning_rate=1e-2,
         per_device_train_batch_size=4,
         num_generations=4,
@@ -66,5 +73,6 @@ if __name__ == "__main__":
     ap.add_argument("--weighting", default=None, help="a rule of tokengrad.objective.weighting, e.g. tr_grpo")
     ap.add_argument("--loss-type", default="dapo", help="TRL's loss_type: grpo, dapo, dr_grpo, bnpo, ...")
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--logging-steps", type=int, default=10, help="TRL's logging_steps (its default: 10)")
     a = ap.parse_args()
-    main(a.run_dir, a.weighting, a.loss_type, a.steps)
+    main(a.run_dir, a.weighting, a.loss_type, a.steps, a.logging_steps)

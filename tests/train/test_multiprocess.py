@@ -99,7 +99,7 @@ def test_ddp_loop_matches_one_process_on_the_concatenated_batch(tmp_path):
 @pytest.mark.trl
 def test_trl_under_torchrun_writes_per_rank_files_with_global_grad_norms(tmp_path):
     pytest.importorskip("trl")
-    torchrun("trl_example.py", "--run-dir", str(tmp_path / "trl"), "--steps", "2")
+    torchrun("trl_example.py", "--run-dir", str(tmp_path / "trl"), "--steps", "2", "--logging-steps", "1")
     run = load_run(tmp_path / "trl")
     assert_rank_files_disjoint(run)
     steps = run.steps.pivot(index="step", columns="rank", values="grad_norm")
