@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from tests.bucket_server import bucket, s3_server  # noqa: F401 - fixtures, registered by being here
+from bucket_server import bucket, s3_server  # noqa: F401 - fixtures, registered by being here
 
 
 def pytest_configure(config):
