@@ -7,7 +7,6 @@ import os
 
 import pytest
 import torch
-
 from bucket_server import bucket, s3_server  # noqa: F401 - fixtures, registered by being here
 
 

@@ -1,6 +1,7 @@
 """Tests import the shared helpers (tests/*.py) by module name, never as `tests.<name>`: verl's wheel ships a
 top-level `tests` package, and in .venv-verl that package shadows ours, so `from tests.bucket_server import
-...` fails to load the conftest there (pyproject's pytest `pythonpath` puts tests/ and its rooms on sys.path)."""
+...` fails to load the conftest there (pyproject's pytest `pythonpath` puts tests/ and its rooms on
+sys.path)."""
 
 from __future__ import annotations
 
@@ -34,5 +35,12 @@ def test_no_test_file_imports_the_tests_package():
 
 
 def test_the_check_sees_both_import_forms():
-    source = "import os\nfrom tests.bucket_server import bucket\nimport tests.synthetic_runs as s\nfrom x import tests\n"
+    source = "\n".join(
+        [
+            "import os",
+            "from tests.bucket_server import bucket",
+            "import tests.synthetic_runs as s",
+            "from x import tests",
+        ]
+    )
     assert imports_of_tests_package(source) == ["tests.bucket_server", "tests.synthetic_runs"]

@@ -103,6 +103,7 @@ def test_the_runs_folder_box_names_a_missing_folder_and_takes_relative_names_ins
 
 def test_a_first_visit_picks_one_family_of_runs(tmp_path, monkeypatch):
     from synthetic_runs import write_meta
+
     from tokengrad.app.views.sidebar import PICK_KEY
 
     root = tmp_path / "served"
