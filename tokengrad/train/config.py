@@ -16,69 +16,24 @@ import difflib
 import math
 import os
 import tomllib
-from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
 from tokengrad.objective.params import check_params
 from tokengrad.objective.rule_spec import parse_rules, regroup
 from tokengrad.train import config_registries as reg
+from tokengrad.train.config_checks import (
+    at_least,
+    dual_clip,
+    importable,
+    in_unit,
+    known_model,
+    one_of,
+    positive,
+    setting,
+)
 from tokengrad.train.config_files import read_config_file  # noqa: F401  (importable from here too)
 from tokengrad.train.names import registered, weighting_defaults
-
-Check = Callable[[Any], "str | None"]  # returns an error message, or None when the value is fine
-
-
-def _f(default: Any, doc: str, check: Check | None = None) -> Any:
-    meta = {"doc": doc, "check": check}
-    if isinstance(default, (dict, list)):
-        return field(default_factory=type(default), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-def _at_least(lo: float) -> Check:
-    return lambda v: None if v >= lo else f"must be >= {lo}"
-
-
-def _positive(v: float) -> str | None:
-    return None if v > 0 else "must be > 0"
-
-
-def _dual_clip(v: float) -> str | None:
-    return None if v == 0 or v > 1 else "must be 0 (off) or > 1"
-
-
-def _in_unit(v: float) -> str | None:
-    return None if 0 < v <= 1 else "must be in (0, 1]"
-
-
-def _one_of(registry: Callable[[], Mapping | Sequence]) -> Check:
-    def check(v: str) -> str | None:
-        known = sorted(registry())
-        return None if v in known else f"unknown name {v!r}; known: {known}"
-
-    return check
-
-
-def _importable(modules: list) -> str | None:
-    """Import each plugin module (once; Python caches imports) so that its registrations exist."""
-    import importlib
-
-    for name in modules:
-        if not isinstance(name, str) or not name:
-            return f"plugin entries must be module names, got {name!r}"
-        try:
-            importlib.import_module(name)
-        except ImportError as err:
-            return f"cannot import plugin module {name!r}: {err}"
-    return None
-
-
-def _model(v: str) -> str | None:
-    known = registered("model")
-    if v in known or os.path.isdir(v):
-        return None
-    return f"model must be one of {sorted(known)} or a local checkpoint directory, got {v!r}"
-
 
 # Keys renamed since the first release -> (new key, why); the old key is an error naming the new one.
 RENAMED = {
@@ -90,187 +45,195 @@ RENAMED = {
 @dataclass
 class TrainConfig:
     # extensions: modules imported before any registry is read (they register rules, tasks, models, ...)
-    plugins: list = _f(
+    plugins: list = setting(
         [],
         'modules to import first, e.g. ["my_rules"], whose @register_* decorators extend '
         "the registries (rules, tasks, models, aggregations)",
-        _importable,
+        importable,
     )
     # what to train
-    model: str = _f("tiny", "registered model name or a local transformers checkpoint directory", _model)
-    task: str = _f("kk", "registered task name", _one_of(reg.tasks))
-    task_params: dict = _f({}, "keyword arguments of the task factory, e.g. {n_people = [3, 5]} for kk")
-    weighting: str = _f("grpo", "token-weighting rule", _one_of(reg.weightings))
-    weighting_params: dict = _f({}, "parameters of the weighting rule; unset ones keep the rule's defaults")
-    seed: int = _f(
+    model: str = setting(
+        "tiny", "registered model name or a local transformers checkpoint directory", known_model
+    )
+    task: str = setting("kk", "registered task name", one_of(reg.tasks))
+    task_params: dict = setting({}, "keyword arguments of the task factory, e.g. {n_people = [3, 5]} for kk")
+    weighting: str = setting("grpo", "token-weighting rule", one_of(reg.weightings))
+    weighting_params: dict = setting(
+        {}, "parameters of the weighting rule; unset ones keep the rule's defaults"
+    )
+    seed: int = setting(
         0,
         "seed of problem order, sampling and the tiny model's weights; same seed = same run on CPU",
-        _at_least(0),
+        at_least(0),
     )
-    steps: int = _f(100, "training steps (one rollout batch each)", _at_least(1))
+    steps: int = setting(100, "training steps (one rollout batch each)", at_least(1))
     # rollout
-    prompts_per_step: int = _f(8, "B: prompts per step", _at_least(1))
-    group_size: int = _f(
-        8, "G: completions per prompt (>= 2: advantages are relative to the group)", _at_least(2)
+    prompts_per_step: int = setting(8, "B: prompts per step", at_least(1))
+    group_size: int = setting(
+        8, "G: completions per prompt (>= 2: advantages are relative to the group)", at_least(2)
     )
-    n_train_problems: int = _f(
-        0, "size of the training problem pool, cycled in epochs; 0 = prompts_per_step * steps", _at_least(0)
+    n_train_problems: int = setting(
+        0, "size of the training problem pool, cycled in epochs; 0 = prompts_per_step * steps", at_least(0)
     )
-    max_new_tokens: int = _f(256, "new tokens per generation turn", _at_least(1))
-    temperature: float = _f(1.0, "sampling temperature (0 = greedy decoding)", _at_least(0.0))
-    top_p: float = _f(1.0, "nucleus sampling mass, in (0, 1]", _in_unit)
-    max_turns: int = _f(
-        3, "tool tasks: generation turns per completion (each tool answer starts a new turn)", _at_least(1)
+    max_new_tokens: int = setting(256, "new tokens per generation turn", at_least(1))
+    temperature: float = setting(1.0, "sampling temperature (0 = greedy decoding)", at_least(0.0))
+    top_p: float = setting(1.0, "nucleus sampling mass, in (0, 1]", in_unit)
+    max_turns: int = setting(
+        3, "tool tasks: generation turns per completion (each tool answer starts a new turn)", at_least(1)
     )
     # GRPO objective
-    adv_scale: str = _f(
+    adv_scale: str = setting(
         "group",
         "advantage scale: group (GRPO, divide by the group std), batch, none (Dr. GRPO)",
-        _one_of(reg.adv_scales),
+        one_of(reg.adv_scales),
     )
-    dynamic_sampling: bool = _f(
+    dynamic_sampling: bool = setting(
         False, "drop groups whose rewards are all equal (DAPO dynamic sampling, arXiv 2503.14476)"
     )
-    max_gen_batches: int = _f(
+    max_gen_batches: int = setting(
         1,
         "dynamic sampling: generation rounds of prompts_per_step prompts per step, "
         "until prompts_per_step informative groups (verl's max_num_gen_batches; "
         "1 = filter only)",
-        _at_least(1),
+        at_least(1),
     )
-    num_iterations: int = _f(
+    num_iterations: int = setting(
         1,
         "PPO epochs: passes over the rollout batch per phase (TRL's num_iterations, the GRPO paper's mu)",
-        _at_least(1),
+        at_least(1),
     )
-    mini_batches: int = _f(
+    mini_batches: int = setting(
         1,
         "PPO mini-batches: optimizer updates per pass, each on a disjoint row subset "
         "(AR-Lopti's K&K runs: 2, Clip-Cov/KL-Cov: 8)",
-        _at_least(1),
+        at_least(1),
     )
-    eps_low: float = _f(0.2, "PPO clip: ratio lower bound 1 - eps_low", _at_least(0.0))
-    eps_high: float = _f(
-        0.2, "PPO clip: ratio upper bound 1 + eps_high (DAPO clip-higher: 0.28)", _at_least(0.0)
+    eps_low: float = setting(0.2, "PPO clip: ratio lower bound 1 - eps_low", at_least(0.0))
+    eps_high: float = setting(
+        0.2, "PPO clip: ratio upper bound 1 + eps_high (DAPO clip-higher: 0.28)", at_least(0.0)
     )
-    clip_ratio_c: float = _f(
+    clip_ratio_c: float = setting(
         0.0,
         "dual-clip PPO (arXiv 1912.09729): for A < 0 the loss is at most -c A "
         "(0 = off; verl's default 3, AR-Lopti 10); must be > 1",
-        _dual_clip,
+        dual_clip,
     )
-    beta: float = _f(
-        0.0, "coefficient of the k3 KL to the frozen initial model (0 = no reference model)", _at_least(0.0)
+    beta: float = setting(
+        0.0, "coefficient of the k3 KL to the frozen initial model (0 = no reference model)", at_least(0.0)
     )
-    aggregation: str = _f(
-        "grpo", "loss aggregation (what the summed per-token loss is divided by)", _one_of(reg.aggregations)
+    aggregation: str = setting(
+        "grpo", "loss aggregation (what the summed per-token loss is divided by)", one_of(reg.aggregations)
     )
-    rollout_correction: str = _f(
+    rollout_correction: str = setting(
         "off",
         "importance-sampling correction of the sampler/trainer gap d = log pi_old - log mu, TRL 1.16's "
         "vllm_importance_sampling_mode (TIS/MIS): weight exp(d) per token or exp(sum d) per sequence, "
         "truncated to the clip range or masked to 0 outside it, times each token's policy term",
-        _one_of(reg.rollout_corrections),
+        one_of(reg.rollout_corrections),
     )
-    rollout_correction_clip_max: float = _f(
-        3.0, "C_max of rollout_correction (TRL vllm_importance_sampling_clip_max)", _positive
+    rollout_correction_clip_max: float = setting(
+        3.0, "C_max of rollout_correction (TRL vllm_importance_sampling_clip_max)", positive
     )
-    rollout_correction_clip_min: float = _f(
-        0.0, "C_min of rollout_correction (TRL vllm_importance_sampling_clip_min; 0 = none)", _at_least(0.0)
+    rollout_correction_clip_min: float = setting(
+        0.0, "C_min of rollout_correction (TRL vllm_importance_sampling_clip_min; 0 = none)", at_least(0.0)
     )
     # optimisation
-    lr: float = _f(1e-6, "AdamW learning rate", _positive)
-    weight_decay: float = _f(0.0, "AdamW weight decay", _at_least(0.0))
-    warmup_steps: int = _f(0, "linear learning-rate warm-up over this many steps (0 = none)", _at_least(0))
-    grad_clip: float = _f(
-        1.0, "clip the total gradient norm to this value before each update (0 = off)", _at_least(0.0)
+    lr: float = setting(1e-6, "AdamW learning rate", positive)
+    weight_decay: float = setting(0.0, "AdamW weight decay", at_least(0.0))
+    warmup_steps: int = setting(
+        0, "linear learning-rate warm-up over this many steps (0 = none)", at_least(0)
     )
-    grad_accum: int = _f(1, "micro-batches per optimizer update (gradient accumulation)", _at_least(1))
-    reuse_old_logprobs: bool = _f(
+    grad_clip: float = setting(
+        1.0, "clip the total gradient norm to this value before each update (0 = off)", at_least(0.0)
+    )
+    grad_accum: int = setting(1, "micro-batches per optimizer update (gradient accumulation)", at_least(1))
+    reuse_old_logprobs: bool = setting(
         True,
         "take log pi_old from the loss pass's own detached log-probs, without the no-grad scoring pass, when "
         "that pass is on-policy: one update per step (num_iterations = 1, mini_batches = 1, no Lopti "
         "phases), a pointwise rule, rollout_correction off (TRL's shortcut); false = always score it",
     )
-    bf16: bool = _f(
+    bf16: bool = setting(
         False,
         "bf16 autocast for generation and the transformer body (fp32 weights and LM "
         "head); faster only with native bf16 (GPU, avx512_bf16/AMX CPUs), 2-3x slower without",
     )
-    device: str = _f(
-        "auto", "cpu, cuda, or auto (cuda when available)", _one_of(lambda: ("auto", "cpu", "cuda"))
+    device: str = setting(
+        "auto", "cpu, cuda, or auto (cuda when available)", one_of(lambda: ("auto", "cpu", "cuda"))
     )
     # evaluation, recording, checkpoints
-    eval_every: int = _f(
-        0, "held-out evaluation every K steps and after the last step (0 = off)", _at_least(0)
+    eval_every: int = setting(
+        0, "held-out evaluation every K steps and after the last step (0 = off)", at_least(0)
     )
-    eval_at_start: bool = _f(
+    eval_at_start: bool = setting(
         False,
         "also evaluate before the first update (logged as step -1), the "
         "baseline the run's accuracy gain is measured from",
     )
-    eval_per_difficulty: int = _f(10, "held-out problems per difficulty level", _at_least(1))
-    eval_max_new_tokens: int = _f(
+    eval_per_difficulty: int = setting(10, "held-out problems per difficulty level", at_least(1))
+    eval_max_new_tokens: int = setting(
         0,
         "new tokens per held-out generation turn (0 = max_new_tokens): evaluation on larger problems "
         "than training needs longer completions",
-        _at_least(0),
+        at_least(0),
     )
-    bucket_every: int = _f(
+    bucket_every: int = setting(
         0,
         "probability-bucket gradient analysis every N steps (0 = off; one extra backward per bucket)",
-        _at_least(0),
+        at_least(0),
     )
-    whatif: list = _f(
+    whatif: list = setting(
         [],
         "what-if updates: weighting rules (a name, 'tr_grpo:alpha=0.5', or a list) whose gradient from the "
         "same parameters on the same batch is recorded beside the real update (whatif table)",
     )
-    whatif_every: int = _f(
+    whatif_every: int = setting(
         10,
         "what-if updates every N steps when whatif names rules (one extra backward per bucket and rule)",
-        _at_least(0),
+        at_least(0),
     )
-    attribute_every: int = _f(
+    attribute_every: int = setting(
         0,
         "every N steps each token's exact share of its update (update_share, one "
         "forward-mode pass per micro-batch; 0 = off)",
-        _at_least(0),
+        at_least(0),
     )
-    attribute_method: str = _f(
+    attribute_method: str = setting(
         "jvp",
         "how update shares are computed: jvp (exact) or central_difference",
-        _one_of(reg.attribution_methods),
+        one_of(reg.attribution_methods),
     )
-    attribute_entropy: bool = _f(
+    attribute_entropy: bool = setting(
         False,
         "on attribution steps also each token's share of the change of the mean token entropy "
         "(entropy_share, dentropy_pred, dentropy, Cov(log pi, A); one more backward and directional pass)",
     )
-    attribute_on_spike: bool = _f(
+    attribute_on_spike: bool = setting(
         False,
         "also attribute grad-norm spikes (robust z > 3.5) and their norm without the top 1/5/20 tokens",
     )
-    token_budget: int = _f(
+    token_budget: int = setting(
         0,
         "at most this many token rows per step and rank, aggregates kept exact (0 = record every token)",
-        _at_least(0),
+        at_least(0),
     )
-    checkpoint: bool = _f(
+    checkpoint: bool = setting(
         True,
         "save RUN/checkpoint (weights, tokenizer, optimizer state) after the last step, for resume and reuse",
     )
-    checkpoint_every: int = _f(0, "also save it every N steps (0 = only after the last step)", _at_least(0))
-    doctor: str = _f(
+    checkpoint_every: int = setting(
+        0, "also save it every N steps (0 = only after the last step)", at_least(0)
+    )
+    doctor: str = setting(
         "off",
         "live run doctor (tokengrad.doctor): off, alert (findings to stderr and the trackers) or halt (also "
         "stop with a checkpoint after a critical finding)",
-        _one_of(lambda: ("alert", "halt", "off")),
+        one_of(lambda: ("alert", "halt", "off")),
     )
-    run_dir: str = _f("", "run directory; empty = runs/<run_name>")
-    run_name: str = _f("", "run name; empty = <task>-<weighting>-<time>")
-    resume: bool = _f(False, "continue the run in run_dir from its checkpoint")
-    progress: bool = _f(True, "show a progress bar with the live reward and grad-norm")
+    run_dir: str = setting("", "run directory; empty = runs/<run_name>")
+    run_name: str = setting("", "run name; empty = <task>-<weighting>-<time>")
+    resume: bool = setting(False, "continue the run in run_dir from its checkpoint")
+    progress: bool = setting(True, "show a progress bar with the live reward and grad-norm")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
